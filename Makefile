@@ -1,0 +1,59 @@
+# pagedserve — the two commands a user needs: `make run` and `make test`.
+# Everything else here is what those two stand on.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+SHARED     ?= $(abspath ../shared)
+DEMO_MODEL ?= $(BUILD)/demo-model.gguf
+
+# Debian 12 packages the build and the tests need.
+DEB_PACKAGES = build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev \
+               libopenblas-dev libuv1-dev libcmocka-dev
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build run test test-asan bench clean
+
+all: build
+
+# Install only what is missing, so a prepared machine never touches the network.
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing missing Debian packages:" $$missing; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPAGEDSERVE_SHARED_DIR=$(SHARED)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+# MODEL=path.gguf, else the shared TinyStories model, else a random-weight demo model.
+run: build
+	@model="$(MODEL)"; \
+	if [ -z "$$model" ] && [ -f "$(SHARED)/models/stories260K.gguf" ]; then model="$(SHARED)/models/stories260K.gguf"; fi; \
+	if [ -z "$$model" ]; then \
+	  [ -f "$(DEMO_MODEL)" ] || $(BUILD)/bin/mkmodel --demo -o "$(DEMO_MODEL)"; \
+	  model="$(DEMO_MODEL)"; \
+	  echo "NOTE: no model given and ../shared is absent: using a RANDOM-WEIGHT demo model;"; \
+	  echo "      its output is gibberish. Run 'make run MODEL=/path/to/model.gguf' for real text."; \
+	fi; \
+	$(RUN_CMD)
+
+RUN_CMD = $(BUILD)/bin/generate -m "$$model" -p "$(or $(PROMPT),Once upon a time)" -n 64
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPAGEDSERVE_SANITIZE=ON -DPAGEDSERVE_SHARED_DIR=$(SHARED)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

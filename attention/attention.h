@@ -1,0 +1,57 @@
+/* attention — paged attention kernels and RoPE.
+ *
+ * The kernels read K and V only through block tables (paging's KvView), never through a
+ * contiguous cache, and never materialise a score matrix: each query row keeps a running
+ * max, a running sum and an output accumulator (online softmax), rescaled as K/V tiles
+ * stream past. All arithmetic is F32; F16 cache entries are widened on load.
+ *
+ * One entry point serves decode (one query row per sequence) and chunked prefill (a run
+ * of query rows of one sequence starting at any position): query row i of a sequence sits
+ * at absolute position q_pos + i and attends to positions [0, q_pos + i]. Work items are
+ * (sequence, kv_head) pairs spread over the OpenMP threads; the query heads that share a
+ * KV head (grouped-query attention) are handled together so each K/V tile is read once.
+ *
+ * This module never allocates KV memory; attn_kv_store writes into slots the scheduler
+ * already obtained from paging.
+ */
+#ifndef PAGEDSERVE_ATTENTION_H
+#define PAGEDSERVE_ATTENTION_H
+
+#include <stdint.h>
+
+#include "paging/paging.h"
+
+typedef struct {
+    int n_heads;    /* query heads */
+    int n_kv_heads; /* divides n_heads */
+    int head_dim;
+    float scale;    /* usually 1/sqrt(head_dim) */
+} AttnShape;
+
+typedef struct {
+    const int32_t *block_table; /* blocks covering positions [0, q_pos + n_q) */
+    int32_t q_pos;              /* absolute position of the first query row */
+    int32_t n_q;                /* 1 for decode; a chunk's length for prefill */
+    const float *q;             /* n_q rows; query head h at q + row*q_stride + h*head_dim */
+    float *out;                 /* n_q rows, same head layout, row stride out_stride */
+} AttnSeq;
+
+/* Attention of every sequence's query rows over its paged K/V of one layer. The K/V of
+ * all positions up to q_pos + n_q - 1 must already be stored. */
+void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
+                const AttnSeq *seqs, int n_seqs, int q_stride, int out_stride);
+
+/* Store K and V rows for positions [pos, pos + n) of one layer into their slots (row r
+ * holds n_kv_heads*head_dim values, at k + r*k_stride and v + r*v_stride). */
+void attn_kv_store(const KvView *kv, int layer, const int32_t *block_table,
+                   int32_t pos, int32_t n, const float *k, int k_stride,
+                   const float *v, int v_stride);
+
+/* RoPE as Llama GGUF files expect it ("normal" style): within each head, the adjacent pair
+ * (x[2i], x[2i+1]) rotates by angle pos * theta^(-2i / rope_dim) for 2i < rope_dim; dims
+ * from rope_dim on are left alone. Row r is at x + r*row_stride and holds n_heads heads of
+ * head_dim values; positions[r] is its absolute position. */
+void rope_apply(float *x, int n_rows, int row_stride, const int32_t *positions,
+                int n_heads, int head_dim, int rope_dim, float theta);
+
+#endif

@@ -1,0 +1,101 @@
+/* gguf — reading (and, for tools and tests, writing) GGUF v2/v3 files.
+ *
+ * gguf_open maps the file read-only and validates everything before returning: magic,
+ * version, every count, string length, array length, tensor dimension, type, offset and
+ * size against the file's length, and the alignment. After a successful open, every
+ * accessor below is safe on any input. Strings point into the mapping (not NUL-terminated).
+ */
+#ifndef PAGEDSERVE_GGUF_H
+#define PAGEDSERVE_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    GGUF_TYPE_UINT8 = 0, GGUF_TYPE_INT8 = 1, GGUF_TYPE_UINT16 = 2, GGUF_TYPE_INT16 = 3,
+    GGUF_TYPE_UINT32 = 4, GGUF_TYPE_INT32 = 5, GGUF_TYPE_FLOAT32 = 6, GGUF_TYPE_BOOL = 7,
+    GGUF_TYPE_STRING = 8, GGUF_TYPE_ARRAY = 9, GGUF_TYPE_UINT64 = 10, GGUF_TYPE_INT64 = 11,
+    GGUF_TYPE_FLOAT64 = 12,
+} GgufType;
+
+/* Tensor element types (ggml numbering). Only these are understood. */
+typedef enum {
+    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_BF16 = 30,
+} GgmlType;
+
+typedef struct {
+    const char *ptr;
+    uint64_t len;
+} GgufStr;
+
+typedef struct {
+    GgufStr name;
+    uint32_t n_dims;
+    uint64_t ne[4];        /* ne[0] is the innermost (contiguous) dimension */
+    uint32_t type;         /* GgmlType value as stored (may be one we do not support) */
+    uint64_t n_elements;
+    uint64_t n_bytes;
+    const void *data;      /* inside the mapping, validated to lie within the file */
+} GgufTensor;
+
+typedef struct GgufFile GgufFile;
+
+int gguf_open(const char *path, GgufFile **out, char *err, size_t err_len);
+/* Same checks on bytes in memory (not copied: they must outlive the GgufFile). */
+int gguf_open_memory(const void *data, size_t size, GgufFile **out, char *err, size_t err_len);
+void gguf_close(GgufFile *f);
+
+uint32_t gguf_version(const GgufFile *f);
+int64_t gguf_key_count(const GgufFile *f);
+int64_t gguf_find_key(const GgufFile *f, const char *key); /* index, or -1 */
+GgufStr gguf_key_name(const GgufFile *f, int64_t idx);
+GgufType gguf_key_type(const GgufFile *f, int64_t idx);
+
+/* Typed getters by key; 0 on success, -1 if missing or of an incompatible type.
+ * Integer getters accept any integer type whose value fits. */
+int gguf_get_u32(const GgufFile *f, const char *key, uint32_t *out);
+int gguf_get_i64(const GgufFile *f, const char *key, int64_t *out);
+int gguf_get_f32(const GgufFile *f, const char *key, float *out); /* f32 or f64 */
+int gguf_get_bool(const GgufFile *f, const char *key, bool *out);
+int gguf_get_str(const GgufFile *f, const char *key, GgufStr *out);
+/* Arrays: element type and length; then elements by index. */
+int gguf_get_arr(const GgufFile *f, const char *key, GgufType *elem_type, uint64_t *n);
+int gguf_arr_str(const GgufFile *f, const char *key, uint64_t i, GgufStr *out);
+int gguf_arr_f32(const GgufFile *f, const char *key, uint64_t i, float *out);
+int gguf_arr_i64(const GgufFile *f, const char *key, uint64_t i, int64_t *out);
+
+int64_t gguf_tensor_count(const GgufFile *f);
+const GgufTensor *gguf_tensor(const GgufFile *f, int64_t idx);
+const GgufTensor *gguf_find_tensor(const GgufFile *f, const char *name); /* or NULL */
+
+const char *ggml_type_name(uint32_t type); /* "f32", "q8_0", ..., "unknown" */
+/* Convert a whole tensor to F32 (dst holds n_elements floats). -1 with a message naming
+ * the tensor and type when the type is not supported. */
+int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_len);
+
+/* ---- writing ---------------------------------------------------------------------------
+ * Builds a GGUF v3 file in memory: add keys and tensors, then write. Used by tools/mkmodel
+ * and by tests that make (and deliberately corrupt) files. */
+typedef struct GgufWriter GgufWriter;
+
+GgufWriter *gguf_writer_new(void);
+void gguf_writer_free(GgufWriter *w);
+void gguf_writer_set_u32(GgufWriter *w, const char *key, uint32_t v);
+void gguf_writer_set_f32(GgufWriter *w, const char *key, float v);
+void gguf_writer_set_bool(GgufWriter *w, const char *key, bool v);
+void gguf_writer_set_str(GgufWriter *w, const char *key, const char *v);
+void gguf_writer_set_arr_str(GgufWriter *w, const char *key, const char *const *v, uint64_t n);
+void gguf_writer_set_arr_f32(GgufWriter *w, const char *key, const float *v, uint64_t n);
+void gguf_writer_set_arr_i32(GgufWriter *w, const char *key, const int32_t *v, uint64_t n);
+/* Copy every key of src (e.g. a vocabulary's tokenizer.* keys) whose name starts with prefix. */
+int gguf_writer_copy_keys(GgufWriter *w, const GgufFile *src, const char *prefix);
+/* Add a tensor from F32 values, converted to `type` (F32, F16, BF16, Q8_0 or Q4_0). */
+int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
+                           const uint64_t *ne, uint32_t type, const float *values);
+int gguf_writer_write(GgufWriter *w, const char *path, char *err, size_t err_len);
+/* The same bytes into a malloc'd buffer (caller frees). */
+int gguf_writer_to_memory(GgufWriter *w, void **data, size_t *size, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,82 @@
+/* model — a Llama-family model: GGUF weights, tokenizer, the forward pass, sampling.
+ *
+ * This is the room's contract; gguf.h, tokenizer.h and sampler.h are its parts.
+ *
+ * The forward pass runs a batch of token rows, grouped into sequences, through every
+ * layer at once: each weight product is one sgemm over all rows; attention runs per
+ * sequence through its block table on the paged KV cache (attention/). Each sequence's
+ * rows are consecutive positions [pos, pos + n_rows) of that sequence; their K/V are
+ * written into the slots its block table already has (the caller allocated them).
+ */
+#ifndef PAGEDSERVE_MODEL_H
+#define PAGEDSERVE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gguf.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "paging/paging.h"
+
+typedef struct {
+    int dim;          /* embedding length */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;     /* dim / n_heads */
+    int ffn_dim;
+    int vocab_size;
+    int ctx_len;      /* trained context length */
+    int rope_dim;     /* rotated dims per head (llama.rope.dimension_count, else head_dim) */
+    float rope_theta;
+    float rms_eps;
+    uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
+} ModelConfig;
+
+typedef struct Model Model;
+
+/* Load a GGUF file: 0, or -1 with a message (unreadable, malformed, not llama, missing or
+ * mis-shaped tensor, unsupported tensor type or tokenizer). */
+int model_load(const char *path, Model **out, char *err, size_t err_len);
+void model_free(Model *m);
+
+const ModelConfig *model_config(const Model *m);
+const Tokenizer *model_tokenizer(const Model *m);
+/* Bytes of weights held in memory (F32 after dequantisation). */
+size_t model_weight_bytes(const Model *m);
+
+/* KV layout this model needs, for paging's block pool. */
+KvLayout model_kv_layout(const Model *m, int block_size, KvDtype dtype);
+
+/* ---- forward pass ---------------------------------------------------------------------- */
+
+typedef enum {
+    MODEL_LOGITS_NONE = 0, /* a prefill chunk that is not the prompt's last */
+    MODEL_LOGITS_LAST = 1, /* logits of the last row only (decode, end of prefill) */
+    MODEL_LOGITS_ALL = 2,  /* logits of every row (prompt logprobs) */
+} ModelLogits;
+
+typedef struct {
+    const int32_t *tokens;      /* n_rows token ids */
+    int32_t pos;                /* position of tokens[0] */
+    int32_t n_rows;
+    const int32_t *block_table; /* slots for positions [0, pos + n_rows) */
+    ModelLogits logits;
+} ModelSeqBatch;
+
+/* Scratch buffers for passes of up to max_rows rows; one per engine. */
+typedef struct ModelRunner ModelRunner;
+
+int model_runner_create(const Model *m, int max_rows, ModelRunner **out,
+                        char *err, size_t err_len);
+void model_runner_free(ModelRunner *r);
+
+/* Run one pass. Returns the logits rows (vocab_size floats each), in sequence order:
+ * one row for LOGITS_LAST, n_rows rows for LOGITS_ALL, none for LOGITS_NONE. The memory
+ * belongs to the runner and is valid until the next pass. NULL if the batch is invalid
+ * (more than max_rows rows, a token id out of range, a position past ctx_len). */
+const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch *seqs,
+                           int n_seqs);
+
+#endif

@@ -1,0 +1,137 @@
+/* paging — the KV block pool and per-sequence block tables.
+ *
+ * One pool of fixed-size physical blocks is allocated once. A block holds `block_size`
+ * consecutive token positions of K and V for every layer and KV head. A sequence's
+ * BlockTable maps its logical positions to blocks: position p lives in block
+ * blocks[p / block_size], slot p % block_size.
+ *
+ * In-block layout:   [layer][K=0 | V=1][kv_head][slot][head_dim]
+ * Why: the attention kernel's inner loop walks one (layer, kv_head) over consecutive
+ * positions. In this order those positions' K (or V) vectors are block_size*head_dim
+ * contiguous elements: one streaming read per block per head. Keeping all layers in one
+ * block makes a block the single unit to allocate, share, copy (copy-on-write) and hash.
+ *
+ * Ownership: the pool owns all KV memory. Blocks carry a reference count (one per block
+ * table holding them). A full block may be published under a prefix hash; when its last
+ * reference goes it is not freed but parked in an LRU of cached blocks, reusable by a
+ * later lookup of the same hash and evicted (hash dropped) only when allocation finds
+ * the plain free list empty.
+ *
+ * Invariant (block_pool_check): free + cached + referenced == total, and no block is in
+ * two of those sets. Threading: none; the engine thread is the only user.
+ */
+#ifndef PAGEDSERVE_PAGING_H
+#define PAGEDSERVE_PAGING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { KV_DTYPE_F32 = 0, KV_DTYPE_F16 = 1 } KvDtype;
+
+typedef struct {
+    int n_layers;
+    int n_kv_heads;
+    int head_dim;
+    int block_size; /* token positions per block */
+    KvDtype dtype;
+} KvLayout;
+
+size_t kv_layout_elem_bytes(const KvLayout *layout);
+size_t kv_layout_block_bytes(const KvLayout *layout);
+
+/* What kernels see of the pool: its memory and layout, nothing that allocates. */
+typedef struct {
+    unsigned char *base;
+    KvLayout layout;
+    size_t block_bytes;
+} KvView;
+
+/* First element of (block, layer, K or V, kv_head): block_size*head_dim elements follow. */
+static inline void *kv_view_ptr(const KvView *kv, int32_t block, int layer, int is_v, int head)
+{
+    const KvLayout *l = &kv->layout;
+    size_t elem = l->dtype == KV_DTYPE_F16 ? 2 : 4;
+    size_t per_head = (size_t)l->block_size * (size_t)l->head_dim * elem;
+    size_t idx = ((size_t)layer * 2 + (size_t)is_v) * (size_t)l->n_kv_heads + (size_t)head;
+    return kv->base + (size_t)block * kv->block_bytes + idx * per_head;
+}
+
+/* ---- block pool ---------------------------------------------------------------------- */
+
+typedef struct BlockPool BlockPool;
+
+typedef uint64_t BlockHash;
+
+typedef struct {
+    int32_t total;
+    int32_t free;       /* on the plain free list */
+    int32_t cached;     /* unreferenced but holding a published hash (reusable) */
+    int32_t used;       /* referenced by at least one block table */
+    int32_t shared;     /* referenced by two or more block tables */
+    int64_t evictions;  /* cached blocks whose hash was dropped to satisfy an allocation */
+} BlockPoolStats;
+
+/* How many blocks of this layout fit in `bytes` of KV memory. */
+int32_t block_pool_blocks_for_bytes(const KvLayout *layout, size_t bytes);
+
+/* Returns 0, or -1 with a message in err (bad layout, zero blocks, out of memory). */
+int block_pool_create(BlockPool **out, const KvLayout *layout, int32_t n_blocks,
+                      char *err, size_t err_len);
+void block_pool_destroy(BlockPool *pool);
+
+KvView block_pool_view(const BlockPool *pool);
+const KvLayout *block_pool_layout(const BlockPool *pool);
+
+/* A block with refcount 1, taken from the free list, else by evicting the least recently
+ * used cached block; -1 when neither has one (a normal outcome: the caller preempts). */
+int32_t block_pool_alloc(BlockPool *pool);
+void block_pool_ref(BlockPool *pool, int32_t block);
+void block_pool_unref(BlockPool *pool, int32_t block);
+int32_t block_pool_refcount(const BlockPool *pool, int32_t block);
+
+/* Blocks an allocation could still return: free + cached. */
+int32_t block_pool_available(const BlockPool *pool);
+void block_pool_stats(const BlockPool *pool, BlockPoolStats *out);
+
+/* Prefix cache. The hash of a full block chains its parent block's hash, its tokens and a
+ * salt (tenant separation), so equal hashes mean equal whole prefixes. */
+BlockHash block_hash_chain(BlockHash parent, const int32_t *tokens, int n_tokens, uint64_t salt);
+/* Mark a full, referenced block as holding the prefix `hash`. If another block already
+ * holds that hash the call does nothing (the first one stays the cached copy). */
+void block_pool_publish(BlockPool *pool, int32_t block, BlockHash hash);
+/* The block holding `hash`, with one more reference (revived from the LRU if it was
+ * cached), or -1. */
+int32_t block_pool_lookup(BlockPool *pool, BlockHash hash);
+
+/* Checks the invariants; returns 0, or -1 with what is broken in err. For tests. */
+int block_pool_check(const BlockPool *pool, char *err, size_t err_len);
+
+/* ---- block tables -------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *blocks;  /* physical block ids, logical order; owned (malloc) */
+    int32_t n_blocks;
+    int32_t cap;
+    int32_t n_tokens; /* positions with a slot: [0, n_tokens) */
+} BlockTable;
+
+void block_table_init(BlockTable *table);
+/* New blocks that block_table_append(table, n) would allocate (copy-on-write included). */
+int32_t block_table_blocks_needed(const BlockTable *table, const BlockPool *pool, int32_t n);
+/* Give positions [n_tokens, n_tokens + n) slots. A partly filled last block that is shared
+ * is first copied (copy-on-write) so appending never writes into another table's data.
+ * All or nothing: returns 0, or -1 with the table unchanged when blocks ran out. */
+int block_table_append(BlockTable *table, BlockPool *pool, int32_t n);
+/* Append a full block obtained from block_pool_lookup (its reference passes to the table).
+ * Only valid while n_tokens is a multiple of block_size. Returns 0 or -1 (no memory). */
+int block_table_push_cached(BlockTable *table, BlockPool *pool, int32_t block);
+/* dst (empty) shares every block of src: each gains a reference. Returns 0 or -1. */
+int block_table_fork(BlockTable *dst, const BlockTable *src, BlockPool *pool);
+/* Keep positions [0, n_tokens); blocks no longer needed lose this table's reference. */
+void block_table_truncate(BlockTable *table, BlockPool *pool, int32_t n_tokens);
+/* Drop every reference (table becomes empty, keeps its array for reuse). */
+void block_table_release(BlockTable *table, BlockPool *pool);
+/* release + free the array. */
+void block_table_destroy(BlockTable *table, BlockPool *pool);
+
+#endif

@@ -1,0 +1,133 @@
+/* scheduler — the engine: continuous batching over one model on a paged KV cache.
+ *
+ * Requests come in from any thread (engine_submit, engine_cancel) through a mutex-guarded
+ * inbox. The engine thread runs steps: drain the inbox, let the scheduler choose this
+ * step's rows (decode rows of running sequences first, then prefill chunks of waiting
+ * ones, within the token budget and the free blocks, preempting by recompute when blocks
+ * run out), have paging give the rows slots, run one forward pass, sample, detokenise,
+ * check stop conditions, and publish events to an outbox. Whoever consumes events (the
+ * HTTP loop) is told "there is output" through a notify callback and drains the outbox
+ * with engine_poll. The engine knows nothing of sockets, JSON or libuv.
+ *
+ * Every sequence that ends, however it ends, returns all its blocks in that same step.
+ */
+#ifndef PAGEDSERVE_SCHEDULER_H
+#define PAGEDSERVE_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "paging/paging.h"
+
+typedef struct {
+    int block_size;           /* --block-size, tokens per KV block (16) */
+    KvDtype kv_dtype;         /* --kv-dtype (f16) */
+    size_t kv_cache_bytes;    /* --kv-cache-mb * MiB */
+    int max_seqs;             /* --max-seqs: sequences running at once */
+    int max_batch_tokens;     /* --max-batch-tokens: rows per forward pass */
+    int max_queue;            /* --max-queue: waiting requests before submit says "full" */
+    bool prefix_cache;        /* --no-prefix-cache turns it off */
+} EngineConfig;
+
+void engine_config_default(EngineConfig *c);
+
+typedef enum {
+    FINISH_NONE = 0,
+    FINISH_STOP,      /* EOS or a stop string */
+    FINISH_LENGTH,    /* max_tokens or the context length */
+    FINISH_CANCELLED, /* engine_cancel */
+    FINISH_ERROR,     /* the engine could not serve it (e.g. needs more KV than exists) */
+} FinishReason;
+
+typedef struct {
+    const int32_t *prompt;   /* copied by engine_submit */
+    int32_t n_prompt;
+    int32_t max_tokens;      /* new tokens per choice; 0 allowed (prompt logprobs only) */
+    int32_t n;               /* choices sampled from one prompt (forked, blocks shared) */
+    SamplerParams sampling;
+    uint64_t seed;           /* choice i uses an RNG seeded from (seed, i) */
+    bool ignore_eos;
+    const char *const *stop; /* n_stop strings, copied; matched on the output text */
+    int32_t n_stop;
+    int32_t logprobs;        /* top-N logprobs per generated token; -1 = none */
+    bool prompt_logprobs;    /* logprobs of each prompt token (echo + logprobs) */
+    uint64_t cache_salt;     /* separates tenants' cached prefixes; 0 = shared */
+    void *user;              /* handed back in every event of this request */
+} EngineRequest;
+
+typedef enum {
+    EVENT_TOKEN,  /* one generated token of one choice, with its text */
+    EVENT_PROMPT, /* prompt_logprobs: one prompt token's logprob (sent before any TOKEN) */
+    EVENT_FINISH, /* a choice is done: finish reason and usage; nothing follows for it */
+} EngineEventKind;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+typedef struct {
+    EngineEventKind kind;
+    uint64_t request_id;
+    void *user;
+    int32_t choice;            /* 0 .. n-1 */
+    int32_t token;             /* TOKEN / PROMPT */
+    char *text;                /* malloc'd, NUL-terminated; whole UTF-8 characters only.
+                                * May be "" (text held back: partial character or a
+                                * possible stop-string prefix). Freed by engine_event_free. */
+    float logprob;             /* when logprobs >= 0 (or for PROMPT) */
+    int32_t n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+    FinishReason finish;       /* FINISH */
+    int32_t prompt_tokens;     /* FINISH: usage */
+    int32_t completion_tokens; /* FINISH: this choice's generated tokens */
+    int32_t cached_tokens;     /* FINISH: prompt tokens served from the prefix cache */
+    char *error;               /* FINISH_ERROR: malloc'd message */
+} EngineEvent;
+
+void engine_event_free(EngineEvent *ev);
+
+typedef struct {
+    /* KV blocks (paging) */
+    int32_t blocks_total, blocks_used, blocks_free, blocks_cached, blocks_shared;
+    int64_t tokens_stored;         /* positions held by live sequences */
+    int64_t slots_allocated;       /* blocks_used * block_size: capacity of those blocks */
+    /* queues */
+    int32_t running, waiting, preempted;
+    /* counters since start */
+    int64_t prompt_tokens, generation_tokens, prefix_cache_hit_tokens, prefix_cache_queries;
+    int64_t preemptions, steps, requests_finished[FINISH_ERROR + 1];
+    double last_step_end;          /* monotonic seconds; watchdog for /health */
+} EngineStats;
+
+typedef struct Engine Engine;
+
+/* The engine borrows the model (it must outlive the engine). notify(arg) is called from
+ * the engine thread whenever new events are in the outbox; it must be cheap and
+ * thread-safe (uv_async_send). */
+int engine_create(const Model *model, const EngineConfig *cfg,
+                  void (*notify)(void *arg), void *notify_arg,
+                  Engine **out, char *err, size_t err_len);
+/* Start / stop the engine thread. engine_stop cancels everything still in flight and
+ * joins; events produced until then stay pollable. */
+int engine_start(Engine *e);
+void engine_stop(Engine *e);
+void engine_destroy(Engine *e);
+
+/* Thread-safe. Returns the request id (> 0); 0 with a message when refused:
+ * *queue_full is set when it was refused only because the waiting queue is full (429). */
+uint64_t engine_submit(Engine *e, const EngineRequest *req, bool *queue_full,
+                       char *err, size_t err_len);
+/* Thread-safe; a no-op for unknown or finished ids. The request ends with FINISH_CANCELLED
+ * at the next step and its blocks return. */
+void engine_cancel(Engine *e, uint64_t request_id);
+/* Thread-safe: move up to max events out of the outbox; returns how many. */
+int engine_poll(Engine *e, EngineEvent *out, int max);
+/* Thread-safe snapshot. */
+void engine_stats(Engine *e, EngineStats *out);
+
+/* For tests and tools without a thread: run one step on the calling thread (do not mix
+ * with engine_start). Returns the number of rows computed (0 = nothing to do). */
+int engine_step(Engine *e);
+
+#endif
