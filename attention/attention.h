@@ -21,6 +21,10 @@
 
 #include "paging/paging.h"
 
+/* Largest head_dim (and rope_dim) the kernels take: their per-thread scratch is sized by
+ * it, on the stack. Llama-family models use 64..256; a loader must reject larger. */
+#define ATTN_MAX_HEAD_DIM 256
+
 typedef struct {
     int n_heads;    /* query heads */
     int n_kv_heads; /* divides n_heads */

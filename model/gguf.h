@@ -36,7 +36,7 @@ typedef struct {
     uint64_t ne[4];        /* ne[0] is the innermost (contiguous) dimension */
     uint32_t type;         /* GgmlType value as stored (may be one we do not support) */
     uint64_t n_elements;
-    uint64_t n_bytes;
+    uint64_t n_bytes;      /* 0 for a type we do not support (its size is not known) */
     const void *data;      /* inside the mapping, validated to lie within the file */
 } GgufTensor;
 
@@ -75,6 +75,22 @@ const char *ggml_type_name(uint32_t type); /* "f32", "q8_0", ..., "unknown" */
  * the tensor and type when the type is not supported. */
 int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_len);
 
+/* ---- additions (gguf owner) ---- */
+/* Elements per block and bytes per block of a supported type; 0 for any other type. */
+uint64_t ggml_type_block_elems(uint32_t type);
+uint64_t ggml_type_block_bytes(uint32_t type);
+/* IEEE half and bfloat16 conversions (F32 -> half/bf16 rounds to nearest even; subnormals,
+ * infinities and NaN are kept). */
+float gguf_f16_to_f32(uint16_t h);
+uint16_t gguf_f32_to_f16(float f);
+float gguf_bf16_to_f32(uint16_t h);
+uint16_t gguf_f32_to_bf16(float f);
+/* Alignment of the tensor data section (general.alignment, default 32). */
+uint32_t gguf_alignment(const GgufFile *f);
+/* The encoded value of key idx as stored (everything after its type field): what
+ * gguf_writer_copy_keys copies. -1 if idx is out of range. */
+int gguf_key_raw(const GgufFile *f, int64_t idx, const void **raw, uint64_t *len);
+
 /* ---- writing ---------------------------------------------------------------------------
  * Builds a GGUF v3 file in memory: add keys and tensors, then write. Used by tools/mkmodel
  * and by tests that make (and deliberately corrupt) files. */
@@ -89,6 +105,16 @@ void gguf_writer_set_str(GgufWriter *w, const char *key, const char *v);
 void gguf_writer_set_arr_str(GgufWriter *w, const char *key, const char *const *v, uint64_t n);
 void gguf_writer_set_arr_f32(GgufWriter *w, const char *key, const float *v, uint64_t n);
 void gguf_writer_set_arr_i32(GgufWriter *w, const char *key, const int32_t *v, uint64_t n);
+/* Additions (gguf owner): any scalar type, and arrays of any fixed-size element type.
+ * `value` points at one value of that type (bool: one byte 0/1); `elems` at n packed values.
+ * Setting an existing key replaces it. Errors (bad type, out of memory) are remembered and
+ * reported by gguf_writer_write / gguf_writer_to_memory. */
+void gguf_writer_set_scalar(GgufWriter *w, const char *key, GgufType type, const void *value);
+void gguf_writer_set_arr(GgufWriter *w, const char *key, GgufType elem_type,
+                         const void *elems, uint64_t n);
+/* The first error a setter or add_tensor met, or NULL. While one is recorded, write and
+ * to_memory fail with it. */
+const char *gguf_writer_error(const GgufWriter *w);
 /* Copy every key of src (e.g. a vocabulary's tokenizer.* keys) whose name starts with prefix. */
 int gguf_writer_copy_keys(GgufWriter *w, const GgufFile *src, const char *prefix);
 /* Add a tensor from F32 values, converted to `type` (F32, F16, BF16, Q8_0 or Q4_0). */

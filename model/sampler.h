@@ -30,19 +30,45 @@ typedef struct {
 void rng_seed(Rng *rng, uint64_t seed);
 uint64_t rng_next(Rng *rng);
 float rng_uniform(Rng *rng); /* [0, 1) */
+/* Added: seeding is splitmix64(seed) x4 (any seed, 0 included); rng_uniform has 24-bit
+ * resolution, rng_uniform_double 53-bit (what sampler_sample draws with). */
+double rng_uniform_double(Rng *rng); /* [0, 1) */
 
 /* Scratch space for one vocabulary size; one per concurrent sampler (not thread-safe). */
 typedef struct Sampler Sampler;
-Sampler *sampler_new(int32_t n_vocab);
+Sampler *sampler_new(int32_t n_vocab); /* NULL if n_vocab <= 0 or out of memory */
 void sampler_free(Sampler *s);
+int32_t sampler_n_vocab(const Sampler *s); /* added */
+
+/* Added: temperatures below this (and NaN) mean greedy, as in vLLM. */
+#define SAMPLER_GREEDY_EPS 1e-5f
 
 /* Pick the next token. logits (n_vocab values) are modified in place by penalties and
  * temperature. history holds the tokens the penalties look at (prompt and/or output). */
 int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logits,
                        const int32_t *history, int32_t n_history);
+/* Details of sampler_sample:
+ * - penalties apply to every distinct token of history (ids outside [0, n_vocab) are
+ *   ignored): repetition first (logit > 0 ? logit / r : logit * r; r <= 0 counts as off),
+ *   then logit -= frequency * count + presence. history is counted in O(n_history).
+ * - top-k keeps exactly k tokens, ties to the lower id; top-p is measured on the top-k
+ *   renormalised distribution and always keeps the most likely token (top_p <= 0 keeps only
+ *   it); min-p keeps p >= min(min_p, 1) * p_max.
+ * - NaN logits count as -inf (never drawn), +inf as the largest float (so +inf tokens share
+ *   all the mass); if no logit is above -inf the result is the argmax rule: token 0. */
+
+/* Added, the pieces of sampler_sample, for callers and tests: */
+void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
+                             const int32_t *history, int32_t n_history);
+int32_t sampler_argmax(const float *logits, int32_t n); /* NaN = -inf; ties: lowest id */
 
 /* log-softmax of raw logits: the log-probability of `token`, and the top n (ids and
  * log-probabilities, most likely first). Returns the count written (<= n). */
+/* Details: computed as (logit - max) - log(sum exp(logit - max)) in double. Ties in the top
+ * n go to the lower id; n is capped at n_vocab; n <= 0 or NULL top_ids/top_logprobs write
+ * nothing. token_logprob may be NULL (token is then ignored); otherwise a token outside
+ * [0, n_vocab) returns -1. NaN counts as -inf (logprob -inf), +inf as the largest float; a
+ * row with nothing above -inf is treated as uniform (-log n_vocab each). */
 int sampler_logprobs(Sampler *s, const float *logits, int32_t token, float *token_logprob,
                      int32_t n, int32_t *top_ids, float *top_logprobs);
 

@@ -5,6 +5,7 @@
  * vocabulary score; characters with no token fall back to <0xNN> byte tokens (or UNK).
  * Decoding turns U+2581 back into spaces and byte tokens back into bytes.
  * Other tokenizer models (e.g. "gpt2" byte-level BPE) are refused with a clear message.
+ * Both directions follow llama.cpp exactly (its tokenizer test vectors pass unchanged).
  */
 #ifndef PAGEDSERVE_TOKENIZER_H
 #define PAGEDSERVE_TOKENIZER_H
@@ -17,6 +18,10 @@
 
 typedef struct Tokenizer Tokenizer;
 
+/* Reads the tokenizer.ggml.* keys of f and copies everything it needs (f may be closed
+ * afterwards). -1 with a message for a non-"llama" model, missing or mistyped keys, arrays
+ * of different lengths, special ids out of range, duplicate pieces. A loaded Tokenizer is
+ * read-only: encode and decode may run on several threads at once. */
 int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len);
 void tokenizer_free(Tokenizer *tok);
 
@@ -24,21 +29,47 @@ int32_t tokenizer_n_vocab(const Tokenizer *tok);
 int32_t tokenizer_bos(const Tokenizer *tok);
 int32_t tokenizer_eos(const Tokenizer *tok);
 bool tokenizer_add_bos(const Tokenizer *tok); /* tokenizer.ggml.add_bos_token, default true */
+int32_t tokenizer_unk(const Tokenizer *tok);
+
+/* tokenizer.ggml.token_type values (SentencePiece piece types). */
+typedef enum {
+    TOKEN_TYPE_UNDEFINED = 0, TOKEN_TYPE_NORMAL = 1, TOKEN_TYPE_UNKNOWN = 2,
+    TOKEN_TYPE_CONTROL = 3, TOKEN_TYPE_USER_DEFINED = 4, TOKEN_TYPE_UNUSED = 5,
+    TOKEN_TYPE_BYTE = 6,
+} TokenType;
+
+/* The type as llama.cpp uses it: the file's type, except that pieces llama.cpp knows by
+ * name as end-of-generation or fill-in-the-middle markers ("</s>", "<|end|>", "<PRE>",
+ * ...) count as CONTROL. UNDEFINED for an id out of range. */
+TokenType tokenizer_token_type(const Tokenizer *tok, int32_t id);
+/* End of generation: EOS, or a piece llama.cpp treats as one by name ("<|end|>",
+ * "<|eot_id|>", "<|im_end|>", ...). */
+bool tokenizer_is_eog(const Tokenizer *tok, int32_t id);
 
 /* Encode len bytes of text (need not be NUL-terminated; invalid UTF-8 goes through byte
  * fallback). With add_bos, BOS is the first id. Writes at most max_out ids and returns the
- * total count needed (call again with a bigger buffer if it exceeds max_out), or -1. */
+ * total count needed (call again with a bigger buffer if it exceeds max_out), or -1 (out
+ * of memory, or len over 512 MiB).
+ *
+ * Exactly llama.cpp's SPM tokenizer with special-token parsing off: USER_DEFINED pieces
+ * found in the text become their own ids (longest first), and each stretch of text around
+ * them is tokenised on its own, with the space prefix added to the first stretch and to
+ * every stretch that follows such a piece. Empty text gives no ids (and no space prefix).
+ * The merge loop takes the adjacent pair whose concatenation is the highest-scoring piece
+ * (ties: leftmost) from a priority queue: O(n log n) in the text length. */
 int tokenizer_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
                      int32_t *out, int max_out);
 
-/* The raw piece of a token as stored in the vocabulary (U+2581 not replaced). */
+/* The raw piece of a token as stored in the vocabulary (U+2581 not replaced); the memory
+ * belongs to the Tokenizer. Empty for an id out of range. */
 GgufStr tokenizer_piece(const Tokenizer *tok, int32_t id);
 
 /* Incremental decoding for streaming: feed ids one by one, get back only complete UTF-8
  * characters (bytes of a character split across byte-fallback tokens are held until the
  * character is complete). Control tokens (BOS/EOS, ...) produce no text. The leading space
  * of the first piece of a text is dropped, as SentencePiece does, when strip_leading is set
- * at init (true for decoding a prompt from its start, false for a continuation). */
+ * at init (true for decoding a prompt from its start, false for a continuation): one space,
+ * the first byte of the first token that produces any text. Start with detok_init. */
 typedef struct {
     unsigned char pending[4];
     int n_pending;
@@ -46,10 +77,27 @@ typedef struct {
 } Detokenizer;
 
 void detok_init(Detokenizer *d, bool strip_leading);
-/* Appends the text of `id` to out (capacity cap, always NUL-terminated); returns the number
- * of bytes written, or -1 if cap was too small (nothing written). 64 bytes always suffice. */
+/* Writes the text that `id` completes to out (capacity cap, always NUL-terminated);
+ * returns the number of bytes written, or -1 if cap was too small (then nothing is
+ * consumed: the Detokenizer is unchanged and the call can be repeated with a bigger
+ * buffer). 64 bytes suffice for the Llama 2, Phi-3, Baichuan and TinyStories vocabularies;
+ * tokenizer_detok_max_bytes(tok) is the bound for any vocabulary (computed at load).
+ * NORMAL pieces give their text with U+2581 as space; USER_DEFINED pieces their text as
+ * is; BYTE pieces (<0xNN>) their byte; CONTROL, UNKNOWN, UNUSED and UNDEFINED pieces, and
+ * ids out of range, give nothing (as llama.cpp does when not rendering special tokens).
+ * Bytes that cannot start or continue a valid UTF-8 character come out as U+FFFD, so the
+ * output is always valid UTF-8 and nothing is held back for more than 3 bytes. */
 int detok_feed(const Tokenizer *tok, Detokenizer *d, int32_t id, char *out, size_t cap);
-/* Bytes still pending at the end of a stream (an incomplete character), as U+FFFD. */
+/* Bytes still pending at the end of a stream (an incomplete character), as U+FFFD.
+ * Returns the bytes written (0 or 3), or -1 if cap < 4. */
 int detok_flush(Detokenizer *d, char *out, size_t cap);
+size_t tokenizer_detok_max_bytes(const Tokenizer *tok);
+
+/* Decode n ids at once (a Detokenizer fed every id, then flushed). Writes at most cap - 1
+ * bytes plus a NUL (if cap > 0) and returns the full length of the text (retry with a
+ * bigger buffer if it is >= cap; the truncated text may end mid-character), or -1 if
+ * n < 0 or the length would not fit an int. */
+int tokenizer_decode(const Tokenizer *tok, const int32_t *ids, int n, bool strip_leading,
+                     char *out, size_t cap);
 
 #endif

@@ -27,6 +27,7 @@ typedef struct {
 } TransformerWeights;
 
 struct Model {
+    GgufFile *file; /* kept open (mapped) for the model's life */
     ModelConfig config;
     TransformerWeights w;
     Tokenizer *tokenizer;

@@ -1,0 +1,258 @@
+/* forward — one transformer pass over a batch of token rows on the paged KV cache.
+ *
+ * Rows of all sequences are stacked into one matrix so that every weight product is a
+ * single sgemm over the whole batch (the weights are read once per step, not once per
+ * sequence). Only attention is per sequence, through its block table.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "model/weights.h"
+
+struct ModelRunner {
+    const Model *model;
+    int max_rows;
+    float *x;       /* [max_rows][dim] residual stream */
+    float *xb;      /* [max_rows][dim] normalised input of a sub-layer */
+    float *qkv;     /* [max_rows][qkv_dim] fused Q, K, V */
+    float *att;     /* [max_rows][n_heads * head_dim] attention output */
+    float *ffn;     /* [max_rows][2 * ffn_dim] gate | up; SwiGLU result overwrites gate */
+    float *logits;  /* [logit_cap][vocab] */
+    int logit_cap;
+    int32_t *positions; /* [max_rows] */
+    AttnSeq *attn;      /* [max_rows]: at most one sequence per row */
+};
+
+static int qkv_dim(const ModelConfig *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
+
+int model_runner_create(const Model *m, int max_rows, ModelRunner **out, char *err,
+                        size_t err_len)
+{
+    const ModelConfig *c = &m->config;
+    *out = NULL;
+    if (max_rows < 1) {
+        snprintf(err, err_len, "model runner needs at least one row (got %d)", max_rows);
+        return -1;
+    }
+    ModelRunner *r = calloc(1, sizeof(*r));
+    if (!r)
+        goto oom;
+    size_t rows = (size_t)max_rows;
+    r->model = m;
+    r->max_rows = max_rows;
+    r->x = malloc(rows * c->dim * sizeof(float));
+    r->xb = malloc(rows * c->dim * sizeof(float));
+    r->qkv = malloc(rows * qkv_dim(c) * sizeof(float));
+    r->att = malloc(rows * c->n_heads * c->head_dim * sizeof(float));
+    r->ffn = malloc(rows * 2 * c->ffn_dim * sizeof(float));
+    r->positions = malloc(rows * sizeof(int32_t));
+    r->attn = malloc(rows * sizeof(AttnSeq));
+    if (!r->x || !r->xb || !r->qkv || !r->att || !r->ffn || !r->positions || !r->attn)
+        goto oom;
+    *out = r;
+    return 0;
+oom:
+    model_runner_free(r);
+    snprintf(err, err_len, "out of memory for a %d-row model runner", max_rows);
+    return -1;
+}
+
+void model_runner_free(ModelRunner *r)
+{
+    if (!r)
+        return;
+    free(r->x);
+    free(r->xb);
+    free(r->qkv);
+    free(r->att);
+    free(r->ffn);
+    free(r->logits);
+    free(r->positions);
+    free(r->attn);
+    free(r);
+}
+
+/* ---- the math, written plainly ---------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps)
+{
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * scale * weight[i];
+}
+
+static void rmsnorm_rows(float *out, const float *x, const float *weight, int rows, int n,
+                         float eps)
+{
+    for (int r = 0; r < rows; r++)
+        rmsnorm(out + (size_t)r * n, x + (size_t)r * n, weight, n, eps);
+}
+
+/* gate[i] = silu(gate[i]) * up[i], in place over the gate half of each row. */
+static void swiglu_rows(float *ffn, int rows, int ffn_dim)
+{
+    for (int r = 0; r < rows; r++) {
+        float *gate = ffn + (size_t)r * 2 * ffn_dim;
+        const float *up = gate + ffn_dim;
+        for (int i = 0; i < ffn_dim; i++) {
+            float g = gate[i];
+            gate[i] = g / (1.0f + expf(-g)) * up[i];
+        }
+    }
+}
+
+/* Y[rows][out] = X[rows][in] · W[out][in]^T + beta·Y; lda/ldy are row strides. */
+static void matmul(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
+                   int in, int out, float beta)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, ldx, w, in,
+                beta, y, ldy);
+}
+
+/* ---- the pass --------------------------------------------------------------------------- */
+
+static int batch_rows(const ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs,
+                      int *logit_rows)
+{
+    const ModelConfig *c = &r->model->config;
+    int rows = 0;
+    *logit_rows = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const ModelSeqBatch *sq = &seqs[s];
+        if (sq->n_rows < 1 || sq->pos < 0 || sq->pos + sq->n_rows > c->ctx_len)
+            return -1;
+        if (sq->n_rows > r->max_rows - rows)
+            return -1;
+        for (int i = 0; i < sq->n_rows; i++)
+            if (sq->tokens[i] < 0 || sq->tokens[i] >= c->vocab_size)
+                return -1;
+        rows += sq->n_rows;
+        *logit_rows += sq->logits == MODEL_LOGITS_ALL ? sq->n_rows
+                     : sq->logits == MODEL_LOGITS_LAST ? 1 : 0;
+    }
+    return rows;
+}
+
+static int ensure_logits(ModelRunner *r, int rows)
+{
+    if (rows <= r->logit_cap)
+        return 0;
+    size_t bytes = (size_t)rows * r->model->config.vocab_size * sizeof(float);
+    float *p = realloc(r->logits, bytes);
+    if (!p)
+        return -1;
+    r->logits = p;
+    r->logit_cap = rows;
+    return 0;
+}
+
+static void embed_rows(ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs)
+{
+    const ModelConfig *c = &r->model->config;
+    int row = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int i = 0; i < seqs[s].n_rows; i++, row++) {
+            memcpy(r->x + (size_t)row * c->dim,
+                   r->model->w.token_embd + (size_t)seqs[s].tokens[i] * c->dim,
+                   c->dim * sizeof(float));
+            r->positions[row] = seqs[s].pos + i;
+        }
+    }
+}
+
+static void attention_layer(ModelRunner *r, const KvView *kv, int layer,
+                            const ModelSeqBatch *seqs, int n_seqs)
+{
+    const ModelConfig *c = &r->model->config;
+    int qkv_stride = qkv_dim(c);
+    int q_width = c->n_heads * c->head_dim;
+    int kv_width = c->n_kv_heads * c->head_dim;
+    AttnShape shape = {
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+    };
+    int row = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        float *q = r->qkv + (size_t)row * qkv_stride;
+        attn_kv_store(kv, layer, seqs[s].block_table, seqs[s].pos, seqs[s].n_rows,
+                      q + q_width, qkv_stride, q + q_width + kv_width, qkv_stride);
+        r->attn[s] = (AttnSeq){
+            .block_table = seqs[s].block_table,
+            .q_pos = seqs[s].pos,
+            .n_q = seqs[s].n_rows,
+            .q = q,
+            .out = r->att + (size_t)row * q_width,
+        };
+        row += seqs[s].n_rows;
+    }
+    attn_paged(kv, layer, &shape, r->attn, n_seqs, qkv_stride, q_width);
+}
+
+static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
+                              const ModelSeqBatch *seqs, int n_seqs, int rows)
+{
+    const ModelConfig *c = &r->model->config;
+    const LayerWeights *w = &r->model->w.layers[layer];
+    int qkv_stride = qkv_dim(c);
+    int q_width = c->n_heads * c->head_dim;
+
+    /* Attention block: x += Wo · attention(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) */
+    rmsnorm_rows(r->xb, r->x, w->attn_norm, rows, c->dim, c->rms_eps);
+    matmul(r->qkv, qkv_stride, r->xb, c->dim, w->wqkv, rows, c->dim, qkv_stride, 0.0f);
+    rope_apply(r->qkv, rows, qkv_stride, r->positions, c->n_heads, c->head_dim, c->rope_dim,
+               c->rope_theta);
+    rope_apply(r->qkv + q_width, rows, qkv_stride, r->positions, c->n_kv_heads, c->head_dim,
+               c->rope_dim, c->rope_theta);
+    attention_layer(r, kv, layer, seqs, n_seqs);
+    matmul(r->x, c->dim, r->att, q_width, w->wo, rows, q_width, c->dim, 1.0f);
+
+    /* Feed-forward block: x += Wdown · (silu(Wgate·n(x)) * Wup·n(x)) */
+    rmsnorm_rows(r->xb, r->x, w->ffn_norm, rows, c->dim, c->rms_eps);
+    matmul(r->ffn, 2 * c->ffn_dim, r->xb, c->dim, w->w_gate_up, rows, c->dim, 2 * c->ffn_dim,
+           0.0f);
+    swiglu_rows(r->ffn, rows, c->ffn_dim);
+    matmul(r->x, c->dim, r->ffn, 2 * c->ffn_dim, w->w_down, rows, c->ffn_dim, c->dim, 1.0f);
+}
+
+/* Normalise only the rows whose logits were asked for, packed into xb, then one product. */
+static void output_logits(ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs)
+{
+    const ModelConfig *c = &r->model->config;
+    int row = 0, out = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int first = seqs[s].logits == MODEL_LOGITS_ALL ? 0 : seqs[s].n_rows - 1;
+        if (seqs[s].logits != MODEL_LOGITS_NONE) {
+            for (int i = first; i < seqs[s].n_rows; i++, out++)
+                rmsnorm(r->xb + (size_t)out * c->dim, r->x + (size_t)(row + i) * c->dim,
+                        r->model->w.output_norm, c->dim, c->rms_eps);
+        }
+        row += seqs[s].n_rows;
+    }
+    if (out > 0)
+        matmul(r->logits, c->vocab_size, r->xb, c->dim, r->model->w.output, out, c->dim,
+               c->vocab_size, 0.0f);
+}
+
+const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch *seqs,
+                           int n_seqs)
+{
+    int logit_rows;
+    int rows = batch_rows(r, seqs, n_seqs, &logit_rows);
+    if (rows < 1 || ensure_logits(r, logit_rows) != 0)
+        return NULL;
+    embed_rows(r, seqs, n_seqs);
+    for (int l = 0; l < r->model->config.n_layers; l++)
+        transformer_layer(r, kv, l, seqs, n_seqs, rows);
+    output_logits(r, seqs, n_seqs);
+    /* A pass with no logits requested still succeeds; return a non-NULL pointer. */
+    return r->logits ? r->logits : (const float *)r->x;
+}

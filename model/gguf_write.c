@@ -1,0 +1,512 @@
+/* gguf_write — build a GGUF v3 file in memory, then write it out (tools and tests).
+ *
+ * Each key is kept already encoded (the bytes that follow its type field in the file), so
+ * typed setters, generic arrays and keys copied from another file are all the same thing.
+ * Tensors are converted from F32 when added and kept as their on-disk bytes. The file is
+ * laid out with alignment 32: the data section starts at the first multiple of 32 after
+ * the tensor infos, and every tensor starts at a multiple of 32 inside it.
+ */
+#include "model/gguf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WRITER_ALIGNMENT 32u
+
+typedef struct {
+    char *name;
+    uint32_t type;
+    uint8_t *val;   /* encoded value (owned) */
+    size_t val_len;
+} WriterKey;
+
+typedef struct {
+    char *name;
+    uint32_t n_dims;
+    uint64_t ne[4];
+    uint32_t type;
+    uint8_t *data;  /* on-disk bytes (owned) */
+    size_t size;
+} WriterTensor;
+
+struct GgufWriter {
+    WriterKey *keys;
+    size_t n_keys, cap_keys;
+    WriterTensor *tensors;
+    size_t n_tensors, cap_tensors;
+    char error[256];  /* first error of a void setter; empty when none */
+};
+
+/* A growable byte buffer; `oom` sticks once an allocation fails. */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+} Buf;
+
+static void buf_put(Buf *b, const void *data, size_t n) {
+    if (b->oom)
+        return;
+    if (n > b->cap - b->len) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n) {
+            if (cap > SIZE_MAX / 2) {
+                b->oom = true;
+                return;
+            }
+            cap *= 2;
+        }
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->len, data, n);
+    b->len += n;
+}
+
+static void buf_u32(Buf *b, uint32_t v) { buf_put(b, &v, 4); }
+static void buf_u64(Buf *b, uint64_t v) { buf_put(b, &v, 8); }
+static void buf_str(Buf *b, const char *s, size_t len) {
+    buf_u64(b, len);
+    buf_put(b, s, len);
+}
+
+static void writer_error(GgufWriter *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void writer_error(GgufWriter *w, const char *fmt, ...) {
+    if (w->error[0])
+        return; /* keep the first */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->error, sizeof w->error, fmt, ap);
+    va_end(ap);
+}
+
+static int fail(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+const char *gguf_writer_error(const GgufWriter *w) { return w->error[0] ? w->error : NULL; }
+
+GgufWriter *gguf_writer_new(void) { return calloc(1, sizeof(GgufWriter)); }
+
+void gguf_writer_free(GgufWriter *w) {
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n_keys; i++) {
+        free(w->keys[i].name);
+        free(w->keys[i].val);
+    }
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        free(w->tensors[i].name);
+        free(w->tensors[i].data);
+    }
+    free(w->keys);
+    free(w->tensors);
+    free(w);
+}
+
+/* ---- keys -------------------------------------------------------------------------------- */
+
+/* Stores key = (type, encoded value), taking ownership of val; replaces an existing key. */
+static void put_key(GgufWriter *w, const char *key, uint32_t type, Buf *val) {
+    if (val->oom) {
+        free(val->p);
+        writer_error(w, "out of memory setting key '%s'", key);
+        return;
+    }
+    for (size_t i = 0; i < w->n_keys; i++) {
+        if (strcmp(w->keys[i].name, key) == 0) {
+            free(w->keys[i].val);
+            w->keys[i].type = type;
+            w->keys[i].val = val->p;
+            w->keys[i].val_len = val->len;
+            return;
+        }
+    }
+    if (w->n_keys == w->cap_keys) {
+        size_t cap = w->cap_keys ? 2 * w->cap_keys : 32;
+        WriterKey *k = realloc(w->keys, cap * sizeof *k);
+        if (!k) {
+            free(val->p);
+            writer_error(w, "out of memory setting key '%s'", key);
+            return;
+        }
+        w->keys = k;
+        w->cap_keys = cap;
+    }
+    char *name = strdup(key);
+    if (!name) {
+        free(val->p);
+        writer_error(w, "out of memory setting key '%s'", key);
+        return;
+    }
+    w->keys[w->n_keys++] = (WriterKey){name, type, val->p, val->len};
+}
+
+static uint64_t scalar_size(uint32_t type) {
+    switch (type) {
+    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
+    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
+    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
+    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+void gguf_writer_set_scalar(GgufWriter *w, const char *key, GgufType type, const void *value) {
+    uint64_t size = scalar_size(type);
+    if (!size) {
+        writer_error(w, "key '%s': type %d is not a fixed-size scalar type", key, (int)type);
+        return;
+    }
+    Buf b = {0};
+    buf_put(&b, value, size);
+    put_key(w, key, type, &b);
+}
+
+void gguf_writer_set_u32(GgufWriter *w, const char *key, uint32_t v) {
+    gguf_writer_set_scalar(w, key, GGUF_TYPE_UINT32, &v);
+}
+
+void gguf_writer_set_f32(GgufWriter *w, const char *key, float v) {
+    gguf_writer_set_scalar(w, key, GGUF_TYPE_FLOAT32, &v);
+}
+
+void gguf_writer_set_bool(GgufWriter *w, const char *key, bool v) {
+    uint8_t b = v ? 1 : 0;
+    gguf_writer_set_scalar(w, key, GGUF_TYPE_BOOL, &b);
+}
+
+void gguf_writer_set_str(GgufWriter *w, const char *key, const char *v) {
+    Buf b = {0};
+    buf_str(&b, v, strlen(v));
+    put_key(w, key, GGUF_TYPE_STRING, &b);
+}
+
+void gguf_writer_set_arr(GgufWriter *w, const char *key, GgufType elem_type,
+                         const void *elems, uint64_t n) {
+    uint64_t size = scalar_size(elem_type);
+    if (!size) {
+        writer_error(w, "key '%s': array element type %d is not a fixed-size type", key,
+                     (int)elem_type);
+        return;
+    }
+    if (n > SIZE_MAX / size) {
+        writer_error(w, "key '%s': array too large", key);
+        return;
+    }
+    Buf b = {0};
+    buf_u32(&b, elem_type);
+    buf_u64(&b, n);
+    buf_put(&b, elems, (size_t)(n * size));
+    put_key(w, key, GGUF_TYPE_ARRAY, &b);
+}
+
+void gguf_writer_set_arr_str(GgufWriter *w, const char *key, const char *const *v, uint64_t n) {
+    Buf b = {0};
+    buf_u32(&b, GGUF_TYPE_STRING);
+    buf_u64(&b, n);
+    for (uint64_t i = 0; i < n; i++)
+        buf_str(&b, v[i], strlen(v[i]));
+    put_key(w, key, GGUF_TYPE_ARRAY, &b);
+}
+
+void gguf_writer_set_arr_f32(GgufWriter *w, const char *key, const float *v, uint64_t n) {
+    gguf_writer_set_arr(w, key, GGUF_TYPE_FLOAT32, v, n);
+}
+
+void gguf_writer_set_arr_i32(GgufWriter *w, const char *key, const int32_t *v, uint64_t n) {
+    gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, v, n);
+}
+
+int gguf_writer_copy_keys(GgufWriter *w, const GgufFile *src, const char *prefix) {
+    size_t plen = prefix ? strlen(prefix) : 0;
+    for (int64_t i = 0; i < gguf_key_count(src); i++) {
+        GgufStr name = gguf_key_name(src, i);
+        if (name.len < plen || memcmp(name.ptr, prefix, plen) != 0)
+            continue;
+        if (memchr(name.ptr, '\0', name.len)) {
+            writer_error(w, "cannot copy a key whose name contains a NUL byte");
+            return -1;
+        }
+        char *key = strndup(name.ptr, name.len);
+        const void *raw;
+        uint64_t raw_len;
+        if (!key || gguf_key_raw(src, i, &raw, &raw_len) < 0) {
+            free(key);
+            writer_error(w, "out of memory copying keys");
+            return -1;
+        }
+        Buf b = {0};
+        buf_put(&b, raw, (size_t)raw_len);
+        put_key(w, key, gguf_key_type(src, i), &b);
+        free(key);
+        if (w->error[0])
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+static void quantize_q8_0(const float *x, uint8_t *out, uint64_t n_blocks) {
+    /* ggml's reference: d = max|x| / 127, q = round(x / d), d stored as f16 */
+    for (uint64_t b = 0; b < n_blocks; b++, x += 32, out += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax)
+                amax = fabsf(x[j]);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = gguf_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 32; j++) {
+            float q = roundf(x[j] * id);
+            if (!(q >= -127.0f))   /* also catches NaN */
+                q = q < 0.0f ? -127.0f : 0.0f;
+            if (q > 127.0f)
+                q = 127.0f;
+            out[2 + j] = (uint8_t)(int8_t)q;
+        }
+    }
+}
+
+static uint8_t q4_nibble(float v) {
+    float t = v + 8.5f;  /* truncation after +8.5 rounds to nearest, as ggml does */
+    if (!(t >= 0.0f))
+        t = 0.0f;
+    if (t > 15.0f)
+        t = 15.0f;
+    return (uint8_t)t;
+}
+
+static void quantize_q4_0(const float *x, uint8_t *out, uint64_t n_blocks) {
+    /* ggml's reference: the value of largest magnitude maps to -8, d = that / -8 */
+    for (uint64_t b = 0; b < n_blocks; b++, x += 32, out += 18) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        float d = max / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = gguf_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 16; j++)
+            out[2 + j] = (uint8_t)(q4_nibble(x[j] * id) | (q4_nibble(x[j + 16] * id) << 4));
+    }
+}
+
+static void convert(const float *v, uint64_t n, uint32_t type, uint8_t *out) {
+    switch (type) {
+    case GGML_TYPE_F32:
+        memcpy(out, v, n * 4);
+        break;
+    case GGML_TYPE_F16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h = gguf_f32_to_f16(v[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+        break;
+    case GGML_TYPE_BF16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h = gguf_f32_to_bf16(v[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+        break;
+    case GGML_TYPE_Q8_0:
+        quantize_q8_0(v, out, n / 32);
+        break;
+    case GGML_TYPE_Q4_0:
+        quantize_q4_0(v, out, n / 32);
+        break;
+    }
+}
+
+int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
+                           const uint64_t *ne, uint32_t type, const float *values) {
+    if (n_dims < 1 || n_dims > 4) {
+        writer_error(w, "tensor '%s': %u dimensions (1 to 4 allowed)", name, n_dims);
+        return -1;
+    }
+    uint64_t blk = ggml_type_block_elems(type);
+    if (!blk) {
+        writer_error(w, "tensor '%s': cannot write type %s (%u)", name, ggml_type_name(type), type);
+        return -1;
+    }
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (ne[d] == 0 || ne[d] > (uint64_t)SIZE_MAX / 4 / n) {
+            writer_error(w, "tensor '%s': bad dimension ne[%u] = %llu", name, d,
+                         (unsigned long long)ne[d]);
+            return -1;
+        }
+        n *= ne[d];
+    }
+    if (ne[0] % blk != 0) {
+        writer_error(w, "tensor '%s': row length %llu is not a multiple of the %s block size %llu",
+                     name, (unsigned long long)ne[0], ggml_type_name(type),
+                     (unsigned long long)blk);
+        return -1;
+    }
+    for (size_t i = 0; i < w->n_tensors; i++)
+        if (strcmp(w->tensors[i].name, name) == 0) {
+            writer_error(w, "tensor '%s' added twice", name);
+            return -1;
+        }
+    if (w->n_tensors == w->cap_tensors) {
+        size_t cap = w->cap_tensors ? 2 * w->cap_tensors : 32;
+        WriterTensor *t = realloc(w->tensors, cap * sizeof *t);
+        if (!t) {
+            writer_error(w, "out of memory adding tensor '%s'", name);
+            return -1;
+        }
+        w->tensors = t;
+        w->cap_tensors = cap;
+    }
+    size_t size = (size_t)(n / blk * ggml_type_block_bytes(type));
+    WriterTensor t = {.name = strdup(name), .n_dims = n_dims, .ne = {1, 1, 1, 1}, .type = type,
+                      .data = malloc(size), .size = size};
+    if (!t.name || !t.data) {
+        free(t.name);
+        free(t.data);
+        writer_error(w, "out of memory adding tensor '%s'", name);
+        return -1;
+    }
+    for (uint32_t d = 0; d < n_dims; d++)
+        t.ne[d] = ne[d];
+    convert(values, n, type, t.data);
+    w->tensors[w->n_tensors++] = t;
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+static size_t align_up(size_t x) {
+    return (x + WRITER_ALIGNMENT - 1) / WRITER_ALIGNMENT * WRITER_ALIGNMENT;
+}
+
+/* Everything before the tensor data, padded to the alignment. */
+static void encode_head(const GgufWriter *w, Buf *b) {
+    buf_put(b, "GGUF", 4);
+    buf_u32(b, 3);
+    buf_u64(b, w->n_tensors);
+    buf_u64(b, w->n_keys);
+    for (size_t i = 0; i < w->n_keys; i++) {
+        buf_str(b, w->keys[i].name, strlen(w->keys[i].name));
+        buf_u32(b, w->keys[i].type);
+        buf_put(b, w->keys[i].val, w->keys[i].val_len);
+    }
+    uint64_t offset = 0;
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        const WriterTensor *t = &w->tensors[i];
+        buf_str(b, t->name, strlen(t->name));
+        buf_u32(b, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            buf_u64(b, t->ne[d]);
+        buf_u32(b, t->type);
+        buf_u64(b, offset);
+        offset += align_up(t->size);
+    }
+    static const uint8_t zeros[WRITER_ALIGNMENT];
+    if (w->n_tensors)
+        buf_put(b, zeros, align_up(b->len) - b->len);
+}
+
+/* Writes the whole file through `put` (a FILE or a Buf). */
+typedef int (*PutFn)(void *ctx, const void *data, size_t n);
+
+static int emit(GgufWriter *w, PutFn put, void *ctx, char *err, size_t err_len) {
+    if (w->error[0])
+        return fail(err, err_len, "%s", w->error);
+    Buf head = {0};
+    encode_head(w, &head);
+    if (head.oom) {
+        free(head.p);
+        return fail(err, err_len, "out of memory encoding the GGUF header");
+    }
+    int rc = put(ctx, head.p, head.len);
+    free(head.p);
+    static const uint8_t zeros[WRITER_ALIGNMENT];
+    for (size_t i = 0; rc == 0 && i < w->n_tensors; i++) {
+        const WriterTensor *t = &w->tensors[i];
+        rc = put(ctx, t->data, t->size);
+        if (rc == 0)
+            rc = put(ctx, zeros, align_up(t->size) - t->size);
+    }
+    return rc < 0 ? fail(err, err_len, "write failed: %s", strerror(errno)) : 0;
+}
+
+static int put_file(void *ctx, const void *data, size_t n) {
+    return n == 0 || fwrite(data, 1, n, ctx) == n ? 0 : -1;
+}
+
+static int put_buf(void *ctx, const void *data, size_t n) {
+    Buf *b = ctx;
+    buf_put(b, data, n);
+    if (b->oom) {
+        errno = ENOMEM;
+        return -1;
+    }
+    return 0;
+}
+
+int gguf_writer_write(GgufWriter *w, const char *path, char *err, size_t err_len) {
+    /* Write next to the target and rename, so a reader never sees half a file. */
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32);
+    if (!tmp)
+        return fail(err, err_len, "out of memory");
+    snprintf(tmp, plen + 32, "%s.tmp%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        int rc = fail(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+        free(tmp);
+        return rc;
+    }
+    char inner[300];
+    int rc = emit(w, put_file, fp, inner, sizeof inner);
+    if (fclose(fp) != 0 && rc == 0)
+        rc = fail(inner, sizeof inner, "write failed: %s", strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = fail(inner, sizeof inner, "cannot rename to %s: %s", path, strerror(errno));
+    if (rc < 0) {
+        unlink(tmp);
+        fail(err, err_len, "%s: %s", path, inner);
+    }
+    free(tmp);
+    return rc;
+}
+
+int gguf_writer_to_memory(GgufWriter *w, void **data, size_t *size, char *err, size_t err_len) {
+    Buf b = {0};
+    if (emit(w, put_buf, &b, err, err_len) < 0) {
+        free(b.p);
+        return -1;
+    }
+    *data = b.p ? b.p : malloc(1);
+    *size = b.len;
+    return *data ? 0 : fail(err, err_len, "out of memory");
+}

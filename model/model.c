@@ -1,0 +1,65 @@
+/* model — loading a GGUF file into a Model: config, weights, tokenizer. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "attention/attention.h"
+#include "model/weights.h"
+
+int model_load(const char *path, Model **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    Model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (gguf_open(path, &m->file, err, err_len) != 0)
+        goto fail;
+    if (weights_load(m->file, &m->config, &m->w, &m->weight_bytes, err, err_len) != 0)
+        goto fail;
+    if (m->config.head_dim > ATTN_MAX_HEAD_DIM || m->config.rope_dim > ATTN_MAX_HEAD_DIM) {
+        snprintf(err, err_len, "%s: head dimension %d is larger than the %d the attention "
+                 "kernels support", path, m->config.head_dim, ATTN_MAX_HEAD_DIM);
+        goto fail;
+    }
+    if (tokenizer_load(m->file, &m->tokenizer, err, err_len) != 0)
+        goto fail;
+    if (tokenizer_n_vocab(m->tokenizer) != m->config.vocab_size) {
+        snprintf(err, err_len, "%s: tokenizer has %d tokens but token_embd has %d rows", path,
+                 tokenizer_n_vocab(m->tokenizer), m->config.vocab_size);
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+void model_free(Model *m)
+{
+    if (!m)
+        return;
+    if (m->w.layers)
+        weights_free(&m->w, &m->config);
+    tokenizer_free(m->tokenizer);
+    /* Closed last: the tokenizer may point into the mapping. */
+    gguf_close(m->file);
+    free(m);
+}
+
+const ModelConfig *model_config(const Model *m) { return &m->config; }
+const Tokenizer *model_tokenizer(const Model *m) { return m->tokenizer; }
+size_t model_weight_bytes(const Model *m) { return m->weight_bytes; }
+
+KvLayout model_kv_layout(const Model *m, int block_size, KvDtype dtype)
+{
+    KvLayout l = {
+        .n_layers = m->config.n_layers,
+        .n_kv_heads = m->config.n_kv_heads,
+        .head_dim = m->config.head_dim,
+        .block_size = block_size,
+        .dtype = dtype,
+    };
+    return l;
+}

@@ -1,0 +1,1057 @@
+/* tokenizer — SentencePiece ("llama") vocabularies: loading, encoding, decoding.
+ *
+ * The behaviour follows llama.cpp's SPM tokenizer (llm_tokenizer_spm_session and
+ * llama_vocab::impl::tokenize / token_to_piece), because the tokenizer test vectors and
+ * the models we serve were made with it:
+ *   - user-defined pieces are cut out of the text first (longest first), each remaining
+ *     stretch is tokenised alone, with a space prefix on the first stretch and on every
+ *     stretch that follows a cut-out piece;
+ *   - spaces become U+2581, the text is split into UTF-8 characters (length from the lead
+ *     byte alone, so invalid UTF-8 simply makes odd "characters"), and the adjacent pair
+ *     whose concatenation is the highest-scoring vocabulary piece is merged, repeatedly;
+ *   - every final symbol is a piece (all merges produce pieces), or a character with no
+ *     piece, which becomes its bytes as <0xNN> tokens.
+ * llama.cpp also keeps a "resegment" step that splits a merged symbol which is not a piece
+ * back into its two halves; since a pair is only ever merged when the merged string is a
+ * piece, that branch never fires, and here it is simply the byte fallback.
+ *
+ * Ownership: the Tokenizer copies every piece into one arena it owns; the GgufFile can be
+ * closed after tokenizer_load. Encoding allocates its own scratch, so a const Tokenizer is
+ * safe to share between threads.
+ */
+#include "model/tokenizer.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPACE_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
+#define SPACE_MARK_LEN 3
+#define MAX_TEXT_BYTES ((size_t)512 << 20)
+
+enum { TOKEN_FLAG_EOG = 1, TOKEN_FLAG_RSTRIP = 2 };
+
+typedef struct {
+    uint32_t off; /* into arena */
+    uint32_t len;
+} Piece;
+
+struct Tokenizer {
+    int32_t n_vocab;
+    char *arena;        /* every piece, back to back (not NUL-separated) */
+    Piece *pieces;      /* [n_vocab] */
+    float *scores;      /* [n_vocab] */
+    uint8_t *types;     /* [n_vocab] TokenType, after llama.cpp's by-name promotions */
+    uint8_t *flags;     /* [n_vocab] TOKEN_FLAG_* */
+    uint8_t *byte_of;   /* [n_vocab] the byte of a BYTE token */
+    int32_t *slots;     /* open-addressing hash table piece -> id; -1 = empty */
+    uint64_t slot_mask; /* table size - 1 (a power of two) */
+    int32_t byte_token[256]; /* encode fallback: id for each byte value, -1 = use UNK */
+    int32_t *cut_pieces;     /* USER_DEFINED ids, longest piece first */
+    int32_t n_cut_pieces;
+    int32_t bos, eos, unk;
+    bool add_bos, add_space_prefix;
+    /* True when no piece has U+2581 right after anything but U+2581 (so in every Llama
+     * vocabulary): then no merge can cross the start of a word (a run of U+2581 after
+     * something else), and each word gets a merge loop of its own, with a small heap. */
+    bool words_independent;
+    size_t detok_max_bytes;
+    uint32_t max_piece_len; /* longer strings are not looked up at all */
+};
+
+/* Pieces llama.cpp recognises by name and treats as CONTROL even when the file says
+ * otherwise (see llama_vocab::impl::load: EOT/EOG and FIM detection). The first group
+ * also ends generation. */
+static const char *const EOG_PIECES[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
+    "<|tool_response>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "[e~[",
+    /* fill-in-the-middle pad / repo / file separator also end generation */
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>",
+    "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+};
+static const char *const FIM_PIECES[] = {
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>", SPACE_MARK "<PRE>",
+    "<|code_prefix|>", "<|prefix|>",
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>", SPACE_MARK "<SUF>",
+    "<|code_suffix|>", "<|suffix|>",
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>", SPACE_MARK "<MID>",
+    "<|code_middle|>", "<|middle|>",
+};
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (!err || err_len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* Length of the UTF-8 character a byte starts (0 if it cannot start one). */
+static int utf8_lead_len(unsigned char c)
+{
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) return 2;
+    if (c >= 0xe0 && c <= 0xef) return 3;
+    if (c >= 0xf0 && c <= 0xf4) return 4;
+    return 0;
+}
+
+/* Whether c may follow the pending bytes: the second byte's range depends on the lead
+ * (no overlong forms, no surrogates, nothing above U+10FFFF). */
+static bool utf8_continues(const unsigned char *pending, int n_pending, unsigned char c)
+{
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (n_pending == 1) {
+        switch (pending[0]) {
+        case 0xe0: lo = 0xa0; break;
+        case 0xed: hi = 0x9f; break;
+        case 0xf0: lo = 0x90; break;
+        case 0xf4: hi = 0x8f; break;
+        default: break;
+        }
+    }
+    return c >= lo && c <= hi;
+}
+
+/* Strictly valid UTF-8, nothing cut short. */
+static bool utf8_is_valid(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        int k = utf8_lead_len(p[i]);
+        if (k == 0 || (size_t)k > n - i) return false;
+        for (int j = 1; j < k; j++)
+            if (!utf8_continues(p + i, j, p[i + j])) return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
+/* A printable copy of a GGUF string for messages. */
+static void str_printable(GgufStr s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (uint64_t i = 0; i < s.len && n + 1 < cap; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        buf[n++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    buf[n] = '\0';
+}
+
+/* ---- piece -> id hash table ------------------------------------------------------------ */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h ^ (h >> 29);
+}
+
+static bool piece_equals(const Tokenizer *t, int32_t id, const char *s, size_t n)
+{
+    const Piece *p = &t->pieces[id];
+    return p->len == n && memcmp(t->arena + p->off, s, n) == 0;
+}
+
+/* The id of the piece s[0..n), or -1. */
+static int32_t vocab_find(const Tokenizer *t, const char *s, size_t n)
+{
+    if (n > t->max_piece_len) return -1;
+    for (uint64_t i = hash_bytes(s, n) & t->slot_mask;; i = (i + 1) & t->slot_mask) {
+        int32_t id = t->slots[i];
+        if (id < 0) return -1;
+        if (piece_equals(t, id, s, n)) return id;
+    }
+}
+
+/* Insert every non-empty piece; -1 (with a message) on a duplicate. */
+static int vocab_index(Tokenizer *t, char *err, size_t err_len)
+{
+    uint64_t size = 16;
+    while (size < (uint64_t)t->n_vocab * 2) size *= 2;
+    t->slots = malloc(size * sizeof *t->slots);
+    if (!t->slots) {
+        set_err(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    memset(t->slots, 0xff, size * sizeof *t->slots);
+    t->slot_mask = size - 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *s = t->arena + t->pieces[id].off;
+        size_t n = t->pieces[id].len;
+        if (n == 0) continue; /* can never be produced by a merge or a lookup */
+        uint64_t i = hash_bytes(s, n) & t->slot_mask;
+        for (; t->slots[i] >= 0; i = (i + 1) & t->slot_mask) {
+            if (piece_equals(t, t->slots[i], s, n)) {
+                char shown[64];
+                str_printable((GgufStr){s, n}, shown, sizeof shown);
+                set_err(err, err_len, "tokenizer: duplicate piece '%s' (ids %d and %d)", shown,
+                        t->slots[i], id);
+                return -1;
+            }
+        }
+        t->slots[i] = id;
+    }
+    return 0;
+}
+
+/* ---- loading --------------------------------------------------------------------------- */
+
+static bool str_is(GgufStr s, const char *lit)
+{
+    return s.len == strlen(lit) && memcmp(s.ptr, lit, s.len) == 0;
+}
+
+static int check_model(const GgufFile *f, char *err, size_t err_len)
+{
+    GgufStr model;
+    if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 0) {
+        set_err(err, err_len, "tokenizer: no tokenizer.ggml.model string in the file; only "
+                "SentencePiece (\"llama\") vocabularies are supported");
+        return -1;
+    }
+    if (!str_is(model, "llama")) {
+        char name[64];
+        str_printable(model, name, sizeof name);
+        set_err(err, err_len, "tokenizer: tokenizer.ggml.model is \"%s\"; only SentencePiece "
+                "\"llama\" vocabularies are supported (no byte-level BPE, WordPiece, ...)", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Optional array key: *present = false when absent; -1 when present but wrong. */
+static int optional_array(const GgufFile *f, const char *key, uint64_t n_vocab, bool *present,
+                          GgufType *elem, char *err, size_t err_len)
+{
+    *present = gguf_find_key(f, key) >= 0;
+    if (!*present) return 0;
+    uint64_t n;
+    if (gguf_get_arr(f, key, elem, &n) != 0) {
+        set_err(err, err_len, "tokenizer: %s is not an array", key);
+        return -1;
+    }
+    if (n != n_vocab) {
+        set_err(err, err_len, "tokenizer: %s has %llu entries but tokenizer.ggml.tokens has %llu",
+                key, (unsigned long long)n, (unsigned long long)n_vocab);
+        return -1;
+    }
+    return 0;
+}
+
+static int load_pieces(Tokenizer *t, const GgufFile *f, char *err, size_t err_len)
+{
+    const char *key = "tokenizer.ggml.tokens";
+    GgufType elem;
+    uint64_t n;
+    if (gguf_get_arr(f, key, &elem, &n) != 0 || elem != GGUF_TYPE_STRING) {
+        set_err(err, err_len, "tokenizer: %s (an array of strings) is missing", key);
+        return -1;
+    }
+    if (n == 0 || n > (uint64_t)INT32_MAX / 2) {
+        set_err(err, err_len, "tokenizer: %s has %llu entries", key, (unsigned long long)n);
+        return -1;
+    }
+    t->n_vocab = (int32_t)n;
+    t->pieces = calloc(n, sizeof *t->pieces);
+    if (!t->pieces) goto oom;
+    size_t used = 0, cap = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        GgufStr s;
+        if (gguf_arr_str(f, key, i, &s) != 0) {
+            set_err(err, err_len, "tokenizer: cannot read %s[%llu]", key, (unsigned long long)i);
+            return -1;
+        }
+        if (s.len > UINT32_MAX - used) {
+            set_err(err, err_len, "tokenizer: %s is too large", key);
+            return -1;
+        }
+        if (used + s.len > cap) {
+            size_t new_cap = cap ? cap * 2 : 4096;
+            while (new_cap < used + s.len) new_cap *= 2;
+            char *a = realloc(t->arena, new_cap);
+            if (!a) goto oom;
+            t->arena = a;
+            cap = new_cap;
+        }
+        if (s.len) memcpy(t->arena + used, s.ptr, s.len);
+        t->pieces[i].off = (uint32_t)used;
+        t->pieces[i].len = (uint32_t)s.len;
+        if (s.len > t->max_piece_len) t->max_piece_len = (uint32_t)s.len;
+        used += s.len;
+    }
+    if (!t->arena && !(t->arena = malloc(1))) goto oom;
+    return 0;
+oom:
+    set_err(err, err_len, "tokenizer: out of memory");
+    return -1;
+}
+
+static int load_scores(Tokenizer *t, const GgufFile *f, char *err, size_t err_len)
+{
+    const char *key = "tokenizer.ggml.scores";
+    bool present;
+    GgufType elem;
+    t->scores = calloc((size_t)t->n_vocab, sizeof *t->scores);
+    if (!t->scores) {
+        set_err(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    if (optional_array(f, key, (uint64_t)t->n_vocab, &present, &elem, err, err_len) != 0)
+        return -1;
+    if (!present) return 0; /* every score 0: merges then go leftmost first */
+    bool is_float = elem == GGUF_TYPE_FLOAT32 || elem == GGUF_TYPE_FLOAT64;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        int64_t v;
+        int rc = is_float ? gguf_arr_f32(f, key, (uint64_t)i, &t->scores[i])
+                          : gguf_arr_i64(f, key, (uint64_t)i, &v);
+        if (rc != 0) {
+            set_err(err, err_len, "tokenizer: %s must hold numbers (entry %d)", key, i);
+            return -1;
+        }
+        if (!is_float) t->scores[i] = (float)v;
+    }
+    return 0;
+}
+
+static int load_types(Tokenizer *t, const GgufFile *f, char *err, size_t err_len)
+{
+    const char *key = "tokenizer.ggml.token_type";
+    bool present;
+    GgufType elem;
+    t->types = malloc((size_t)t->n_vocab);
+    t->flags = calloc((size_t)t->n_vocab, 1);
+    t->byte_of = calloc((size_t)t->n_vocab, 1);
+    if (!t->types || !t->flags || !t->byte_of) {
+        set_err(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    memset(t->types, TOKEN_TYPE_NORMAL, (size_t)t->n_vocab);
+    if (optional_array(f, key, (uint64_t)t->n_vocab, &present, &elem, err, err_len) != 0)
+        return -1;
+    if (!present) return 0;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        int64_t v;
+        if (gguf_arr_i64(f, key, (uint64_t)i, &v) != 0) {
+            set_err(err, err_len, "tokenizer: %s must hold integers (entry %d)", key, i);
+            return -1;
+        }
+        /* llama.cpp maps values it does not know to UNDEFINED (decodes to nothing). */
+        t->types[i] = (v >= TOKEN_TYPE_UNDEFINED && v <= TOKEN_TYPE_BYTE)
+                          ? (uint8_t)v : TOKEN_TYPE_UNDEFINED;
+    }
+    return 0;
+}
+
+/* A special token id: the key's value, else *id as given (SentencePiece's default). */
+static int load_id(const GgufFile *f, const char *key, int32_t n_vocab, int32_t *id,
+                   char *err, size_t err_len)
+{
+    if (gguf_find_key(f, key) < 0) {
+        if (*id < n_vocab) return 0;
+        set_err(err, err_len, "tokenizer: no %s, and the default %d is outside the vocabulary "
+                "(%d pieces)", key, *id, n_vocab);
+        return -1;
+    }
+    int64_t v;
+    if (gguf_get_i64(f, key, &v) != 0) {
+        set_err(err, err_len, "tokenizer: %s is not an integer", key);
+        return -1;
+    }
+    if (v < 0 || v >= n_vocab) {
+        set_err(err, err_len, "tokenizer: %s = %lld is outside the vocabulary (%d pieces)",
+                key, (long long)v, n_vocab);
+        return -1;
+    }
+    *id = (int32_t)v;
+    return 0;
+}
+
+static int load_flag(const GgufFile *f, const char *key, bool *value, char *err, size_t err_len)
+{
+    if (gguf_find_key(f, key) < 0) return 0;
+    if (gguf_get_bool(f, key, value) != 0) {
+        set_err(err, err_len, "tokenizer: %s is not a boolean", key);
+        return -1;
+    }
+    return 0;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Byte tokens: decode value of each BYTE piece, and the encode fallback per byte value. */
+static void build_byte_tables(Tokenizer *t)
+{
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (t->types[id] != TOKEN_TYPE_BYTE) continue;
+        const char *s = t->arena + t->pieces[id].off;
+        int hi = -1, lo = -1;
+        if (t->pieces[id].len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') {
+            hi = hex_digit(s[3]);
+            lo = hex_digit(s[4]);
+        }
+        if (hi < 0 || lo < 0)
+            t->types[id] = TOKEN_TYPE_UNDEFINED; /* not a byte we can decode: nothing */
+        else
+            t->byte_of[id] = (uint8_t)(hi * 16 + lo);
+    }
+    /* Like llama.cpp's byte_to_token: "<0xNN>" (upper-case hex) by text, else the one-byte
+     * piece; where llama.cpp would throw, we use UNK. */
+    static const char hex[] = "0123456789ABCDEF";
+    for (int b = 0; b < 256; b++) {
+        char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        char one = (char)b;
+        int32_t id = vocab_find(t, buf, sizeof buf);
+        if (id < 0) id = vocab_find(t, &one, 1);
+        t->byte_token[b] = id;
+    }
+}
+
+static void mark_by_name(Tokenizer *t, const char *const *names, size_t n, bool eog)
+{
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = vocab_find(t, names[i], strlen(names[i]));
+        if (id < 0) continue;
+        t->types[id] = TOKEN_TYPE_CONTROL;
+        if (eog) t->flags[id] |= TOKEN_FLAG_EOG;
+    }
+}
+
+static bool name_is_phi3(const GgufFile *f)
+{
+    GgufStr name;
+    if (gguf_get_str(f, "general.name", &name) != 0) return false;
+    char low[256];
+    size_t n = name.len < sizeof low - 1 ? (size_t)name.len : sizeof low - 1;
+    for (size_t i = 0; i < n; i++) low[i] = (char)tolower((unsigned char)name.ptr[i]);
+    low[n] = '\0';
+    return strstr(low, "phi-3") || strstr(low, "phi3");
+}
+
+/* llama.cpp's by-name adjustments: EOG/FIM marker pieces become CONTROL, and for Phi-3
+ * models special pieces swallow the whitespace after them (RSTRIP). */
+static void apply_name_rules(Tokenizer *t, const GgufFile *f)
+{
+    mark_by_name(t, EOG_PIECES, sizeof EOG_PIECES / sizeof *EOG_PIECES, true);
+    mark_by_name(t, FIM_PIECES, sizeof FIM_PIECES / sizeof *FIM_PIECES, false);
+    t->flags[t->eos] |= TOKEN_FLAG_EOG;
+    if (name_is_phi3(f)) {
+        static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+        for (int32_t id = 0; id < t->n_vocab; id++)
+            if (t->types[id] == TOKEN_TYPE_USER_DEFINED) t->flags[id] |= TOKEN_FLAG_RSTRIP;
+        for (size_t i = 0; i < 3; i++) {
+            int32_t id = vocab_find(t, keep[i], strlen(keep[i]));
+            if (id >= 0) t->flags[id] &= (uint8_t)~TOKEN_FLAG_RSTRIP;
+        }
+    }
+}
+
+/* Whether some piece has U+2581 preceded by a byte that does not end another U+2581. */
+static bool pieces_cross_word_starts(const Tokenizer *t)
+{
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *p = t->arena + t->pieces[id].off;
+        size_t n = t->pieces[id].len;
+        for (size_t k = 1; k + SPACE_MARK_LEN <= n; k++) {
+            if (memcmp(p + k, SPACE_MARK, SPACE_MARK_LEN) != 0) continue;
+            if (k < SPACE_MARK_LEN || memcmp(p + k - SPACE_MARK_LEN, SPACE_MARK, SPACE_MARK_LEN) != 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+static int cmp_cut_piece(const void *a, const void *b, void *ctx)
+{
+    const Tokenizer *t = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (t->pieces[x].len != t->pieces[y].len) return t->pieces[x].len > t->pieces[y].len ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int build_cut_pieces(Tokenizer *t)
+{
+    int32_t n = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (t->types[id] == TOKEN_TYPE_USER_DEFINED && t->pieces[id].len > 0) n++;
+    if (n == 0) return 0;
+    t->cut_pieces = malloc((size_t)n * sizeof *t->cut_pieces);
+    if (!t->cut_pieces) return -1;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (t->types[id] == TOKEN_TYPE_USER_DEFINED && t->pieces[id].len > 0)
+            t->cut_pieces[t->n_cut_pieces++] = id;
+    qsort_r(t->cut_pieces, (size_t)n, sizeof *t->cut_pieces, cmp_cut_piece, t);
+    return 0;
+}
+
+/* Worst case bytes one detok_feed can write (NUL included): 3 for a pending character
+ * replaced by U+FFFD, plus the piece's text; in an invalid piece each byte may become a
+ * 3-byte U+FFFD. */
+static size_t compute_detok_bound(const Tokenizer *t)
+{
+    size_t worst = 64;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        TokenType type = (TokenType)t->types[id];
+        if (type != TOKEN_TYPE_NORMAL && type != TOKEN_TYPE_USER_DEFINED) continue;
+        const unsigned char *p = (const unsigned char *)t->arena + t->pieces[id].off;
+        size_t len = t->pieces[id].len;
+        size_t need = 3 + (utf8_is_valid(p, len) ? len : 3 * len) + 1;
+        if (need > worst) worst = need;
+    }
+    return worst;
+}
+
+int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (check_model(f, err, err_len) != 0) return -1;
+    Tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        set_err(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    t->bos = 1;
+    t->eos = 2;
+    t->unk = 0;
+    t->add_bos = true;
+    t->add_space_prefix = true;
+    if (load_pieces(t, f, err, err_len) != 0 || load_scores(t, f, err, err_len) != 0 ||
+        load_types(t, f, err, err_len) != 0)
+        goto fail;
+    if (load_id(f, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err, err_len) != 0 ||
+        load_id(f, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, err_len) != 0 ||
+        load_id(f, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err, err_len) != 0 ||
+        load_flag(f, "tokenizer.ggml.add_bos_token", &t->add_bos, err, err_len) != 0 ||
+        load_flag(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err, err_len) != 0)
+        goto fail;
+    if (vocab_index(t, err, err_len) != 0) goto fail;
+    build_byte_tables(t);
+    apply_name_rules(t, f);
+    if (build_cut_pieces(t) != 0) {
+        set_err(err, err_len, "tokenizer: out of memory");
+        goto fail;
+    }
+    t->detok_max_bytes = compute_detok_bound(t);
+    t->words_independent = !pieces_cross_word_starts(t);
+    *out = t;
+    return 0;
+fail:
+    tokenizer_free(t);
+    return -1;
+}
+
+void tokenizer_free(Tokenizer *t)
+{
+    if (!t) return;
+    free(t->arena);
+    free(t->pieces);
+    free(t->scores);
+    free(t->types);
+    free(t->flags);
+    free(t->byte_of);
+    free(t->slots);
+    free(t->cut_pieces);
+    free(t);
+}
+
+int32_t tokenizer_n_vocab(const Tokenizer *t) { return t->n_vocab; }
+int32_t tokenizer_bos(const Tokenizer *t) { return t->bos; }
+int32_t tokenizer_eos(const Tokenizer *t) { return t->eos; }
+int32_t tokenizer_unk(const Tokenizer *t) { return t->unk; }
+bool tokenizer_add_bos(const Tokenizer *t) { return t->add_bos; }
+size_t tokenizer_detok_max_bytes(const Tokenizer *t) { return t->detok_max_bytes; }
+
+TokenType tokenizer_token_type(const Tokenizer *t, int32_t id)
+{
+    if (id < 0 || id >= t->n_vocab) return TOKEN_TYPE_UNDEFINED;
+    return (TokenType)t->types[id];
+}
+
+bool tokenizer_is_eog(const Tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && (t->flags[id] & TOKEN_FLAG_EOG);
+}
+
+GgufStr tokenizer_piece(const Tokenizer *t, int32_t id)
+{
+    GgufStr s = {"", 0};
+    if (id < 0 || id >= t->n_vocab) return s;
+    s.ptr = t->arena + t->pieces[id].off;
+    s.len = t->pieces[id].len;
+    return s;
+}
+
+/* ---- encoding -------------------------------------------------------------------------- */
+
+/* One symbol of the merge loop: a run of the escaped text, linked to its live neighbours.
+ * A symbol merged into its left neighbour gets n = 0. */
+typedef struct {
+    int32_t prev, next;
+    uint32_t off, n;
+} Symbol;
+
+/* A candidate merge of symbols left and right (adjacent when queued). size is their
+ * combined length then; if either has changed since, the candidate is stale. */
+typedef struct {
+    float score;
+    int32_t left, right;
+    uint32_t size;
+} Bigram;
+
+typedef struct {
+    char *text; /* escaped text of the stretch being encoded */
+    size_t text_cap;
+    Symbol *syms;
+    size_t syms_cap;
+    Bigram *heap;
+    size_t heap_len, heap_cap;
+    int32_t *ids; /* output */
+    size_t n_ids, ids_cap;
+    bool oom;
+} Encoder;
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static void emit(Encoder *e, int32_t id)
+{
+    if (e->oom) return;
+    if (!grow((void **)&e->ids, &e->ids_cap, e->n_ids + 1, sizeof *e->ids)) {
+        e->oom = true;
+        return;
+    }
+    e->ids[e->n_ids++] = id;
+}
+
+/* Heap order: higher score first; equal scores, the leftmost pair first. */
+static bool bigram_before(const Bigram *a, const Bigram *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+/* A 4-ary heap: half the depth of a binary one, and the four children of a node share
+ * one cache line, which is what matters once a long word's heap outgrows the cache. */
+enum { HEAP_ARITY = 4 };
+
+static void heap_push(Encoder *e, Bigram b)
+{
+    if (!grow((void **)&e->heap, &e->heap_cap, e->heap_len + 1, sizeof *e->heap)) {
+        e->oom = true;
+        return;
+    }
+    size_t i = e->heap_len++;
+    while (i > 0) {
+        size_t parent = (i - 1) / HEAP_ARITY;
+        if (!bigram_before(&b, &e->heap[parent])) break;
+        e->heap[i] = e->heap[parent];
+        i = parent;
+    }
+    e->heap[i] = b;
+}
+
+static Bigram heap_pop(Encoder *e)
+{
+    Bigram top = e->heap[0];
+    Bigram last = e->heap[--e->heap_len];
+    size_t n = e->heap_len, i = 0;
+    for (;;) {
+        size_t child = HEAP_ARITY * i + 1, best = child;
+        if (child >= n) break;
+        size_t end = child + HEAP_ARITY < n ? child + HEAP_ARITY : n;
+        for (size_t c = child + 1; c < end; c++)
+            if (bigram_before(&e->heap[c], &e->heap[best])) best = c;
+        if (!bigram_before(&e->heap[best], &last)) break;
+        e->heap[i] = e->heap[best];
+        i = best;
+    }
+    if (n > 0) e->heap[i] = last;
+    return top;
+}
+
+/* Queue the merge of left and right if their concatenation is a piece. */
+static void try_pair(const Tokenizer *t, Encoder *e, int32_t left, int32_t right)
+{
+    if (left < 0 || right < 0) return;
+    const Symbol *l = &e->syms[left], *r = &e->syms[right];
+    uint32_t size = l->n + r->n;
+    int32_t id = vocab_find(t, e->text + l->off, size);
+    if (id < 0) return;
+    Bigram b = {t->scores[id], left, right, size};
+    heap_push(e, b);
+}
+
+/* UTF-8 sequence length announced by a lead byte, as llama.cpp's unicode_len_utf8: stray
+ * continuation bytes count as one-byte characters. */
+static uint32_t utf8_len_from_lead(unsigned char c)
+{
+    static const uint8_t len_by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                   1, 1, 1, 1, 2, 2, 3, 4};
+    return len_by_high_nibble[c >> 4];
+}
+
+static void emit_symbol(const Tokenizer *t, Encoder *e, const Symbol *s)
+{
+    int32_t id = vocab_find(t, e->text + s->off, s->n);
+    if (id >= 0) {
+        emit(e, id);
+        return;
+    }
+    for (uint32_t i = 0; i < s->n; i++) {
+        int32_t b = t->byte_token[(unsigned char)e->text[s->off + i]];
+        emit(e, b >= 0 ? b : t->unk);
+    }
+}
+
+static bool symbol_is_space(const Encoder *e, int32_t i)
+{
+    const Symbol *s = &e->syms[i];
+    return s->n == SPACE_MARK_LEN && memcmp(e->text + s->off, SPACE_MARK, SPACE_MARK_LEN) == 0;
+}
+
+/* A word starts at a U+2581 symbol that does not follow another one. */
+static bool starts_word(const Encoder *e, int32_t i)
+{
+    return symbol_is_space(e, i) && !symbol_is_space(e, i - 1);
+}
+
+/* The merge loop over symbols [first, end), linked among themselves: repeatedly merge the
+ * adjacent pair that forms the highest-scoring piece (ties: leftmost). */
+static void merge_symbols(const Tokenizer *t, Encoder *e, int32_t first, int32_t end)
+{
+    e->heap_len = 0;
+    for (int32_t i = first + 1; i < end; i++) try_pair(t, e, i - 1, i);
+    while (e->heap_len > 0 && !e->oom) {
+        Bigram b = heap_pop(e);
+        Symbol *l = &e->syms[b.left], *r = &e->syms[b.right];
+        if (l->n == 0 || r->n == 0 || l->next != b.right || l->n + r->n != b.size)
+            continue; /* stale: one side has merged with something else since */
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) e->syms[r->next].prev = b.left;
+        try_pair(t, e, l->prev, b.left);
+        try_pair(t, e, b.left, l->next);
+    }
+}
+
+/* Tokenise one stretch of raw text (no user-defined pieces inside). */
+static void encode_stretch(const Tokenizer *t, Encoder *e, const char *raw, size_t len,
+                           bool space_prefix)
+{
+    /* 1. Escape: ' ' -> U+2581, with the optional leading one. */
+    size_t n_spaces = space_prefix ? 1 : 0;
+    for (size_t i = 0; i < len; i++) n_spaces += raw[i] == ' ';
+    size_t text_len = len + n_spaces * (SPACE_MARK_LEN - 1) + (space_prefix ? 1 : 0);
+    if (!grow((void **)&e->text, &e->text_cap, text_len, 1) ||
+        !grow((void **)&e->syms, &e->syms_cap, text_len, sizeof *e->syms)) {
+        e->oom = true;
+        return;
+    }
+    size_t w = 0;
+    if (space_prefix) {
+        memcpy(e->text, SPACE_MARK, SPACE_MARK_LEN);
+        w = SPACE_MARK_LEN;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (raw[i] == ' ') {
+            memcpy(e->text + w, SPACE_MARK, SPACE_MARK_LEN);
+            w += SPACE_MARK_LEN;
+        } else {
+            e->text[w++] = raw[i];
+        }
+    }
+    if (w == 0) return;
+
+    /* 2. One symbol per UTF-8 character (the last one cut short at the end of text). */
+    int32_t n_syms = 0;
+    for (size_t off = 0; off < w;) {
+        uint32_t n = utf8_len_from_lead((unsigned char)e->text[off]);
+        if (n > w - off) n = (uint32_t)(w - off);
+        Symbol *s = &e->syms[n_syms];
+        s->off = (uint32_t)off;
+        s->n = n;
+        s->prev = n_syms - 1;
+        off += n;
+        s->next = off == w ? -1 : n_syms + 1;
+        n_syms++;
+    }
+
+    /* 3. Merge, word by word when no piece can span a word start (see Tokenizer). The
+     *    result is the same as one merge loop over the whole text: merges in different
+     *    words never interact, and within a word the order is the same. */
+    int32_t first = 0;
+    for (int32_t i = 1; i <= n_syms && !e->oom; i++) {
+        if (i < n_syms && !(t->words_independent && starts_word(e, i))) continue;
+        e->syms[first].prev = -1;
+        e->syms[i - 1].next = -1;
+        merge_symbols(t, e, first, i);
+        /* 4. Each surviving symbol is a piece, or falls back to its bytes. */
+        for (int32_t k = first; k >= 0; k = e->syms[k].next) emit_symbol(t, e, &e->syms[k]);
+        first = i;
+    }
+}
+
+/* A stretch of the input: raw text [off, off + len), or one user-defined piece. */
+typedef struct {
+    int32_t id; /* -1 for raw text */
+    size_t off, len;
+} Fragment;
+
+typedef struct {
+    Fragment *v;
+    size_t n, cap;
+} FragmentList;
+
+static bool fragments_add(FragmentList *l, int32_t id, size_t off, size_t len)
+{
+    if (!grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return false;
+    l->v[l->n++] = (Fragment){id, off, len};
+    return true;
+}
+
+/* Cut occurrences of one user-defined piece out of every raw fragment of in, into out. */
+static bool cut_piece(const Tokenizer *t, int32_t id, const char *text, const FragmentList *in,
+                      FragmentList *out)
+{
+    const char *piece = t->arena + t->pieces[id].off;
+    size_t plen = t->pieces[id].len;
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        Fragment fr = in->v[i];
+        if (fr.id >= 0) {
+            if (!fragments_add(out, fr.id, 0, 0)) return false;
+            continue;
+        }
+        size_t off = fr.off, end = fr.off + fr.len;
+        while (off < end) {
+            const char *m = memmem(text + off, end - off, piece, plen);
+            if (!m) break;
+            size_t at = (size_t)(m - text);
+            if (at > off && !fragments_add(out, -1, off, at - off)) return false;
+            if (!fragments_add(out, id, 0, 0)) return false;
+            off = at + plen;
+            if (t->flags[id] & TOKEN_FLAG_RSTRIP)
+                while (off < end && isspace((unsigned char)text[off])) off++;
+        }
+        if (off < end && !fragments_add(out, -1, off, end - off)) return false;
+    }
+    return true;
+}
+
+/* Split text into raw stretches and user-defined pieces, as llama.cpp's
+ * tokenizer_st_partition does with special-token parsing off: one piece at a time,
+ * longest pieces first. */
+static bool split_fragments(const Tokenizer *t, const char *text, size_t len, FragmentList *out)
+{
+    FragmentList other = {0};
+    out->n = 0;
+    bool ok = fragments_add(out, -1, 0, len);
+    for (int32_t k = 0; ok && k < t->n_cut_pieces; k++) {
+        ok = cut_piece(t, t->cut_pieces[k], text, out, &other);
+        FragmentList tmp = *out;
+        *out = other;
+        other = tmp;
+    }
+    free(other.v);
+    return ok;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_bos,
+                     int32_t *out, int max_out)
+{
+    if (len > MAX_TEXT_BYTES || (len > 0 && !text)) return -1;
+    Encoder e = {0};
+    FragmentList frags = {0};
+    if (add_bos) emit(&e, t->bos);
+    if (len > 0 && !split_fragments(t, text, len, &frags)) e.oom = true;
+    /* A space prefix goes on the first stretch and on every stretch after a cut piece. */
+    bool after_special = true;
+    for (size_t i = 0; i < frags.n && !e.oom; i++) {
+        if (frags.v[i].id >= 0) {
+            emit(&e, frags.v[i].id);
+            after_special = true;
+        } else {
+            encode_stretch(t, &e, text + frags.v[i].off, frags.v[i].len,
+                           t->add_space_prefix && after_special);
+            after_special = false;
+        }
+    }
+    int result = -1;
+    if (!e.oom && e.n_ids <= INT_MAX) {
+        result = (int)e.n_ids;
+        size_t n_copy = max_out > 0 ? (size_t)max_out : 0;
+        if (n_copy > e.n_ids) n_copy = e.n_ids;
+        if (n_copy) memcpy(out, e.ids, n_copy * sizeof *out);
+    }
+    free(e.text);
+    free(e.syms);
+    free(e.heap);
+    free(e.ids);
+    free(frags.v);
+    return result;
+}
+
+/* ---- decoding -------------------------------------------------------------------------- */
+
+static const char REPLACEMENT[3] = {(char)0xef, (char)0xbf, (char)0xbd}; /* U+FFFD */
+
+/* Where decoded bytes go: writes what fits (leaving room for the NUL), counts everything. */
+typedef struct {
+    char *out;
+    size_t cap;
+    size_t len;
+} Sink;
+
+static void sink_put(Sink *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++, s->len++)
+        if (s->len + 1 < s->cap) s->out[s->len] = p[i];
+}
+
+static void sink_finish(Sink *s)
+{
+    if (s->cap > 0) s->out[s->len < s->cap ? s->len : s->cap - 1] = '\0';
+}
+
+/* Push one byte through the UTF-8 assembler: complete characters go to the sink, an
+ * incomplete one waits in d->pending, anything invalid becomes U+FFFD. */
+static void utf8_push(Detokenizer *d, Sink *s, unsigned char c)
+{
+    if (d->n_pending > 0) {
+        if (utf8_continues(d->pending, d->n_pending, c)) {
+            d->pending[d->n_pending++] = c;
+            if (d->n_pending == utf8_lead_len(d->pending[0])) {
+                sink_put(s, (const char *)d->pending, (size_t)d->n_pending);
+                d->n_pending = 0;
+            }
+            return;
+        }
+        sink_put(s, REPLACEMENT, sizeof REPLACEMENT); /* the broken prefix, once */
+        d->n_pending = 0;
+    }
+    int n = utf8_lead_len(c);
+    if (n == 1) {
+        char ch = (char)c;
+        sink_put(s, &ch, 1);
+    } else if (n > 1) {
+        d->pending[0] = c;
+        d->n_pending = 1;
+    } else {
+        sink_put(s, REPLACEMENT, sizeof REPLACEMENT);
+    }
+}
+
+/* Feed the bytes of one token's text, dropping one leading space if still asked to. */
+static void push_text(Detokenizer *d, Sink *s, const char *p, size_t n, bool unescape)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)p[i++];
+        if (unescape && c == 0xe2 && n - i >= 2 && memcmp(p + i - 1, SPACE_MARK, SPACE_MARK_LEN) == 0) {
+            c = ' ';
+            i += SPACE_MARK_LEN - 1;
+        }
+        if (d->strip_leading) { /* only ever the first byte of the text */
+            d->strip_leading = false;
+            if (c == ' ') continue;
+        }
+        utf8_push(d, s, c);
+    }
+}
+
+static void detok_feed_sink(const Tokenizer *t, Detokenizer *d, int32_t id, Sink *s)
+{
+    if (id < 0 || id >= t->n_vocab) return;
+    const char *p = t->arena + t->pieces[id].off;
+    size_t n = t->pieces[id].len;
+    switch ((TokenType)t->types[id]) {
+    case TOKEN_TYPE_NORMAL:
+        push_text(d, s, p, n, true);
+        break;
+    case TOKEN_TYPE_USER_DEFINED:
+        push_text(d, s, p, n, false);
+        break;
+    case TOKEN_TYPE_BYTE: {
+        char b = (char)t->byte_of[id];
+        push_text(d, s, &b, 1, false);
+        break;
+    }
+    default: /* CONTROL, UNKNOWN, UNUSED, UNDEFINED: no text */
+        break;
+    }
+}
+
+void detok_init(Detokenizer *d, bool strip_leading)
+{
+    memset(d, 0, sizeof *d);
+    d->strip_leading = strip_leading;
+}
+
+int detok_feed(const Tokenizer *t, Detokenizer *d, int32_t id, char *out, size_t cap)
+{
+    Detokenizer next = *d; /* committed only if the text fits */
+    Sink s = {out, cap, 0};
+    detok_feed_sink(t, &next, id, &s);
+    if (s.len + 1 > cap || s.len > INT_MAX) {
+        if (cap > 0) out[0] = '\0';
+        return -1;
+    }
+    sink_finish(&s);
+    *d = next;
+    return (int)s.len;
+}
+
+int detok_flush(Detokenizer *d, char *out, size_t cap)
+{
+    if (cap < sizeof REPLACEMENT + 1) {
+        if (cap > 0) out[0] = '\0';
+        return -1;
+    }
+    int n = 0;
+    if (d->n_pending > 0) {
+        memcpy(out, REPLACEMENT, sizeof REPLACEMENT);
+        n = (int)sizeof REPLACEMENT;
+        d->n_pending = 0;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+int tokenizer_decode(const Tokenizer *t, const int32_t *ids, int n, bool strip_leading,
+                     char *out, size_t cap)
+{
+    if (n < 0) return -1;
+    Detokenizer d;
+    detok_init(&d, strip_leading);
+    Sink s = {out, cap, 0};
+    for (int i = 0; i < n; i++) detok_feed_sink(t, &d, ids[i], &s);
+    if (d.n_pending > 0) sink_put(&s, REPLACEMENT, sizeof REPLACEMENT);
+    sink_finish(&s);
+    return s.len > INT_MAX ? -1 : (int)s.len;
+}

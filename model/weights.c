@@ -1,0 +1,321 @@
+/* weights — read a llama GGUF's hyper-parameters and tensors into F32, fused for the
+ * forward pass (see weights.h).
+ *
+ * GGUF stores a matrix with ne = {in, out}: `out` rows of `in` contiguous values, which is
+ * already the row-major [out][in] layout we want, so fusing Q/K/V (or gate/up) is just
+ * dequantising each one into consecutive rows of one buffer. Q and K are NOT permuted:
+ * llama.cpp's converter already reordered them for RoPE on adjacent pairs.
+ */
+#include "model/weights.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIM (1 << 16)
+#define MAX_LAYERS 1024
+#define MAX_HEADS 1024
+#define MAX_FFN (1 << 20)
+#define MAX_VOCAB (1 << 24)
+#define MAX_CTX (1 << 24)
+
+static int fail(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ---- hyper-parameters -------------------------------------------------------------------- */
+
+/* A required positive integer key no larger than max. */
+static int get_count(const GgufFile *f, const char *key, int max, int *out, char *err,
+                     size_t err_len) {
+    int64_t v;
+    if (gguf_find_key(f, key) < 0)
+        return fail(err, err_len, "model file lacks the required key %s", key);
+    if (gguf_get_i64(f, key, &v) < 0)
+        return fail(err, err_len, "model key %s is not an integer", key);
+    if (v < 1 || v > max)
+        return fail(err, err_len, "model key %s = %lld is out of range (1 to %d)", key,
+                    (long long)v, max);
+    *out = (int)v;
+    return 0;
+}
+
+/* An optional positive integer key: *out keeps its default when the key is absent. */
+static int get_count_opt(const GgufFile *f, const char *key, int max, int *out, char *err,
+                         size_t err_len) {
+    if (gguf_find_key(f, key) < 0)
+        return 0;
+    return get_count(f, key, max, out, err, err_len);
+}
+
+static int get_float_opt(const GgufFile *f, const char *key, float *out, char *err,
+                         size_t err_len) {
+    if (gguf_find_key(f, key) < 0)
+        return 0;
+    float v;
+    if (gguf_get_f32(f, key, &v) < 0)
+        return fail(err, err_len, "model key %s is not a float", key);
+    if (!(v > 0.0f) || v > 1e30f)
+        return fail(err, err_len, "model key %s = %g must be positive and finite", key, v);
+    *out = v;
+    return 0;
+}
+
+static int check_architecture(const GgufFile *f, char *err, size_t err_len) {
+    GgufStr arch;
+    if (gguf_get_str(f, "general.architecture", &arch) < 0)
+        return fail(err, err_len, "model file lacks general.architecture (a string)");
+    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
+        return fail(err, err_len, "model architecture is '%.*s'; only 'llama' is supported",
+                    arch.len < 64 ? (int)arch.len : 64, arch.ptr);
+    return 0;
+}
+
+/* Vocabulary size: the tokenizer's token count, else token_embd's row count. */
+static int read_vocab_size(const GgufFile *f, int *out, char *err, size_t err_len) {
+    GgufType et;
+    uint64_t n;
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &n) == 0) {
+        if (n < 1 || n > MAX_VOCAB)
+            return fail(err, err_len, "tokenizer.ggml.tokens holds %llu tokens (1 to %d allowed)",
+                        (unsigned long long)n, MAX_VOCAB);
+        *out = (int)n;
+        return 0;
+    }
+    const GgufTensor *t = gguf_find_tensor(f, "token_embd.weight");
+    if (!t)
+        return fail(err, err_len, "model file lacks the tensor token_embd.weight");
+    if (t->n_dims < 2 || t->ne[1] < 1 || t->ne[1] > MAX_VOCAB)
+        return fail(err, err_len, "token_embd.weight has no usable vocabulary dimension");
+    *out = (int)t->ne[1];
+    return 0;
+}
+
+static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_len) {
+    memset(c, 0, sizeof *c);
+    if (check_architecture(f, err, err_len) < 0 ||
+        get_count(f, "llama.embedding_length", MAX_DIM, &c->dim, err, err_len) < 0 ||
+        get_count(f, "llama.block_count", MAX_LAYERS, &c->n_layers, err, err_len) < 0 ||
+        get_count(f, "llama.attention.head_count", MAX_HEADS, &c->n_heads, err, err_len) < 0 ||
+        get_count(f, "llama.feed_forward_length", MAX_FFN, &c->ffn_dim, err, err_len) < 0 ||
+        get_count(f, "llama.context_length", MAX_CTX, &c->ctx_len, err, err_len) < 0)
+        return -1;
+    c->n_kv_heads = c->n_heads;
+    if (get_count_opt(f, "llama.attention.head_count_kv", MAX_HEADS, &c->n_kv_heads, err,
+                      err_len) < 0)
+        return -1;
+    if (c->dim % c->n_heads != 0)
+        return fail(err, err_len, "llama.embedding_length %d is not divisible by "
+                    "llama.attention.head_count %d", c->dim, c->n_heads);
+    if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+        return fail(err, err_len, "llama.attention.head_count_kv %d does not divide "
+                    "llama.attention.head_count %d", c->n_kv_heads, c->n_heads);
+    c->head_dim = c->dim / c->n_heads;
+    /* Files whose head size is not dim / n_heads say so in key_length; we do not run those. */
+    int key_len = c->head_dim;
+    if (get_count_opt(f, "llama.attention.key_length", MAX_DIM, &key_len, err, err_len) < 0)
+        return -1;
+    if (key_len != c->head_dim)
+        return fail(err, err_len, "llama.attention.key_length %d differs from embedding_length / "
+                    "head_count = %d; such models are not supported", key_len, c->head_dim);
+    c->rope_dim = c->head_dim;
+    if (get_count_opt(f, "llama.rope.dimension_count", MAX_DIM, &c->rope_dim, err, err_len) < 0)
+        return -1;
+    if (c->rope_dim % 2 != 0 || c->rope_dim > c->head_dim)
+        return fail(err, err_len, "llama.rope.dimension_count %d must be even and at most the "
+                    "head size %d", c->rope_dim, c->head_dim);
+    c->rope_theta = 10000.0f;
+    c->rms_eps = 1e-5f;
+    if (get_float_opt(f, "llama.rope.freq_base", &c->rope_theta, err, err_len) < 0 ||
+        get_float_opt(f, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err, err_len) < 0)
+        return -1;
+    return read_vocab_size(f, &c->vocab_size, err, err_len);
+}
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const GgufFile *f;
+    size_t bytes;          /* F32 bytes allocated so far */
+    uint32_t type_count[64];
+    uint32_t type_other;   /* matrices of types ≥ 64 (unsupported anyway) */
+    char *err;
+    size_t err_len;
+} Loader;
+
+static float *alloc_floats(Loader *ld, size_t n, const char *what) {
+    void *p = NULL;
+    if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, n * sizeof(float)) != 0) {
+        fail(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
+        return NULL;
+    }
+    ld->bytes += n * sizeof(float);
+    return p;
+}
+
+/* Finds `name` and checks its shape is {ne0} (ne1 == 0) or {ne0, ne1}. */
+static const GgufTensor *find_shaped(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1) {
+    const GgufTensor *t = gguf_find_tensor(ld->f, name);
+    if (!t) {
+        fail(ld->err, ld->err_len, "model file lacks the tensor %s", name);
+        return NULL;
+    }
+    uint64_t want[4] = {ne0, ne1 ? ne1 : 1, 1, 1};
+    bool ok = true;
+    for (int d = 0; d < 4; d++)
+        ok = ok && t->ne[d] == want[d];
+    if (!ok) {
+        char want_s[64], got_s[128];
+        if (ne1)
+            snprintf(want_s, sizeof want_s, "{%llu, %llu}", (unsigned long long)ne0,
+                     (unsigned long long)ne1);
+        else
+            snprintf(want_s, sizeof want_s, "{%llu}", (unsigned long long)ne0);
+        int n = snprintf(got_s, sizeof got_s, "{");
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            n += snprintf(got_s + n, sizeof got_s - (size_t)n, "%s%llu", d ? ", " : "",
+                          (unsigned long long)t->ne[d]);
+        snprintf(got_s + n, sizeof got_s - (size_t)n, "}");
+        fail(ld->err, ld->err_len, "tensor %s has shape %s, expected %s", name, got_s, want_s);
+        return NULL;
+    }
+    return t;
+}
+
+static void count_matrix_type(Loader *ld, uint32_t type) {
+    if (type < 64)
+        ld->type_count[type]++;
+    else
+        ld->type_other++;
+}
+
+/* Dequantises tensor `name` (shape {ne0[, ne1]}) into dst. */
+static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, float *dst) {
+    const GgufTensor *t = find_shaped(ld, name, ne0, ne1);
+    if (!t)
+        return -1;
+    if (ne1)
+        count_matrix_type(ld, t->type);
+    return gguf_tensor_to_f32(t, dst, ld->err, ld->err_len);
+}
+
+/* Allocates and loads a whole tensor. */
+static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1) {
+    float *p = alloc_floats(ld, (size_t)ne0 * (ne1 ? ne1 : 1), name);
+    if (p && load_into(ld, name, ne0, ne1, p) < 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
+    char name[96];
+    size_t dim = (size_t)c->dim;
+    size_t q_rows = (size_t)c->n_heads * c->head_dim;
+    size_t kv_rows = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ffn = (size_t)c->ffn_dim;
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if (!(lw->attn_norm = load_new(ld, NAME("attn_norm.weight"), dim, 0)))
+        return -1;
+    if (!(lw->wqkv = alloc_floats(ld, (q_rows + 2 * kv_rows) * dim, "wqkv")))
+        return -1;
+    if (load_into(ld, NAME("attn_q.weight"), dim, q_rows, lw->wqkv) < 0 ||
+        load_into(ld, NAME("attn_k.weight"), dim, kv_rows, lw->wqkv + q_rows * dim) < 0 ||
+        load_into(ld, NAME("attn_v.weight"), dim, kv_rows, lw->wqkv + (q_rows + kv_rows) * dim) < 0)
+        return -1;
+    if (!(lw->wo = load_new(ld, NAME("attn_output.weight"), q_rows, dim)))
+        return -1;
+    if (!(lw->ffn_norm = load_new(ld, NAME("ffn_norm.weight"), dim, 0)))
+        return -1;
+    if (!(lw->w_gate_up = alloc_floats(ld, 2 * ffn * dim, "w_gate_up")))
+        return -1;
+    if (load_into(ld, NAME("ffn_gate.weight"), dim, ffn, lw->w_gate_up) < 0 ||
+        load_into(ld, NAME("ffn_up.weight"), dim, ffn, lw->w_gate_up + ffn * dim) < 0)
+        return -1;
+    if (!(lw->w_down = load_new(ld, NAME("ffn_down.weight"), ffn, dim)))
+        return -1;
+#undef NAME
+    return 0;
+}
+
+static uint32_t most_common_type(const Loader *ld) {
+    uint32_t best = GGML_TYPE_F32, best_n = 0;
+    for (uint32_t t = 0; t < 64; t++)
+        if (ld->type_count[t] > best_n) {
+            best = t;
+            best_n = ld->type_count[t];
+        }
+    return best;
+}
+
+static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w) {
+    size_t dim = (size_t)c->dim, vocab = (size_t)c->vocab_size;
+    if (!(w->token_embd = load_new(ld, "token_embd.weight", dim, vocab)))
+        return -1;
+    if (!(w->output_norm = load_new(ld, "output_norm.weight", dim, 0)))
+        return -1;
+    if (gguf_find_tensor(ld->f, "output.weight")) {
+        if (!(w->output = load_new(ld, "output.weight", dim, vocab)))
+            return -1;
+    } else {
+        w->output = w->token_embd; /* tied */
+    }
+    w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
+    if (!w->layers)
+        return fail(ld->err, ld->err_len, "out of memory");
+    for (int l = 0; l < c->n_layers; l++)
+        if (load_layer(ld, c, l, &w->layers[l]) < 0)
+            return -1;
+    return 0;
+}
+
+int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
+                 size_t *weight_bytes, char *err, size_t err_len) {
+    memset(w, 0, sizeof *w);
+    *weight_bytes = 0;
+    ModelConfig c;
+    if (read_config(f, &c, err, err_len) < 0)
+        return -1;
+    Loader ld = {.f = f, .err = err, .err_len = err_len};
+    if (load_tensors(&ld, &c, w) < 0) {
+        weights_free(w, &c);
+        return -1;
+    }
+    c.weight_type = most_common_type(&ld);
+    *config = c;
+    *weight_bytes = ld.bytes;
+    return 0;
+}
+
+void weights_free(TransformerWeights *w, const ModelConfig *config) {
+    if (!w)
+        return;
+    if (w->layers) {
+        for (int l = 0; l < config->n_layers; l++) {
+            LayerWeights *lw = &w->layers[l];
+            free(lw->attn_norm);
+            free(lw->wqkv);
+            free(lw->wo);
+            free(lw->ffn_norm);
+            free(lw->w_gate_up);
+            free(lw->w_down);
+        }
+        free(w->layers);
+    }
+    if (w->output != w->token_embd)
+        free(w->output);
+    free(w->token_embd);
+    free(w->output_norm);
+    memset(w, 0, sizeof *w);
+}

@@ -1,0 +1,396 @@
+/* attn_paged against the dense reference (tests/support/attn_ref).
+ *
+ * Each case builds its own KV pool (plain malloc, filled with NaN bytes so a read of a
+ * slot nobody wrote poisons the result), hands every sequence a scattered, out-of-order
+ * set of physical blocks from a pool larger than needed, stores K/V through
+ * attn_kv_store and compares attn_paged's rows with the reference computed on
+ * contiguous copies of the same values (F16-rounded when the cache is F16). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "tests/support/attn_ref.h"
+
+#define TOL 1e-4f
+#define N_LAYERS 2
+#define PAD 3 /* extra floats at the end of every q/out row: strides are not widths */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static float rng_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rng_u32() >> 8) / (float)(1u << 24);
+}
+
+static int rng_int(int n) { return (int)(rng_u32() % (uint32_t)n); }
+
+typedef struct {
+    int n_heads, n_kv_heads, head_dim, block_size;
+    KvDtype dtype;
+} Config;
+
+static void config_name(const Config *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "heads=%d kv_heads=%d head_dim=%d block=%d %s", c->n_heads,
+             c->n_kv_heads, c->head_dim, c->block_size, c->dtype == KV_DTYPE_F16 ? "f16" : "f32");
+}
+
+/* A KV pool plus sequences whose dense K/V (as the cache holds them) the test keeps. */
+typedef struct {
+    Config cfg;
+    KvView view;
+    int32_t n_blocks;
+    int n_seqs;
+    int *len;           /* positions of each sequence */
+    int32_t **table;    /* block table of each sequence */
+    float **k, **v;     /* [len][n_kv_heads*head_dim], cache-exact values */
+    float **q;          /* [len][n_heads*head_dim + PAD] */
+} Fixture;
+
+static int kv_width(const Config *c) { return c->n_kv_heads * c->head_dim; }
+static int q_width(const Config *c) { return c->n_heads * c->head_dim; }
+
+static void fixture_init(Fixture *f, const Config *cfg, const int *lens, int n_seqs)
+{
+    memset(f, 0, sizeof *f);
+    f->cfg = *cfg;
+    f->n_seqs = n_seqs;
+    KvLayout lay = {N_LAYERS, cfg->n_kv_heads, cfg->head_dim, cfg->block_size, cfg->dtype};
+    size_t elem = cfg->dtype == KV_DTYPE_F16 ? 2 : 4;
+    f->view.layout = lay;
+    f->view.block_bytes = 2u * N_LAYERS * (size_t)kv_width(cfg) * (size_t)cfg->block_size * elem;
+
+    int32_t needed = 0;
+    for (int s = 0; s < n_seqs; s++)
+        needed += (lens[s] + cfg->block_size - 1) / cfg->block_size;
+    f->n_blocks = needed + needed / 2 + 3;
+    f->view.base = malloc((size_t)f->n_blocks * f->view.block_bytes);
+    assert_non_null(f->view.base);
+    memset(f->view.base, 0xff, (size_t)f->n_blocks * f->view.block_bytes); /* NaN in f32 and f16 */
+
+    /* A random permutation of the pool: each sequence takes the next blocks of it. */
+    int32_t *perm = malloc((size_t)f->n_blocks * sizeof *perm);
+    assert_non_null(perm);
+    for (int32_t i = 0; i < f->n_blocks; i++)
+        perm[i] = i;
+    for (int32_t i = f->n_blocks - 1; i > 0; i--) {
+        int32_t j = rng_int(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+
+    f->len = calloc((size_t)n_seqs, sizeof *f->len);
+    f->table = calloc((size_t)n_seqs, sizeof *f->table);
+    f->k = calloc((size_t)n_seqs, sizeof *f->k);
+    f->v = calloc((size_t)n_seqs, sizeof *f->v);
+    f->q = calloc((size_t)n_seqs, sizeof *f->q);
+    int32_t next = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int len = lens[s], nb = (len + cfg->block_size - 1) / cfg->block_size;
+        assert_true(len >= 0);
+        f->len[s] = len;
+        f->table[s] = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(int32_t));
+        for (int b = 0; b < nb; b++)
+            f->table[s][b] = perm[next++];
+        size_t ulen = len > 0 ? (size_t)len : 0;
+        size_t kvn = ulen * kv_width(cfg), qn = ulen * (q_width(cfg) + PAD);
+        f->k[s] = malloc((kvn ? kvn : 1) * sizeof(float));
+        f->v[s] = malloc((kvn ? kvn : 1) * sizeof(float));
+        f->q[s] = malloc((qn ? qn : 1) * sizeof(float));
+        for (size_t i = 0; i < kvn; i++) {
+            f->k[s][i] = rng_uniform(-1.0f, 1.0f);
+            f->v[s][i] = rng_uniform(-1.0f, 1.0f);
+        }
+        /* Queries large enough that the softmax is far from uniform. */
+        for (size_t i = 0; i < qn; i++)
+            f->q[s][i] = rng_uniform(-2.0f, 2.0f);
+    }
+    free(perm);
+}
+
+static void fixture_free(Fixture *f)
+{
+    for (int s = 0; s < f->n_seqs; s++) {
+        free(f->table[s]);
+        free(f->k[s]);
+        free(f->v[s]);
+        free(f->q[s]);
+    }
+    free(f->len);
+    free(f->table);
+    free(f->k);
+    free(f->v);
+    free(f->q);
+    free(f->view.base);
+}
+
+/* Store positions [pos, pos+n) of sequence s into `layer`; the test's copy becomes what
+ * the cache holds (F16-rounded for an F16 cache). */
+static void fixture_store(Fixture *f, int s, int layer, int pos, int n)
+{
+    int w = kv_width(&f->cfg);
+    float *k = f->k[s] + (size_t)pos * w, *v = f->v[s] + (size_t)pos * w;
+    attn_kv_store(&f->view, layer, f->table[s], pos, n, k, w, v, w);
+    if (f->cfg.dtype == KV_DTYPE_F16)
+        for (size_t i = 0; i < (size_t)n * w; i++) {
+            k[i] = attn_ref_f16_round(k[i]);
+            v[i] = attn_ref_f16_round(v[i]);
+        }
+}
+
+/* Layer 0 gets unrelated values so a kernel reading the wrong layer fails. */
+static void fixture_fill_other_layer(Fixture *f, int s)
+{
+    int w = kv_width(&f->cfg), len = f->len[s];
+    size_t n = (size_t)len * w;
+    float *junk = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        junk[i] = rng_uniform(-5.0f, 5.0f);
+    attn_kv_store(&f->view, 0, f->table[s], 0, len, junk, w, junk, w);
+    free(junk);
+}
+
+static float max_abs_diff_rows(const float *a, const float *b, int n_rows, int stride, int width)
+{
+    float worst = 0.0f;
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < width; i++) {
+            float d = fabsf(a[(size_t)r * stride + i] - b[(size_t)r * stride + i]);
+            if (!(d <= worst)) /* NaN counts as worst */
+                worst = isnan(d) ? INFINITY : d;
+        }
+    return worst;
+}
+
+/* Run query rows [q_pos, q_pos+n_q) of several sequences in one attn_paged call and compare
+ * each with the reference. which[i] is the sequence of item i. */
+static void check_call(Fixture *f, const int *which, const int *q_pos, const int *n_q, int n_items)
+{
+    const Config *c = &f->cfg;
+    int qw = q_width(c), stride = qw + PAD;
+    AttnShape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)};
+    AttnSeq *seqs = calloc((size_t)n_items, sizeof *seqs);
+    float **outs = calloc((size_t)n_items, sizeof *outs);
+    for (int i = 0; i < n_items; i++) {
+        int s = which[i];
+        size_t n = (size_t)n_q[i] * stride;
+        outs[i] = malloc((n ? n : 1) * sizeof(float));
+        for (size_t j = 0; j < n; j++)
+            outs[i][j] = 12345.0f; /* sentinel: padding must stay */
+        seqs[i] = (AttnSeq){f->table[s], q_pos[i], n_q[i], f->q[s] + (size_t)q_pos[i] * stride, outs[i]};
+    }
+    attn_paged(&f->view, 1, &shape, seqs, n_items, stride, stride);
+
+    char name[128];
+    config_name(c, name, sizeof name);
+    for (int i = 0; i < n_items; i++) {
+        int s = which[i];
+        size_t n = (size_t)n_q[i] * stride;
+        float *want = malloc((n ? n : 1) * sizeof(float));
+        attn_ref_dense(seqs[i].q, stride, f->k[s], f->v[s], kv_width(c), c->n_heads,
+                       c->n_kv_heads, c->head_dim, shape.scale, q_pos[i], n_q[i], want, stride);
+        float err = max_abs_diff_rows(outs[i], want, n_q[i], stride, qw);
+        if (!(err <= TOL))
+            fail_msg("%s: seq %d rows [%d,%d): max abs error %g", name, s, q_pos[i],
+                     q_pos[i] + n_q[i], (double)err);
+        for (int r = 0; r < n_q[i]; r++)
+            for (int p = 0; p < PAD; p++)
+                assert_true(outs[i][(size_t)r * stride + qw + p] == 12345.0f);
+        free(want);
+        free(outs[i]);
+    }
+    free(outs);
+    free(seqs);
+}
+
+/* ---- decode: many sequences of different lengths, one query row each, one call ------- */
+
+static void decode_case(const Config *cfg)
+{
+    int lens[] = {1, 2, 15, 16, 17, 100, 300, 1 + rng_int(64), 1 + rng_int(200), 33};
+    int n = (int)(sizeof lens / sizeof lens[0]);
+    Fixture f;
+    fixture_init(&f, cfg, lens, n);
+    int which[16], q_pos[16], n_q[16];
+    for (int s = 0; s < n; s++) {
+        fixture_fill_other_layer(&f, s);
+        fixture_store(&f, s, 1, 0, lens[s]);
+        which[s] = s;
+        q_pos[s] = lens[s] - 1;
+        n_q[s] = 1;
+    }
+    check_call(&f, which, q_pos, n_q, n);
+    fixture_free(&f);
+}
+
+static void test_decode_batches(void **state)
+{
+    (void)state;
+    int block_sizes[] = {1, 16, 32};
+    int groups[] = {1, 2, 4, 8};
+    int head_dims[] = {8, 48, 64, 128};
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 4; g++)
+            for (int h = 0; h < 4; h++)
+                for (int dt = 0; dt < 2; dt++) {
+                    int n_kv = groups[g] == 8 ? 1 : 1 + rng_int(3); /* 8: MQA */
+                    Config c = {groups[g] * n_kv, n_kv, head_dims[h], block_sizes[b], (KvDtype)dt};
+                    decode_case(&c);
+                }
+}
+
+/* ---- chunked prefill: chunks at odd offsets, each stored then attended --------------- */
+
+static void prefill_case(const Config *cfg, int len)
+{
+    Fixture f;
+    fixture_init(&f, cfg, &len, 1);
+    fixture_fill_other_layer(&f, 0);
+    int bounds[] = {0, 37, 64, 65, 100, 163, 250, 299, len};
+    int n_bounds = (int)(sizeof bounds / sizeof bounds[0]);
+    for (int i = 0; i + 1 < n_bounds; i++) {
+        int pos = bounds[i], end = bounds[i + 1] < len ? bounds[i + 1] : len;
+        if (pos >= end)
+            continue;
+        int which = 0, n = end - pos;
+        fixture_store(&f, 0, 1, pos, n);
+        check_call(&f, &which, &pos, &n, 1);
+    }
+    fixture_free(&f);
+}
+
+static void test_prefill_chunks(void **state)
+{
+    (void)state;
+    int block_sizes[] = {1, 16, 32, 64};
+    int shapes[][2] = {{1, 64}, {2, 48}, {4, 128}, {8, 8}, {1, 8}};
+    for (int b = 0; b < 4; b++)
+        for (int s = 0; s < 5; s++)
+            for (int dt = 0; dt < 2; dt++) {
+                int g = shapes[s][0], n_kv = g == 8 ? 1 : 1 + rng_int(2);
+                Config c = {g * n_kv, n_kv, shapes[s][1], block_sizes[b], (KvDtype)dt};
+                prefill_case(&c, s == 0 ? 300 : 120);
+            }
+}
+
+/* ---- one call mixing prefill chunks and decode rows of different sequences ----------- */
+
+static void test_mixed_batch(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < 2; dt++) {
+        Config c = {8, 2, 64, 16, (KvDtype)dt};
+        int lens[] = {200, 1, 77, 130, 16, 45};
+        Fixture f;
+        fixture_init(&f, &c, lens, 6);
+        for (int s = 0; s < 6; s++)
+            fixture_store(&f, s, 1, 0, lens[s]);
+        /* seq 0: prefill [41,200); 1: first row; 2: decode; 3: chunk [100,130); 4: decode;
+         * 5: whole prompt as one chunk. */
+        int which[] = {0, 1, 2, 3, 4, 5};
+        int q_pos[] = {41, 0, 76, 100, 15, 0};
+        int n_q[] = {159, 1, 1, 30, 1, 45};
+        check_call(&f, which, q_pos, n_q, 6);
+        fixture_free(&f);
+    }
+}
+
+/* ---- groups wider than one work item's query vectors -------------------------------- */
+
+static void test_wide_group(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < 2; dt++) {
+        Config c = {40, 1, 16, 16, (KvDtype)dt}; /* 40 query heads on one KV head */
+        int len = 90;
+        Fixture f;
+        fixture_init(&f, &c, &len, 1);
+        fixture_store(&f, 0, 1, 0, len);
+        int which = 0, pos = 20, n = 70;
+        check_call(&f, &which, &pos, &n, 1);
+        pos = 89, n = 1;
+        check_call(&f, &which, &pos, &n, 1);
+        fixture_free(&f);
+    }
+}
+
+/* ---- head_dim at the kernel's limit and not a multiple of 8 ------------------------- */
+
+static void test_odd_and_max_head_dim(void **state)
+{
+    (void)state;
+    int dims[] = {ATTN_MAX_HEAD_DIM, 20, 3};
+    for (int i = 0; i < 3; i++)
+        for (int dt = 0; dt < 2; dt++) {
+            Config c = {4, 2, dims[i], 16, (KvDtype)dt};
+            prefill_case(&c, 70);
+        }
+}
+
+/* ---- a single position: the output is that position's V exactly -------------------- */
+
+static void test_first_position_is_v(void **state)
+{
+    (void)state;
+    Config c = {4, 2, 32, 16, KV_DTYPE_F32};
+    int len = 1;
+    Fixture f;
+    fixture_init(&f, &c, &len, 1);
+    fixture_store(&f, 0, 1, 0, 1);
+    float out[4 * 32];
+    AttnSeq seq = {f.table[0], 0, 1, f.q[0], out};
+    AttnShape shape = {4, 2, 32, 0.17f};
+    attn_paged(&f.view, 1, &shape, &seq, 1, 4 * 32, 4 * 32);
+    for (int h = 0; h < 4; h++)
+        for (int d = 0; d < 32; d++)
+            assert_true(fabsf(out[h * 32 + d] - f.v[0][(h / 2) * 32 + d]) <= 1e-6f);
+    fixture_free(&f);
+}
+
+/* ---- an empty batch and zero-row sequences touch nothing ---------------------------- */
+
+static void test_empty_inputs(void **state)
+{
+    (void)state;
+    Config c = {2, 1, 8, 16, KV_DTYPE_F16};
+    int len = 5;
+    Fixture f;
+    fixture_init(&f, &c, &len, 1);
+    AttnShape shape = {2, 1, 8, 0.35f};
+    attn_paged(&f.view, 1, &shape, NULL, 0, 16, 16);
+    float out[16] = {7.0f};
+    AttnSeq seq = {f.table[0], 3, 0, f.q[0], out};
+    attn_paged(&f.view, 1, &shape, &seq, 1, 16, 16);
+    assert_true(out[0] == 7.0f);
+    fixture_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_position_is_v),
+        cmocka_unit_test(test_empty_inputs),
+        cmocka_unit_test(test_decode_batches),
+        cmocka_unit_test(test_prefill_chunks),
+        cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_wide_group),
+        cmocka_unit_test(test_odd_and_max_head_dim),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,420 @@
+/* The batched, paged forward pass against a naive one-token-at-a-time reference written
+ * the llama2.c way (contiguous KV cache, dense attention), and stories260K against the
+ * reference continuation produced by an independent implementation (llama.cpp). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/weights.h"
+
+/* ---- naive reference -------------------------------------------------------------------- */
+
+typedef struct {
+    const Model *m;
+    float *k, *v; /* [layer][pos][kv_width] */
+} RefState;
+
+static void ref_matvec(float *y, const float *w, const float *x, int in, int out)
+{
+    for (int o = 0; o < out; o++) {
+        double s = 0;
+        for (int i = 0; i < in; i++)
+            s += (double)w[(size_t)o * in + i] * x[i];
+        y[o] = (float)s;
+    }
+}
+
+static void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        o[i] = x[i] * scale * w[i];
+}
+
+static void ref_rope(float *x, int n_heads, int head_dim, int rope_dim, float theta, int pos)
+{
+    for (int h = 0; h < n_heads; h++) {
+        for (int i = 0; i < rope_dim / 2; i++) {
+            double freq = pow(theta, -2.0 * i / rope_dim);
+            double a = pos * freq;
+            float *p = x + h * head_dim + 2 * i;
+            float x0 = p[0], x1 = p[1];
+            p[0] = (float)(x0 * cos(a) - x1 * sin(a));
+            p[1] = (float)(x0 * sin(a) + x1 * cos(a));
+        }
+    }
+}
+
+/* Logits of `token` at `pos`, given the reference cache holds positions [0, pos). */
+static void ref_forward(RefState *st, int token, int pos, float *logits)
+{
+    const ModelConfig *c = &st->m->config;
+    const TransformerWeights *w = &st->m->w;
+    int qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
+    float *x = malloc(c->dim * sizeof(float)), *xb = malloc(c->dim * sizeof(float));
+    float *qkv = malloc((qw + 2 * kvw) * sizeof(float)), *att = malloc(qw * sizeof(float));
+    float *h = malloc(2 * c->ffn_dim * sizeof(float)), *tmp = malloc(c->dim * sizeof(float));
+    float *scores = malloc((pos + 1) * sizeof(float));
+    memcpy(x, w->token_embd + (size_t)token * c->dim, c->dim * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *lw = &w->layers[l];
+        ref_rmsnorm(xb, x, lw->attn_norm, c->dim, c->rms_eps);
+        ref_matvec(qkv, lw->wqkv, xb, c->dim, qw + 2 * kvw);
+        ref_rope(qkv, c->n_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
+        ref_rope(qkv + qw, c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
+        float *kc = st->k + ((size_t)l * c->ctx_len) * kvw, *vc = st->v + ((size_t)l * c->ctx_len) * kvw;
+        memcpy(kc + (size_t)pos * kvw, qkv + qw, kvw * sizeof(float));
+        memcpy(vc + (size_t)pos * kvw, qkv + qw + kvw, kvw * sizeof(float));
+        int group = c->n_heads / c->n_kv_heads;
+        for (int hd = 0; hd < c->n_heads; hd++) {
+            const float *q = qkv + hd * c->head_dim;
+            int kh = hd / group;
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t <= pos; t++) {
+                double s = 0;
+                for (int i = 0; i < c->head_dim; i++)
+                    s += (double)q[i] * kc[(size_t)t * kvw + kh * c->head_dim + i];
+                scores[t] = (float)(s / sqrt((double)c->head_dim));
+                if (scores[t] > mx)
+                    mx = scores[t];
+            }
+            for (int t = 0; t <= pos; t++)
+                sum += exp(scores[t] - mx);
+            for (int i = 0; i < c->head_dim; i++) {
+                double o = 0;
+                for (int t = 0; t <= pos; t++)
+                    o += exp(scores[t] - mx) / sum * vc[(size_t)t * kvw + kh * c->head_dim + i];
+                att[hd * c->head_dim + i] = (float)o;
+            }
+        }
+        ref_matvec(tmp, lw->wo, att, qw, c->dim);
+        for (int i = 0; i < c->dim; i++)
+            x[i] += tmp[i];
+        ref_rmsnorm(xb, x, lw->ffn_norm, c->dim, c->rms_eps);
+        ref_matvec(h, lw->w_gate_up, xb, c->dim, 2 * c->ffn_dim);
+        for (int i = 0; i < c->ffn_dim; i++)
+            h[i] = h[i] / (1.0f + expf(-h[i])) * h[c->ffn_dim + i];
+        ref_matvec(tmp, lw->w_down, h, c->ffn_dim, c->dim);
+        for (int i = 0; i < c->dim; i++)
+            x[i] += tmp[i];
+    }
+    ref_rmsnorm(xb, x, w->output_norm, c->dim, c->rms_eps);
+    ref_matvec(logits, w->output, xb, c->dim, c->vocab_size);
+    free(x); free(xb); free(qkv); free(att); free(h); free(tmp); free(scores);
+}
+
+/* ---- fixtures --------------------------------------------------------------------------- */
+
+typedef struct {
+    char path[256];
+    Model *model;
+} Fixture;
+
+/* A small random GQA model made by tools/mkmodel (its own tests cover the file format). */
+static int make_random_model(void **state)
+{
+    static Fixture fx;
+    const char *bin = getenv("PAGEDSERVE_BIN_DIR");
+    assert_non_null(bin);
+    snprintf(fx.path, sizeof(fx.path), "/tmp/pagedserve-forward-%d.gguf", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s --dim 64 --layers 2 --heads 8 --kv-heads 2 "
+             "--ffn 96 --vocab 300 --ctx 256 --type f32 --seed 7 --tied > /dev/null", bin, fx.path);
+    assert_int_equal(system(cmd), 0);
+    char err[256];
+    assert_int_equal(model_load(fx.path, &fx.model, err, sizeof(err)), 0);
+    *state = &fx;
+    return 0;
+}
+
+static int free_model(void **state)
+{
+    Fixture *fx = *state;
+    model_free(fx->model);
+    unlink(fx->path);
+    return 0;
+}
+
+typedef struct {
+    BlockPool *pool;
+    BlockTable table;
+    ModelRunner *runner;
+} PagedRun;
+
+static void paged_open(PagedRun *p, const Model *m, KvDtype dtype, int block_size, int rows)
+{
+    char err[256];
+    KvLayout layout = model_kv_layout(m, block_size, dtype);
+    assert_int_equal(block_pool_create(&p->pool, &layout, 4096 / block_size + 64, err, sizeof(err)), 0);
+    block_table_init(&p->table);
+    assert_int_equal(model_runner_create(m, rows, &p->runner, err, sizeof(err)), 0);
+}
+
+static void paged_close(PagedRun *p)
+{
+    block_table_destroy(&p->table, p->pool);
+    block_pool_destroy(p->pool);
+    model_runner_free(p->runner);
+}
+
+static float max_abs_diff(const float *a, const float *b, int n)
+{
+    float d = 0;
+    for (int i = 0; i < n; i++)
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+/* Reference logits for every position of a token sequence. */
+static float *reference_logits(const Model *m, const int32_t *tokens, int n)
+{
+    const ModelConfig *c = &m->config;
+    size_t kv = (size_t)c->n_layers * c->ctx_len * c->n_kv_heads * c->head_dim;
+    RefState st = { .m = m, .k = calloc(kv, sizeof(float)), .v = calloc(kv, sizeof(float)) };
+    float *out = malloc((size_t)n * c->vocab_size * sizeof(float));
+    for (int i = 0; i < n; i++)
+        ref_forward(&st, tokens[i], i, out + (size_t)i * c->vocab_size);
+    free(st.k);
+    free(st.v);
+    return out;
+}
+
+static void random_tokens(int32_t *t, int n, int vocab, unsigned seed)
+{
+    srand(seed);
+    for (int i = 0; i < n; i++)
+        t[i] = rand() % vocab;
+}
+
+/* Prefill in uneven chunks (all rows' logits), then decode one token at a time. */
+static void check_chunked_against_reference(const Model *m, KvDtype dtype, int block_size,
+                                            float tol)
+{
+    const ModelConfig *c = &m->config;
+    enum { N = 45 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, c->vocab_size, 11);
+    float *ref = reference_logits(m, tokens, N);
+    PagedRun p;
+    paged_open(&p, m, dtype, block_size, 32);
+    int chunks[] = { 7, 1, 17, 13 }; /* 38 prompt rows, then 7 decodes */
+    int pos = 0;
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(block_table_append(&p.table, p.pool, chunks[k]), 0);
+        ModelSeqBatch b = { tokens + pos, pos, chunks[k], p.table.blocks, MODEL_LOGITS_ALL };
+        KvView kv = block_pool_view(p.pool);
+        const float *lg = model_forward(p.runner, &kv, &b, 1);
+        assert_non_null(lg);
+        for (int i = 0; i < chunks[k]; i++)
+            assert_true(max_abs_diff(lg + (size_t)i * c->vocab_size,
+                                     ref + (size_t)(pos + i) * c->vocab_size, c->vocab_size) < tol);
+        pos += chunks[k];
+    }
+    for (; pos < N; pos++) {
+        assert_int_equal(block_table_append(&p.table, p.pool, 1), 0);
+        ModelSeqBatch b = { tokens + pos, pos, 1, p.table.blocks, MODEL_LOGITS_LAST };
+        KvView kv = block_pool_view(p.pool);
+        const float *lg = model_forward(p.runner, &kv, &b, 1);
+        assert_non_null(lg);
+        assert_true(max_abs_diff(lg, ref + (size_t)pos * c->vocab_size, c->vocab_size) < tol);
+    }
+    paged_close(&p);
+    free(ref);
+}
+
+static void test_paged_f32_matches_reference(void **state)
+{
+    Fixture *fx = *state;
+    check_chunked_against_reference(fx->model, KV_DTYPE_F32, 16, 1e-3f);
+    check_chunked_against_reference(fx->model, KV_DTYPE_F32, 1, 1e-3f);
+    check_chunked_against_reference(fx->model, KV_DTYPE_F32, 5, 1e-3f);
+}
+
+static void test_paged_f16_close_to_reference(void **state)
+{
+    Fixture *fx = *state;
+    check_chunked_against_reference(fx->model, KV_DTYPE_F16, 16, 3e-2f);
+}
+
+/* Three sequences in one pass — different lengths, positions and logits modes — give the
+ * same logits as each computed alone by the reference. */
+static void test_mixed_batch_matches_reference(void **state)
+{
+    Fixture *fx = *state;
+    const Model *m = fx->model;
+    int V = m->config.vocab_size;
+    enum { L0 = 20, L1 = 33, L2 = 9 };
+    int32_t t0[L0], t1[L1], t2[L2];
+    random_tokens(t0, L0, V, 1);
+    random_tokens(t1, L1, V, 2);
+    random_tokens(t2, L2, V, 3);
+    float *r0 = reference_logits(m, t0, L0), *r1 = reference_logits(m, t1, L1),
+          *r2 = reference_logits(m, t2, L2);
+    PagedRun shared;
+    paged_open(&shared, m, KV_DTYPE_F32, 16, 64);
+    BlockTable bt[3];
+    for (int i = 0; i < 3; i++)
+        block_table_init(&bt[i]);
+    KvView kv = block_pool_view(shared.pool);
+    assert_int_equal(block_table_append(&bt[0], shared.pool, L0 - 1), 0);
+    assert_int_equal(block_table_append(&bt[1], shared.pool, 20), 0);
+    ModelSeqBatch step1[2] = {
+        { t0, 0, L0 - 1, bt[0].blocks, MODEL_LOGITS_LAST },
+        { t1, 0, 20, bt[1].blocks, MODEL_LOGITS_NONE },
+    };
+    const float *lg = model_forward(shared.runner, &kv, step1, 2);
+    assert_non_null(lg);
+    assert_true(max_abs_diff(lg, r0 + (size_t)(L0 - 2) * V, V) < 1e-3f);
+    /* Step 2: decode seq0, finish seq1's prompt with all logits, prefill seq2 whole. */
+    assert_int_equal(block_table_append(&bt[0], shared.pool, 1), 0);
+    assert_int_equal(block_table_append(&bt[1], shared.pool, L1 - 20), 0);
+    assert_int_equal(block_table_append(&bt[2], shared.pool, L2), 0);
+    ModelSeqBatch step2[3] = {
+        { t0 + L0 - 1, L0 - 1, 1, bt[0].blocks, MODEL_LOGITS_LAST },
+        { t1 + 20, 20, L1 - 20, bt[1].blocks, MODEL_LOGITS_ALL },
+        { t2, 0, L2, bt[2].blocks, MODEL_LOGITS_LAST },
+    };
+    lg = model_forward(shared.runner, &kv, step2, 3);
+    assert_non_null(lg);
+    assert_true(max_abs_diff(lg, r0 + (size_t)(L0 - 1) * V, V) < 1e-3f);
+    for (int i = 0; i < L1 - 20; i++)
+        assert_true(max_abs_diff(lg + (size_t)(1 + i) * V, r1 + (size_t)(20 + i) * V, V) < 1e-3f);
+    assert_true(max_abs_diff(lg + (size_t)(1 + L1 - 20) * V, r2 + (size_t)(L2 - 1) * V, V) < 1e-3f);
+    for (int i = 0; i < 3; i++)
+        block_table_destroy(&bt[i], shared.pool);
+    paged_close(&shared);
+    free(r0); free(r1); free(r2);
+}
+
+static void test_invalid_batches_are_refused(void **state)
+{
+    Fixture *fx = *state;
+    PagedRun p;
+    paged_open(&p, fx->model, KV_DTYPE_F32, 16, 8);
+    KvView kv = block_pool_view(p.pool);
+    assert_int_equal(block_table_append(&p.table, p.pool, 16), 0);
+    int32_t toks[16] = { 0 };
+    ModelSeqBatch too_many = { toks, 0, 9, p.table.blocks, MODEL_LOGITS_LAST };
+    assert_null(model_forward(p.runner, &kv, &too_many, 1));
+    toks[3] = fx->model->config.vocab_size;
+    ModelSeqBatch bad_token = { toks, 0, 4, p.table.blocks, MODEL_LOGITS_LAST };
+    assert_null(model_forward(p.runner, &kv, &bad_token, 1));
+    toks[3] = 0;
+    ModelSeqBatch past_ctx = { toks, fx->model->config.ctx_len - 2, 4, p.table.blocks,
+                               MODEL_LOGITS_LAST };
+    assert_null(model_forward(p.runner, &kv, &past_ctx, 1));
+    paged_close(&p);
+}
+
+/* ---- stories260K against llama.cpp's greedy continuation ------------------------------------ */
+
+static int read_file(const char *path, char **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc(n + 1);
+    size_t got = fread(*out, 1, n, f);
+    (*out)[got] = 0;
+    fclose(f);
+    return 0;
+}
+
+/* The ints of the JSON array that follows "key": in text (a tiny reader for one file). */
+static int json_int_array(const char *text, const char *key, int32_t *out, int max)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\"", key);
+    const char *p = strstr(text, pat);
+    if (!p || !(p = strchr(p, '[')))
+        return -1;
+    int n = 0;
+    for (p++; *p && *p != ']' && n < max;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) { p++; continue; }
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+static void test_stories260k_greedy_matches_reference(void **state)
+{
+    (void)state;
+    const char *shared = getenv("PAGEDSERVE_SHARED_DIR");
+    char model_path[1024], ref_path[1024];
+    snprintf(model_path, sizeof(model_path), "%s/models/stories260K.gguf", shared ? shared : "");
+    snprintf(ref_path, sizeof(ref_path), "%s/models/stories260K.expected.json", shared ? shared : "");
+    char *ref = NULL;
+    if (!shared || access(model_path, R_OK) != 0 || read_file(ref_path, &ref) != 0) {
+        fprintf(stderr, "SKIPPED stories260K reference check: %s not found "
+                "(set PAGEDSERVE_SHARED_DIR to the folder holding models/)\n", model_path);
+        skip();
+    }
+    int32_t prompt[16], expected[128];
+    int n_prompt = json_int_array(ref, "prompt_token_ids", prompt, 16);
+    int n_expected = json_int_array(ref, "completion_token_ids", expected, 128);
+    free(ref);
+    assert_int_equal(n_prompt, 5);
+    assert_int_equal(n_expected, 64);
+
+    Model *m;
+    char err[256];
+    assert_int_equal(model_load(model_path, &m, err, sizeof(err)), 0);
+    int32_t encoded[16];
+    assert_int_equal(tokenizer_encode(model_tokenizer(m), "Once upon a time", 16, true, encoded, 16), 5);
+    assert_memory_equal(encoded, prompt, sizeof(prompt[0]) * 5);
+
+    PagedRun p;
+    paged_open(&p, m, KV_DTYPE_F16, 16, 16);
+    KvView kv = block_pool_view(p.pool);
+    int32_t tokens[80];
+    memcpy(tokens, prompt, sizeof(prompt[0]) * n_prompt);
+    int n = n_prompt, from = 0;
+    for (int step = 0; step < n_expected; step++) {
+        assert_int_equal(block_table_append(&p.table, p.pool, n - from), 0);
+        ModelSeqBatch b = { tokens + from, from, n - from, p.table.blocks, MODEL_LOGITS_LAST };
+        const float *lg = model_forward(p.runner, &kv, &b, 1);
+        assert_non_null(lg);
+        int best = 0;
+        for (int i = 1; i < m->config.vocab_size; i++)
+            if (lg[i] > lg[best])
+                best = i;
+        from = n;
+        tokens[n++] = best;
+    }
+    assert_memory_equal(tokens + n_prompt, expected, sizeof(expected[0]) * n_expected);
+    paged_close(&p);
+    model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest random_model[] = {
+        cmocka_unit_test(test_paged_f32_matches_reference),
+        cmocka_unit_test(test_paged_f16_close_to_reference),
+        cmocka_unit_test(test_mixed_batch_matches_reference),
+        cmocka_unit_test(test_invalid_batches_are_refused),
+    };
+    const struct CMUnitTest shared_model[] = {
+        cmocka_unit_test(test_stories260k_greedy_matches_reference),
+    };
+    int failed = cmocka_run_group_tests_name("forward_random_model", random_model,
+                                             make_random_model, free_model);
+    failed += cmocka_run_group_tests_name("forward_stories260k", shared_model, NULL, NULL);
+    return failed;
+}

@@ -1,0 +1,466 @@
+/* test_weights — weights_load on the real stories260K file and on tiny models made with the
+ * GGUF writer: hyper-parameters, fusion of Q/K/V and gate/up, tied and separate outputs,
+ * quantised types, and every kind of missing, mis-shaped or insane input.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/gguf.h"
+#include "model/weights.h"
+
+/* ---- a tiny model, described by a spec --------------------------------------------------- */
+
+typedef struct {
+    int dim, layers, heads, kv_heads, ffn, vocab, ctx;
+    uint32_t type;            /* of the matrices */
+    bool tied;
+    bool with_tokens;         /* tokenizer.ggml.tokens present */
+    const char *arch;
+    const char *skip_key;     /* leave this key out */
+    const char *skip_tensor;  /* leave this tensor out */
+    const char *bad_tensor;   /* give this tensor one extra row */
+    int rope_dim;             /* 0: key absent */
+    bool kv_key;              /* write llama.attention.head_count_kv */
+    uint32_t type_override_q; /* if nonzero: type of every attn_q (mixed-type files) */
+} Spec;
+
+static Spec default_spec(void) {
+    return (Spec){.dim = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ffn = 96, .vocab = 40,
+                  .ctx = 128, .type = GGML_TYPE_F32, .with_tokens = true, .arch = "llama",
+                  .rope_dim = 16, .kv_key = true};
+}
+
+/* Deterministic values for a tensor, from its name. */
+static void tensor_values(const char *name, float *x, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= h << 13;
+        h ^= h >> 7;
+        h ^= h << 17;
+        x[i] = (float)((double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+}
+
+static void add(GgufWriter *w, const Spec *s, const char *name, uint64_t ne0, uint64_t ne1,
+                uint32_t type) {
+    if (s->skip_tensor && strcmp(name, s->skip_tensor) == 0)
+        return;
+    if (s->bad_tensor && strcmp(name, s->bad_tensor) == 0)
+        ne1 = ne1 ? ne1 + 1 : 2;
+    size_t n = (size_t)ne0 * (ne1 ? ne1 : 1);
+    float *x = malloc(n * sizeof *x);
+    tensor_values(name, x, n);
+    uint64_t ne[2] = {ne0, ne1};
+    uint32_t t = ne1 ? type : GGML_TYPE_F32;  /* norms stay F32 */
+    assert_int_equal(gguf_writer_add_tensor(w, name, ne1 ? 2 : 1, ne, t, x), 0);
+    free(x);
+}
+
+static void key_u32(GgufWriter *w, const Spec *s, const char *key, uint32_t v) {
+    if (!s->skip_key || strcmp(key, s->skip_key) != 0)
+        gguf_writer_set_u32(w, key, v);
+}
+
+/* Writes the model to memory; *data must be freed after the GgufFile is closed. */
+static GgufFile *make_model_sized(const Spec *s, void **data, size_t *size_out) {
+    GgufWriter *w = gguf_writer_new();
+    if (!s->skip_key || strcmp(s->skip_key, "general.architecture") != 0)
+        gguf_writer_set_str(w, "general.architecture", s->arch);
+    key_u32(w, s, "llama.embedding_length", (uint32_t)s->dim);
+    key_u32(w, s, "llama.block_count", (uint32_t)s->layers);
+    key_u32(w, s, "llama.attention.head_count", (uint32_t)s->heads);
+    if (s->kv_key)
+        key_u32(w, s, "llama.attention.head_count_kv", (uint32_t)s->kv_heads);
+    key_u32(w, s, "llama.feed_forward_length", (uint32_t)s->ffn);
+    key_u32(w, s, "llama.context_length", (uint32_t)s->ctx);
+    if (s->rope_dim)
+        key_u32(w, s, "llama.rope.dimension_count", (uint32_t)s->rope_dim);
+    if (s->with_tokens) {
+        char **toks = malloc((size_t)s->vocab * sizeof *toks);
+        for (int i = 0; i < s->vocab; i++) {
+            toks[i] = malloc(16);
+            snprintf(toks[i], 16, "t%d", i);
+        }
+        gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks,
+                                (uint64_t)s->vocab);
+        for (int i = 0; i < s->vocab; i++)
+            free(toks[i]);
+        free(toks);
+    }
+    int hd = s->heads ? s->dim / s->heads : 1;
+    uint64_t dim = (uint64_t)s->dim, q = (uint64_t)(s->heads * hd);
+    uint64_t kv = (uint64_t)(s->kv_heads * hd);
+    add(w, s, "token_embd.weight", dim, (uint64_t)s->vocab, s->type);
+    add(w, s, "output_norm.weight", dim, 0, 0);
+    if (!s->tied)
+        add(w, s, "output.weight", dim, (uint64_t)s->vocab, s->type);
+    char name[64];
+    for (int l = 0; l < s->layers && s->heads > 0; l++) {
+#define N(x) (snprintf(name, sizeof name, "blk.%d." x, l), name)
+        add(w, s, N("attn_norm.weight"), dim, 0, 0);
+        add(w, s, N("attn_q.weight"), dim, q, s->type_override_q ? s->type_override_q : s->type);
+        add(w, s, N("attn_k.weight"), dim, kv, s->type);
+        add(w, s, N("attn_v.weight"), dim, kv, s->type);
+        add(w, s, N("attn_output.weight"), q, dim, s->type);
+        add(w, s, N("ffn_norm.weight"), dim, 0, 0);
+        add(w, s, N("ffn_gate.weight"), dim, (uint64_t)s->ffn, s->type);
+        add(w, s, N("ffn_up.weight"), dim, (uint64_t)s->ffn, s->type);
+        add(w, s, N("ffn_down.weight"), (uint64_t)s->ffn, dim, s->type);
+#undef N
+    }
+    size_t size;
+    char err[512];
+    assert_int_equal(gguf_writer_to_memory(w, data, &size, err, sizeof err), 0);
+    gguf_writer_free(w);
+    GgufFile *f;
+    if (gguf_open_memory(*data, size, &f, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    *size_out = size;
+    return f;
+}
+
+static GgufFile *make_model(const Spec *s, void **data) {
+    size_t size;
+    return make_model_sized(s, data, &size);
+}
+
+/* weights_load must fail with a message containing each needle. */
+static void expect_load_fail(const Spec *s, const char *needle1, const char *needle2) {
+    void *data;
+    GgufFile *f = make_model(s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes = 123;
+    char err[512] = "";
+    int rc = weights_load(f, &c, &w, &bytes, err, sizeof err);
+    gguf_close(f);
+    free(data);
+    if (rc == 0) {
+        weights_free(&w, &c);
+        fail_msg("weights_load succeeded; expected an error mentioning '%s'", needle1);
+    }
+    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
+        fail_msg("error '%s' does not mention '%s'%s%s", err, needle1, needle2 ? " and " : "",
+                 needle2 ? needle2 : "");
+}
+
+/* Dequantised copy of a file tensor. */
+static float *tensor_f32(const GgufFile *f, const char *name) {
+    const GgufTensor *t = gguf_find_tensor(f, name);
+    assert_non_null(t);
+    float *x = malloc(t->n_elements * sizeof *x);
+    char err[256];
+    assert_int_equal(gguf_tensor_to_f32(t, x, err, sizeof err), 0);
+    return x;
+}
+
+static void expect_rows(const float *got, const GgufFile *f, const char *name, size_t n) {
+    float *want = tensor_f32(f, name);
+    if (memcmp(got, want, n * sizeof(float)) != 0)
+        fail_msg("rows of %s differ from the file's tensor", name);
+    free(want);
+}
+
+/* Every fused matrix holds exactly the file's tensors, in order. */
+static void check_against_file(const GgufFile *f, const ModelConfig *c,
+                               const TransformerWeights *w) {
+    size_t dim = (size_t)c->dim, hd = (size_t)c->head_dim, ffn = (size_t)c->ffn_dim;
+    size_t q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd;
+    expect_rows(w->token_embd, f, "token_embd.weight", dim * (size_t)c->vocab_size);
+    expect_rows(w->output_norm, f, "output_norm.weight", dim);
+    if (gguf_find_tensor(f, "output.weight")) {
+        assert_ptr_not_equal(w->output, w->token_embd);
+        expect_rows(w->output, f, "output.weight", dim * (size_t)c->vocab_size);
+    } else {
+        assert_ptr_equal(w->output, w->token_embd);
+    }
+    char name[64];
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *lw = &w->layers[l];
+#define N(x) (snprintf(name, sizeof name, "blk.%d." x, l), name)
+        expect_rows(lw->attn_norm, f, N("attn_norm.weight"), dim);
+        expect_rows(lw->wqkv, f, N("attn_q.weight"), q * dim);
+        expect_rows(lw->wqkv + q * dim, f, N("attn_k.weight"), kv * dim);
+        expect_rows(lw->wqkv + (q + kv) * dim, f, N("attn_v.weight"), kv * dim);
+        expect_rows(lw->wo, f, N("attn_output.weight"), dim * q);
+        expect_rows(lw->ffn_norm, f, N("ffn_norm.weight"), dim);
+        expect_rows(lw->w_gate_up, f, N("ffn_gate.weight"), ffn * dim);
+        expect_rows(lw->w_gate_up + ffn * dim, f, N("ffn_up.weight"), ffn * dim);
+        expect_rows(lw->w_down, f, N("ffn_down.weight"), dim * ffn);
+#undef N
+    }
+}
+
+static size_t expected_bytes(const ModelConfig *c, bool tied) {
+    size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
+    size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
+    size_t per_layer = dim + (q + 2 * kv) * dim + dim * q + dim + 2 * ffn * dim + dim * ffn;
+    size_t floats = dim * (size_t)c->vocab_size * (tied ? 1 : 2) + dim +
+                    per_layer * (size_t)c->n_layers;
+    return floats * sizeof(float);
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+static void test_stories260k(void **state) {
+    (void)state;
+    const char *shared = getenv("PAGEDSERVE_SHARED_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared ? shared : "");
+    if (!shared || access(path, R_OK) != 0) {
+        printf("SKIPPED test_stories260k: %s not found (PAGEDSERVE_SHARED_DIR unset or the "
+               "shared models are absent)\n", path);
+        return;
+    }
+    GgufFile *f;
+    char err[512];
+    if (gguf_open(path, &f, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes;
+    if (weights_load(f, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(c.dim, 64);
+    assert_int_equal(c.n_layers, 5);
+    assert_int_equal(c.n_heads, 8);
+    assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(c.head_dim, 8);
+    assert_int_equal(c.ffn_dim, 172);
+    assert_int_equal(c.vocab_size, 512);
+    assert_int_equal(c.ctx_len, 2048);
+    assert_int_equal(c.rope_dim, 8);
+    assert_true(c.rope_theta == 10000.0f);
+    assert_float_equal(c.rms_eps, 1e-5f, 1e-10f);
+    assert_int_equal(c.weight_type, GGML_TYPE_F32);
+    assert_int_equal(bytes, expected_bytes(&c, false));
+    check_against_file(f, &c, &w);
+    weights_free(&w, &c);
+    gguf_close(f);
+}
+
+static void load_ok(const Spec *s, void (*check)(const GgufFile *, const ModelConfig *,
+                                                 const TransformerWeights *, size_t)) {
+    void *data;
+    GgufFile *f = make_model(s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes;
+    char err[512];
+    if (weights_load(f, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    check(f, &c, &w, bytes);
+    weights_free(&w, &c);
+    gguf_close(f);
+    free(data);
+}
+
+static void check_tiny(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                       size_t bytes) {
+    assert_int_equal(c->dim, 64);
+    assert_int_equal(c->n_layers, 2);
+    assert_int_equal(c->n_heads, 4);
+    assert_int_equal(c->n_kv_heads, 2);
+    assert_int_equal(c->head_dim, 16);
+    assert_int_equal(c->ffn_dim, 96);
+    assert_int_equal(c->vocab_size, 40);
+    assert_int_equal(c->ctx_len, 128);
+    assert_int_equal(c->rope_dim, 16);
+    bool tied = gguf_find_tensor(f, "output.weight") == NULL;
+    assert_int_equal(bytes, expected_bytes(c, tied));
+    check_against_file(f, c, w);
+    /* the F32 file holds exactly the generated values: compare one fused matrix to them */
+    if (c->weight_type == GGML_TYPE_F32) {
+        float k[32 * 64];
+        tensor_values("blk.1.attn_k.weight", k, 32 * 64);
+        assert_memory_equal(w->layers[1].wqkv + 64 * 64, k, sizeof k);
+        float up[96 * 64];
+        tensor_values("blk.0.ffn_up.weight", up, 96 * 64);
+        assert_memory_equal(w->layers[0].w_gate_up + 96 * 64, up, sizeof up);
+    }
+}
+
+static void test_tiny_untied(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    load_ok(&s, check_tiny);
+}
+
+static void test_tiny_tied(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.tied = true;
+    load_ok(&s, check_tiny);
+}
+
+static void check_q8(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                     size_t bytes) {
+    check_tiny(f, c, w, bytes);
+    assert_int_equal(c->weight_type, GGML_TYPE_Q8_0);
+    /* and close to the values before quantisation */
+    float q[64 * 64];
+    tensor_values("blk.0.attn_q.weight", q, 64 * 64);
+    for (int i = 0; i < 64 * 64; i++)
+        assert_true(fabsf(w->layers[0].wqkv[i] - q[i]) <= 1.0f / 127.0f * 0.57f);
+}
+
+static void test_tiny_q8_0(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.type = GGML_TYPE_Q8_0;
+    load_ok(&s, check_q8);
+}
+
+static void check_mixed(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                        size_t bytes) {
+    check_tiny(f, c, w, bytes);
+    assert_int_equal(c->weight_type, GGML_TYPE_Q4_0); /* attn_q only is F16 */
+}
+
+static void test_mixed_types(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.type = GGML_TYPE_Q4_0;
+    s.type_override_q = GGML_TYPE_F16;
+    s.tied = true;
+    load_ok(&s, check_mixed);
+    s.type = GGML_TYPE_BF16;
+    s.type_override_q = 0;
+    load_ok(&s, check_tiny);
+}
+
+static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                           size_t bytes) {
+    (void)f, (void)w, (void)bytes;
+    assert_int_equal(c->n_kv_heads, c->n_heads);   /* head_count_kv absent */
+    assert_int_equal(c->rope_dim, c->head_dim);    /* rope.dimension_count absent */
+    assert_true(c->rope_theta == 10000.0f);
+    assert_true(c->rms_eps == 1e-5f);
+    assert_int_equal(c->vocab_size, 40);           /* from token_embd: no tokens key */
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.kv_key = false;
+    s.kv_heads = 4;
+    s.rope_dim = 0;
+    s.with_tokens = false;
+    load_ok(&s, check_defaults);
+}
+
+static void test_bad_hyperparameters(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.arch = "gpt2";
+    expect_load_fail(&s, "gpt2", "llama");
+    s = default_spec();
+    s.skip_key = "general.architecture";
+    expect_load_fail(&s, "general.architecture", NULL);
+    const char *required[] = {"llama.embedding_length", "llama.block_count",
+                              "llama.attention.head_count", "llama.feed_forward_length",
+                              "llama.context_length"};
+    for (size_t i = 0; i < 5; i++) {
+        s = default_spec();
+        s.skip_key = required[i];
+        expect_load_fail(&s, required[i], NULL);
+    }
+    s = default_spec();
+    s.heads = 3;        /* 64 % 3 != 0 */
+    s.kv_heads = 3;
+    expect_load_fail(&s, "divisible", NULL);
+    s = default_spec();
+    s.kv_heads = 3;     /* does not divide 4 */
+    expect_load_fail(&s, "head_count_kv 3", NULL);
+    s = default_spec();
+    s.kv_heads = 8;     /* more kv heads than heads */
+    expect_load_fail(&s, "head_count_kv 8", NULL);
+    s = default_spec();
+    s.rope_dim = 15;
+    expect_load_fail(&s, "dimension_count 15", NULL);
+    s = default_spec();
+    s.rope_dim = 18;    /* > head_dim 16 */
+    expect_load_fail(&s, "dimension_count 18", NULL);
+    s = default_spec();
+    s.layers = 0;
+    expect_load_fail(&s, "block_count", "out of range");
+    s = default_spec();
+    s.heads = 0;         /* (make_model writes no layer tensors then) */
+    expect_load_fail(&s, "head_count", "out of range");
+}
+
+static void test_bad_tensors(void **state) {
+    (void)state;
+    const char *names[] = {"token_embd.weight", "output_norm.weight", "blk.0.attn_norm.weight",
+                           "blk.1.attn_q.weight", "blk.0.attn_k.weight", "blk.1.attn_v.weight",
+                           "blk.0.attn_output.weight", "blk.1.ffn_norm.weight",
+                           "blk.1.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.1.ffn_down.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        Spec s = default_spec();
+        s.skip_tensor = names[i];
+        expect_load_fail(&s, names[i], "lacks");
+        s = default_spec();
+        s.bad_tensor = names[i];
+        expect_load_fail(&s, names[i], "expected");
+    }
+    Spec s = default_spec();
+    s.bad_tensor = "output.weight";
+    expect_load_fail(&s, "output.weight", "expected {64, 40}");
+    s = default_spec();
+    s.bad_tensor = "blk.0.attn_k.weight";  /* message shows both shapes */
+    expect_load_fail(&s, "shape {64, 33}", "expected {64, 32}");
+}
+
+/* An unsupported type is refused naming tensor and type (patched into a valid file). */
+static void test_unsupported_tensor_type(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    void *data;
+    size_t size;
+    GgufFile *f = make_model_sized(&s, &data, &size);
+    const GgufTensor *t = gguf_find_tensor(f, "blk.1.ffn_up.weight");
+    /* the type field follows the name, n_dims and ne[2] in the tensor info */
+    uint8_t *info = memmem(data, (size_t)((const uint8_t *)t->data - (uint8_t *)data),
+                           "blk.1.ffn_up.weight", 19);
+    assert_non_null(info);
+    gguf_close(f);
+    uint32_t q4_k = 12;
+    memcpy(info + 19 + 4 + 2 * 8, &q4_k, 4);
+    char err[512];
+    assert_int_equal(gguf_open_memory(data, size, &f, err, sizeof err), 0);
+    assert_int_equal(gguf_find_tensor(f, "blk.1.ffn_up.weight")->type, 12);
+    ModelConfig c;
+    TransformerWeights tw;
+    size_t bytes;
+    assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), -1);
+    assert_non_null(strstr(err, "blk.1.ffn_up.weight"));
+    assert_non_null(strstr(err, "q4_K"));
+    gguf_close(f);
+    free(data);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_tiny_untied),
+        cmocka_unit_test(test_tiny_tied),
+        cmocka_unit_test(test_tiny_q8_0),
+        cmocka_unit_test(test_mixed_types),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_bad_hyperparameters),
+        cmocka_unit_test(test_bad_tensors),
+        cmocka_unit_test(test_unsupported_tensor_type),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
