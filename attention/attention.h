@@ -8,8 +8,24 @@
  * One entry point serves decode (one query row per sequence) and chunked prefill (a run
  * of query rows of one sequence starting at any position): query row i of a sequence sits
  * at absolute position q_pos + i and attends to positions [0, q_pos + i]. Work items are
- * (sequence, kv_head) pairs spread over the OpenMP threads; the query heads that share a
- * KV head (grouped-query attention) are handled together so each K/V tile is read once.
+ * (sequence, kv_head, tile of query rows) spread over the OpenMP threads (dynamic
+ * schedule, longest items first); the query heads that share a KV head (grouped-query
+ * attention) are handled together so each K/V tile is read once per group, and a prefill
+ * item holds up to 32 (row, head) query vectors so each K/V tile serves all of them.
+ * A call with little work (a short decode step) stays on the calling thread.
+ *
+ * Inner loops (AVX2/FMA/F16C): a K/V tile is at most 32 positions of one block. Scores
+ * of 8 positions come out of 8 FMA chains and one reduction tree; e^x is a vector
+ * polynomial; V is accumulated 32 dims at a time in registers. F16 K/V feeding a single
+ * query vector (decode without GQA) are widened in registers straight from the cache;
+ * a tile shared by several query vectors is widened once into a per-thread buffer.
+ * The next tile's cache lines are prefetched (blocks are scattered, so the hardware
+ * prefetcher cannot guess them). Per-thread scratch lives on the stack (~100 KiB at
+ * head_dim 256).
+ *
+ * RoPE tip: Q and K heads that sit next to each other in a row (a fused QKV buffer) can
+ * be rotated by one rope_apply call over n_heads + n_kv_heads heads, which computes the
+ * cos/sin of each (row, pair) once instead of twice.
  *
  * This module never allocates KV memory; attn_kv_store writes into slots the scheduler
  * already obtained from paging.

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attn_simd.h"
 
 enum {
     ATTN_TILE = 32,     /* K/V positions per tile (a tile never spans two blocks) */
@@ -53,171 +54,7 @@ static ItemSplit item_split(const AttnCall *c, int n_q)
     return s;
 }
 
-/* ---- vector helpers ---------------------------------------------------------------- */
-
-static inline float hsum256(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-static inline float hmax256(__m256 v)
-{
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-/* e^x for x <= 0 (softmax arguments), relative error ~2e-7: x = n*ln2 + r with
- * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, 2^n put into the exponent bits.
- * Arguments below -87 give ~1e-38 instead of 0; callers mask lanes that must be 0. */
-static inline __m256 exp256(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* ln2 in two parts so that n*ln2_hi is exact and r keeps its low bits. */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-static inline float dot(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
-/* q against 8 consecutive K rows: eight running sums, then one reduction tree that
- * leaves the 8 dot products in the lanes of one vector. */
-static inline __m256 dot8(const float *q, const float *k, int hd)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    int d = 0;
-    for (; d + 8 <= hd; d += 8) {
-        __m256 qd = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 0 * hd + d), a0);
-        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 1 * hd + d), a1);
-        a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 2 * hd + d), a2);
-        a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 3 * hd + d), a3);
-        a4 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 4 * hd + d), a4);
-        a5 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 5 * hd + d), a5);
-        a6 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 6 * hd + d), a6);
-        a7 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 7 * hd + d), a7);
-    }
-    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-    if (d < hd) { /* head_dim not a multiple of 8 */
-        float tail[8];
-        for (int j = 0; j < 8; j++) {
-            tail[j] = 0.0f;
-            for (int e = d; e < hd; e++)
-                tail[j] += q[e] * k[j * hd + e];
-        }
-        s = _mm256_add_ps(s, _mm256_loadu_ps(tail));
-    }
-    return s;
-}
-
-static void widen_f16(float *dst, const uint16_t *src, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++)
-        dst[i] = _cvtsh_ss(src[i]);
-}
-
-/* acc = acc*c + sum_j p[j]*v[j] over n rows of v. Dims go 32 at a time with the sums
- * in registers across all rows, so acc is read and written once per tile. Even and odd
- * rows feed separate sums: 8 independent FMA chains keep both FMA pipes busy through
- * the FMA latency. (Named registers, not arrays: compilers may keep arrays in memory.) */
-static void accumulate_pv(float *acc, float c, const float *p, const float *v, int n, int hd)
-{
-    __m256 vc = _mm256_set1_ps(c);
-    int d = 0;
-    for (; d + 32 <= hd; d += 32) {
-        float *a = acc + d;
-        __m256 o0 = _mm256_mul_ps(vc, _mm256_loadu_ps(a));
-        __m256 o1 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 8));
-        __m256 o2 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 16));
-        __m256 o3 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 24));
-        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-        const float *vj = v + d;
-        int j = 0;
-        for (; j + 2 <= n; j += 2, vj += 2 * hd) {
-            __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);
-            o0 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj), o0);
-            o1 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 8), o1);
-            o2 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 16), o2);
-            o3 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 24), o3);
-            e0 = _mm256_fmadd_ps(p1, _mm256_loadu_ps(vj + hd), e0);
-            e1 = _mm256_fmadd_ps(p1, _mm256_loadu_ps(vj + hd + 8), e1);
-            e2 = _mm256_fmadd_ps(p1, _mm256_loadu_ps(vj + hd + 16), e2);
-            e3 = _mm256_fmadd_ps(p1, _mm256_loadu_ps(vj + hd + 24), e3);
-        }
-        if (j < n) {
-            __m256 p0 = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj), o0);
-            o1 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 8), o1);
-            o2 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 16), o2);
-            o3 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(vj + 24), o3);
-        }
-        _mm256_storeu_ps(a, _mm256_add_ps(o0, e0));
-        _mm256_storeu_ps(a + 8, _mm256_add_ps(o1, e1));
-        _mm256_storeu_ps(a + 16, _mm256_add_ps(o2, e2));
-        _mm256_storeu_ps(a + 24, _mm256_add_ps(o3, e3));
-    }
-    for (; d + 8 <= hd; d += 8) {
-        __m256 o = _mm256_mul_ps(vc, _mm256_loadu_ps(acc + d));
-        for (int j = 0; j < n; j++)
-            o = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + (size_t)j * hd + d), o);
-        _mm256_storeu_ps(acc + d, o);
-    }
-    for (; d < hd; d++) {
-        float o = acc[d] * c;
-        for (int j = 0; j < n; j++)
-            o += p[j] * v[(size_t)j * hd + d];
-        acc[d] = o;
-    }
-}
-
 /* ---- one work item ----------------------------------------------------------------- */
-
-/* Tile of K or V as F32: the cache itself when it is F32, else widened into buf. */
-static const float *tile_f32(const AttnCall *c, int32_t block, int is_v, int kv_head,
-                             int slot0, int n, float *buf)
-{
-    const KvView *kv = c->kv;
-    size_t off = (size_t)slot0 * (size_t)c->head_dim;
-    void *p = kv_view_ptr(kv, block, c->layer, is_v, kv_head);
-    if (kv->layout.dtype == KV_DTYPE_F32)
-        return (const float *)p + off;
-    widen_f16(buf, (const uint16_t *)p + off, n * c->head_dim);
-    return buf;
-}
 
 /* Positions [pos, pos + n) of a sequence: slots [slot0, slot0 + n) of its block_idx-th
  * block (physical id `block`). */
@@ -258,6 +95,14 @@ static TileSpan tile_next(const KvLayout *lay, const AttnSeq *seq, TileSpan t, i
     return tile_clip(lay, seq, t, end);
 }
 
+/* First element of the tile's K (is_v 0) or V rows in the cache. */
+static const void *tile_ptr(const AttnCall *c, const TileSpan *t, int is_v, int kv_head)
+{
+    size_t elem = c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4;
+    return (const char *)kv_view_ptr(c->kv, t->block, c->layer, is_v, kv_head) +
+           (size_t)t->slot0 * (size_t)c->head_dim * elem;
+}
+
 static void tile_prefetch(const AttnCall *c, int kv_head, const TileSpan *t)
 {
 #ifdef ATTN_NO_PREFETCH
@@ -265,18 +110,17 @@ static void tile_prefetch(const AttnCall *c, int kv_head, const TileSpan *t)
 #endif
     if (t->n == 0)
         return;
-    size_t elem = c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4;
-    size_t row = (size_t)c->head_dim * elem;
+    size_t bytes = (size_t)t->n * (size_t)c->head_dim * (c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4);
     for (int is_v = 0; is_v < 2; is_v++) {
-        const char *p = (const char *)kv_view_ptr(c->kv, t->block, c->layer, is_v, kv_head) + t->slot0 * row;
-        for (size_t off = 0; off < (size_t)t->n * row; off += 64)
+        const char *p = tile_ptr(c, t, is_v, kv_head);
+        for (size_t off = 0; off < bytes; off += 64)
             _mm_prefetch(p + off, _MM_HINT_T0);
     }
 }
 
 /* Fold positions [0, n_valid) of a tile into one query vector's running state. */
-static void vec_fold_tile(const AttnCall *c, const float *q, const float *kt,
-                          const float *vt, int n_valid, float *m, float *l, float *acc)
+ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, const void *vt,
+                           int n_valid, float *m, float *l, float *acc, int f16)
 {
     int hd = c->head_dim;
     float s[ATTN_TILE] __attribute__((aligned(32)));
@@ -284,7 +128,7 @@ static void vec_fold_tile(const AttnCall *c, const float *q, const float *kt,
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 8 <= n_valid; j += 8) {
-        __m256 sj = _mm256_mul_ps(dot8(q, kt + (size_t)j * hd, hd), vscale);
+        __m256 sj = _mm256_mul_ps(dot8(q, kv_row(kt, j, hd, f16), hd, f16), vscale);
         _mm256_store_ps(s + j, sj);
         vmax = _mm256_max_ps(vmax, sj);
     }
@@ -292,7 +136,7 @@ static void vec_fold_tile(const AttnCall *c, const float *q, const float *kt,
     if (j < n_valid) /* the tail's last vector: define the lanes past n_valid */
         _mm256_store_ps(s + j, _mm256_setzero_ps());
     for (; j < n_valid; j++) {
-        s[j] = dot(q, kt + (size_t)j * hd, hd) * c->scale;
+        s[j] = dot1(q, kv_row(kt, j, hd, f16), hd, f16) * c->scale;
         if (s[j] > tile_max)
             tile_max = s[j];
     }
@@ -312,7 +156,21 @@ static void vec_fold_tile(const AttnCall *c, const float *q, const float *kt,
         vsum = _mm256_add_ps(vsum, p);
     }
     *l = *l * rescale + hsum256(vsum);
-    accumulate_pv(acc, rescale, s, vt, n_valid, hd);
+    accumulate_pv(acc, rescale, s, vt, n_valid, hd, f16);
+}
+
+/* The two instances: F32 tiles (an F32 cache, or F16 widened once for many vectors) and
+ * F16 tiles read straight from the cache (a lone vector gains nothing from a copy). */
+static void fold_tile_f32(const AttnCall *c, const float *q, const void *kt, const void *vt,
+                          int n_valid, float *m, float *l, float *acc)
+{
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, 0);
+}
+
+static void fold_tile_f16(const AttnCall *c, const float *q, const void *kt, const void *vt,
+                          int n_valid, float *m, float *l, float *acc)
+{
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, 1);
 }
 
 static void attend_item(const AttnCall *c, const AttnSeq *seq, int kv_head,
@@ -325,6 +183,14 @@ static void attend_item(const AttnCall *c, const AttnSeq *seq, int kv_head,
     float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
+
+    /* F16 tiles are widened once into kbuf/vbuf when several vectors share them. */
+    int f16 = lay->dtype == KV_DTYPE_F16, direct = n_vecs == 1;
+#ifdef ATTN_NO_DIRECT
+    direct = 0;
+#endif
+    void (*fold)(const AttnCall *, const float *, const void *, const void *, int, float *,
+                 float *, float *) = f16 && direct ? fold_tile_f16 : fold_tile_f32;
 
     for (int v = 0; v < n_vecs; v++) {
         m[v] = -INFINITY;
@@ -344,8 +210,13 @@ static void attend_item(const AttnCall *c, const AttnSeq *seq, int kv_head,
         tile_prefetch(c, kv_head, &next);
         int n = t.n;
         int32_t t0 = t.pos;
-        const float *kt = tile_f32(c, t.block, 0, kv_head, t.slot0, n, kbuf);
-        const float *vt = tile_f32(c, t.block, 1, kv_head, t.slot0, n, vbuf);
+        const void *kt = tile_ptr(c, &t, 0, kv_head), *vt = tile_ptr(c, &t, 1, kv_head);
+        if (f16 && !direct) {
+            widen_f16(kbuf, kt, n * hd);
+            widen_f16(vbuf, vt, n * hd);
+            kt = kbuf;
+            vt = vbuf;
+        }
         for (int r = 0; r < n_rows; r++) {
             int32_t last = seq->q_pos + row0 + r; /* causal: positions [0, last] */
             int n_valid = last - t0 + 1;
@@ -357,7 +228,7 @@ static void attend_item(const AttnCall *c, const AttnSeq *seq, int kv_head,
             for (int h = 0; h < n_h; h++) {
                 int v = r * n_h + h;
                 const float *q = qrow + (size_t)(kv_head * c->group + head0 + h) * hd;
-                vec_fold_tile(c, q, kt, vt, n_valid, &m[v], &l[v], acc + (size_t)v * hd);
+                fold(c, q, kt, vt, n_valid, &m[v], &l[v], acc + (size_t)v * hd);
             }
         }
         t = next;

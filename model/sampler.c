@@ -502,60 +502,122 @@ static int32_t draw_row(const float *w, int32_t n, double total, Rng *rng) {
     return last;
 }
 
-int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logits,
-                       const int32_t *history, int32_t n_history) {
-    int32_t V = s->n_vocab, n;
-    double z;
+/* What is left to draw from once penalties, temperature and the filters have run. */
+typedef struct {
+    enum { LEFT_ONE, LEFT_ROW, LEFT_CANDIDATES } kind;
+    int32_t token; /* LEFT_ONE: greedy, or nothing above -inf */
+    int32_t n;     /* LEFT_CANDIDATES: s->cands[0..n) */
+    double z;      /* LEFT_ROW: sum of s->weights, the whole row unfiltered */
+} Left;
+
+static Left sampler_prepare(Sampler *s, const SamplerParams *p, float *logits,
+                            const int32_t *history, int32_t n_history) {
+    int32_t V = s->n_vocab;
+    Left left = {LEFT_ONE, 0, 0, 0.0};
     sampler_apply_penalties(s, p, logits, history, n_history);
     /* the negated test also sends a NaN temperature to greedy */
-    if (!(p->temperature >= SAMPLER_GREEDY_EPS)) return sampler_argmax(logits, V);
+    if (!(p->temperature >= SAMPLER_GREEDY_EPS)) {
+        left.token = sampler_argmax(logits, V);
+        return left;
+    }
     for (int32_t i = 0; i < V; i++) logits[i] /= p->temperature;
 
+    double z;
     if (p->top_k > 0 && p->top_k < V) {
-        z = top_k_candidates(s, p, logits, &n);
-        if (z == 0.0) return sampler_argmax(logits, V); /* nothing above -inf */
+        z = top_k_candidates(s, p, logits, &left.n);
     } else {
         float max = max_logit(logits, V);
-        if (!(max > -INFINITY)) return sampler_argmax(logits, V);
-        weigh_row(logits, V, max, s->weights);
-        z = sum_floats(s->weights, V);
-        double floor_w = weight_floor(p, V, z);
-        if (floor_w == 0.0 && !(p->top_p < 1.0f)) return draw_row(s->weights, V, z, rng);
-        n = row_candidates(s, logits, floor_w);
+        z = 0.0;
+        if (max > -INFINITY) {
+            weigh_row(logits, V, max, s->weights);
+            z = sum_floats(s->weights, V);
+            double floor_w = weight_floor(p, V, z);
+            if (floor_w == 0.0 && !(p->top_p < 1.0f)) {
+                left.kind = LEFT_ROW;
+                left.z = z;
+                return left;
+            }
+            left.n = row_candidates(s, logits, floor_w);
+        }
     }
-    if (p->top_p < 1.0f) n = cut_nucleus(s->cands, n, s->spare, p->top_p * z);
-    return draw_candidate(s->cands, n, rng);
+    if (z == 0.0) { /* nothing above -inf: the argmax rule */
+        left.token = sampler_argmax(logits, V);
+        return left;
+    }
+    if (p->top_p < 1.0f) left.n = cut_nucleus(s->cands, left.n, s->spare, p->top_p * z);
+    left.kind = LEFT_CANDIDATES;
+    return left;
+}
+
+int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logits,
+                       const int32_t *history, int32_t n_history) {
+    Left left = sampler_prepare(s, p, logits, history, n_history);
+    if (left.kind == LEFT_ONE) return left.token;
+    if (left.kind == LEFT_ROW) return draw_row(s->weights, s->n_vocab, left.z, rng);
+    return draw_candidate(s->cands, left.n, rng);
+}
+
+int32_t sampler_candidates(Sampler *s, const SamplerParams *p, float *logits,
+                           const int32_t *history, int32_t n_history, int32_t *ids,
+                           float *probs) {
+    Left left = sampler_prepare(s, p, logits, history, n_history);
+    int32_t count = 0;
+    if (left.kind == LEFT_ONE) {
+        ids[0] = left.token;
+        probs[0] = 1.0f;
+        return 1;
+    }
+    if (left.kind == LEFT_ROW) {
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            if (!(s->weights[i] > 0.0f)) continue;
+            ids[count] = i;
+            probs[count++] = (float)(s->weights[i] / left.z);
+        }
+        return count;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < left.n; i++) total += s->cands[i].weight;
+    for (int32_t i = 0; i < left.n; i++) {
+        ids[i] = s->cands[i].id;
+        probs[i] = (float)(s->cands[i].weight / total);
+    }
+    return left.n;
 }
 
 /* ---- logprobs -------------------------------------------------------------------------- */
+
+/* log p = (logit - max) - log z, where z = sum exp(logit - max) >= 1. With no logit above
+ * -inf every token is equally (im)possible: the uniform distribution, the limit of equal
+ * logits. */
+typedef struct {
+    float max;
+    double log_z;
+    int uniform;
+} LogSoftmax;
+
+static float logprob_of(const LogSoftmax *ls, float logit) {
+    if (ls->uniform) return (float)-ls->log_z;
+    return (float)((double)logit_sanitize(logit) - ls->max - ls->log_z);
+}
 
 int sampler_logprobs(Sampler *s, const float *logits, int32_t token, float *token_logprob,
                      int32_t n, int32_t *top_ids, float *top_logprobs) {
     int32_t V = s->n_vocab;
     if (token_logprob && (token < 0 || token >= V)) return -1;
 
-    float max = -INFINITY;
-    for (int32_t i = 0; i < V; i++) {
-        float v = logit_sanitize(logits[i]);
-        if (v > max) max = v;
+    LogSoftmax ls = {max_logit(logits, V), log((double)V), 1};
+    if (ls.max > -INFINITY) {
+        /* weights below e^-87 are dropped from z: at most V * 1.6e-38 of it */
+        weigh_row(logits, V, ls.max, s->weights);
+        ls.log_z = log(sum_floats(s->weights, V));
+        ls.uniform = 0;
     }
-    /* Nothing above -inf: every token is equally (im)possible, so use the uniform
-     * distribution, the limit of equal logits. */
-    int all_impossible = !(max > -INFINITY);
-    double z = 0.0;
-    if (!all_impossible)
-        for (int32_t i = 0; i < V; i++) z += exp((double)logit_sanitize(logits[i]) - max);
-    double log_z = all_impossible ? log((double)V) : log(z);
-
-#define LOGPROB_OF(x) \
-    (all_impossible ? (float)-log_z : (float)((double)logit_sanitize(x) - max - log_z))
-    if (token_logprob) *token_logprob = LOGPROB_OF(logits[token]);
+    if (token_logprob) *token_logprob = logprob_of(&ls, logits[token]);
     if (n <= 0 || !top_ids || !top_logprobs) return 0;
     int32_t count = select_top(logits, V, n, s->cands);
     for (int32_t i = 0; i < count; i++) {
         top_ids[i] = s->cands[i].id;
-        top_logprobs[i] = LOGPROB_OF(logits[s->cands[i].id]);
+        top_logprobs[i] = logprob_of(&ls, s->cands[i].logit);
     }
-#undef LOGPROB_OF
     return count;
 }

@@ -61,6 +61,13 @@ int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logi
 void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
                              const int32_t *history, int32_t n_history);
 int32_t sampler_argmax(const float *logits, int32_t n); /* NaN = -inf; ties: lowest id */
+/* Added: what sampler_sample would draw from, without drawing. Does everything
+ * sampler_sample does to logits, then writes the surviving tokens and their renormalised
+ * probabilities (ids and probs hold n_vocab) in no particular order; returns the count
+ * (>= 1; greedy gives its one token with probability 1). */
+int32_t sampler_candidates(Sampler *s, const SamplerParams *p, float *logits,
+                           const int32_t *history, int32_t n_history, int32_t *ids,
+                           float *probs);
 
 /* log-softmax of raw logits: the log-probability of `token`, and the top n (ids and
  * log-probabilities, most likely first). Returns the count written (<= n). */

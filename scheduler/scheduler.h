@@ -130,4 +130,66 @@ void engine_stats(Engine *e, EngineStats *out);
  * with engine_start). Returns the number of rows computed (0 = nothing to do). */
 int engine_step(Engine *e);
 
+/* ---- added: details of the contract ------------------------------------------------------
+ *
+ * Events, in the order a consumer sees them for one choice: PROMPT events (choice 0 only,
+ * one per prompt token, position 0 first), TOKEN events, then exactly one FINISH.
+ * - PROMPT: logprob of prompt token i given tokens [0, i), with the top `logprobs` (0 when
+ *   logprobs is -1) alternatives. Token 0 has no context: its logprob is NAN and n_top 0.
+ *   text is the token's text decoded as the start of a text (leading space stripped).
+ * - TOKEN: every sampled token except an end-of-generation token (EOS when !ignore_eos),
+ *   which ends the choice without a TOKEN event (it still counts in completion_tokens).
+ *   text is what became safe to show; the concatenation of a choice's TOKEN texts and its
+ *   FINISH text is its whole output text.
+ * - FINISH: text holds whatever was still held back (a possible stop-string start, or an
+ *   incomplete character flushed as U+FFFD); "" when a stop string matched (the match and
+ *   everything after it are dropped). usage: prompt_tokens = n_prompt,
+ *   completion_tokens = tokens sampled for this choice, cached_tokens = prompt tokens
+ *   found in the prefix cache at the request's first admission.
+ * Penalties (repetition, presence, frequency) look at the choice's generated tokens only.
+ * Choice i samples with rng_seed(seed ^ i * 0x9E3779B97F4A7C15): choice 0 draws exactly
+ * what a single-choice request with the same seed draws.
+ * Limits: engine_submit refuses n > max_seqs (a request's n choices run at once, so it is
+ * admitted only when n of the max_seqs seats are free). A request whose prompt +
+ * max_tokens - 1 positions need more KV blocks than the whole cache ends with
+ * FINISH_ERROR (message says how many) in the step that receives it.
+ * Prefix cache: a request with prompt_logprobs computes its whole prompt (no lookup).
+ * EngineStats: prefix_cache_queries / prefix_cache_hit_tokens count TOKENS (looked up /
+ * found) over every admission that looked up, re-admissions after preemption included;
+ * requests_finished counts FINISH events (one per choice); waiting counts sequences
+ * waiting (new and preempted), preempted those of them that were preempted. */
+
+/* What the engine needs from a model. engine_create wraps the real Model in one of these;
+ * tests and tools may pass their own (a fake model needs no weights). */
+typedef struct {
+    void *ctx;
+    int32_t n_vocab;
+    int32_t eos_id;
+    int32_t ctx_len;          /* positions a sequence may use (prompt + generated) */
+    int32_t detok_max_bytes;  /* bound on one detok call's output; 0 = 64 */
+    KvLayout (*kv_layout)(void *ctx, int block_size, KvDtype dtype);
+    /* model_forward's contract; rows <= EngineConfig.max_batch_tokens. NULL = failure. */
+    const float *(*forward)(void *ctx, const KvView *kv, const ModelSeqBatch *seqs,
+                            int n_seqs);
+    /* detok_feed / detok_flush's contract. */
+    int (*detok)(void *ctx, Detokenizer *d, int32_t id, char *out, size_t cap);
+    int (*detok_flush)(void *ctx, Detokenizer *d, char *out, size_t cap);
+    /* Optional: end-of-generation test (NULL = id == eos_id). */
+    bool (*is_eog)(void *ctx, int32_t id);
+    /* Optional: called by engine_destroy to free ctx. */
+    void (*destroy)(void *ctx);
+} EngineModelOps;
+
+/* engine_create for any model behind EngineModelOps (copied; ctx is borrowed unless
+ * destroy is set, then the engine owns it from a successful return on). */
+int engine_create_with_ops(const EngineModelOps *ops, const EngineConfig *cfg,
+                           void (*notify)(void *arg), void *notify_arg,
+                           Engine **out, char *err, size_t err_len);
+
+/* For tests (engine thread or engine_step caller only): the engine's block pool, and a
+ * full consistency check: block_pool_check, every live table's shape, and every block's
+ * refcount equal to the number of live tables holding it. 0, or -1 with a message. */
+const BlockPool *engine_block_pool(const Engine *e);
+int engine_check(const Engine *e, char *err, size_t err_len);
+
 #endif

@@ -32,16 +32,24 @@ static int naive_argmax(const float *l, int n) {
     return best;
 }
 
-/* ids sorted by value, largest first, ties to the lower id (insertion sort: tiny n) */
+typedef struct {
+    double v;
+    int id;
+} Ranked;
+
+static int ranked_cmp(const void *pa, const void *pb) {
+    const Ranked *a = pa, *b = pb;
+    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    return a->id - b->id;
+}
+
+/* ids sorted by value, largest first, ties to the lower id */
 static void naive_order(const double *v, int n, int *order) {
-    for (int i = 0; i < n; i++) {
-        int j = i;
-        while (j > 0 && v[order[j - 1]] < v[i]) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
+    Ranked *r = malloc(n * sizeof *r);
+    for (int i = 0; i < n; i++) r[i] = (Ranked){v[i], i};
+    qsort(r, n, sizeof *r, ranked_cmp);
+    for (int i = 0; i < n; i++) order[i] = r[i].id;
+    free(r);
 }
 
 /* The set a correct sampler may draw from, built step by step from the definitions:
@@ -270,6 +278,83 @@ static void test_filters_combined(void **state) {
     check_filters(15, 300, 100, 200, 2.0, params_all);
 }
 
+/* sampler_candidates must return exactly the naive set, with its renormalised
+ * probabilities, over random vocabularies (small ones, and large flat ones where the
+ * bucketed nucleus cut runs) and random combinations of every filter. */
+static void test_candidates_are_exactly_the_naive_set(void **state) {
+    (void)state;
+    enum { MAX_V = 3000 };
+    Rng data;
+    rng_seed(&data, 18);
+    float *l = malloc(MAX_V * sizeof *l), *work = malloc(MAX_V * sizeof *work);
+    float *probs = malloc(MAX_V * sizeof *probs);
+    int32_t *ids = malloc(MAX_V * sizeof *ids);
+    char *allowed = malloc(MAX_V), *listed = malloc(MAX_V);
+    double *scaled = malloc(MAX_V * sizeof *scaled);
+    int checked = 0, cases = 1600, multi = 0;
+    for (int c = 0; c < cases; c++) {
+        int large = c % 16 == 0;
+        int n = large ? 1000 + (int)(rng_next(&data) % 2000) : 2 + (int)(rng_next(&data) % 300);
+        double scales[4] = {0.3, 1.0, 2.0, 4.0};
+        random_logits(&data, l, n, scales[rng_next(&data) % 4]);
+        SamplerParams p = params_t(0.3f + 1.7f * rng_uniform(&data));
+        uint64_t pick = rng_next(&data);
+        if (pick % 2) p.top_k = (int32_t)(rng_next(&data) % (uint64_t)(n + 5));
+        if ((pick >> 1) % 4) p.top_p = (pick >> 3) % 3 ? rng_uniform(&data) : 0.99f;
+        if ((pick >> 5) % 2) p.min_p = (pick >> 6) % 3 ? 0.3f * rng_uniform(&data)
+                                                       : rng_uniform(&data);
+        if (naive_allowed(l, n, &p, allowed)) continue;
+        checked++;
+
+        double z = 0.0, max = -INFINITY;
+        for (int i = 0; i < n; i++) scaled[i] = (double)l[i] / p.temperature;
+        for (int i = 0; i < n; i++)
+            if (allowed[i] && scaled[i] > max) max = scaled[i];
+        for (int i = 0; i < n; i++) z += allowed[i] ? exp(scaled[i] - max) : 0.0;
+
+        Sampler *s = sampler_new(n);
+        memcpy(work, l, n * sizeof *l);
+        int32_t count = sampler_candidates(s, &p, work, NULL, 0, ids, probs);
+        int expect_count = 0;
+        for (int i = 0; i < n; i++) expect_count += allowed[i];
+        if (count != expect_count)
+            fail_msg("case %d (n=%d k=%d p=%g min_p=%g): %d candidates, naive %d", c, n,
+                     p.top_k, p.top_p, p.min_p, count, expect_count);
+        memset(listed, 0, n);
+        for (int i = 0; i < count; i++) {
+            int32_t t = ids[i];
+            assert_true(t >= 0 && t < n && allowed[t] && !listed[t]);
+            listed[t] = 1;
+            double expect = exp(scaled[t] - max) / z;
+            assert_float_equal(probs[i], expect, 1e-5 * expect + 1e-9);
+        }
+        multi += count > 1;
+        sampler_free(s);
+    }
+    assert_true(checked > cases * 9 / 10);
+    assert_true(multi > checked / 2);
+    free(l);
+    free(work);
+    free(probs);
+    free(ids);
+    free(allowed);
+    free(listed);
+    free(scaled);
+}
+
+static void test_candidates_greedy_is_one_token(void **state) {
+    (void)state;
+    float l[5] = {0.0f, 3.0f, 1.0f, 3.0f, -2.0f};
+    int32_t ids[5];
+    float probs[5];
+    Sampler *s = sampler_new(5);
+    SamplerParams p = params_t(0.0f);
+    assert_int_equal(sampler_candidates(s, &p, l, NULL, 0, ids, probs), 1);
+    assert_int_equal(ids[0], 1);
+    assert_float_equal(probs[0], 1.0, 0.0);
+    sampler_free(s);
+}
+
 static void test_top_k_one_and_top_p_zero_are_greedy(void **state) {
     (void)state;
     Rng data, r;
@@ -328,6 +413,21 @@ static void test_distribution_matches_softmax(void **state) {
     for (int i = 0; i < 8; i++) e[i] = exp(l[i]) / z;
     SamplerParams p = params_t(1.0f);
     check_distribution(l, 8, &p, e, 21);
+}
+
+static void test_distribution_large_vocab_unfiltered(void **state) {
+    (void)state;
+    /* several blocks of the unfiltered draw: every token at its softmax frequency */
+    enum { V = 1000 };
+    float l[V];
+    Rng data;
+    rng_seed(&data, 25);
+    random_logits(&data, l, V, 0.5);
+    double e[V], z = 0.0;
+    for (int i = 0; i < V; i++) z += exp((double)l[i] / 0.9);
+    for (int i = 0; i < V; i++) e[i] = exp((double)l[i] / 0.9) / z;
+    SamplerParams p = params_t(0.9f);
+    check_distribution_n(l, V, &p, e, 26, 200000);
 }
 
 static void test_distribution_after_filters_is_renormalised(void **state) {
@@ -737,8 +837,11 @@ int main(void) {
         cmocka_unit_test(test_top_p_large_vocab_flat),
         cmocka_unit_test(test_min_p_keeps_relative_threshold),
         cmocka_unit_test(test_filters_combined),
+        cmocka_unit_test(test_candidates_are_exactly_the_naive_set),
+        cmocka_unit_test(test_candidates_greedy_is_one_token),
         cmocka_unit_test(test_top_k_one_and_top_p_zero_are_greedy),
         cmocka_unit_test(test_distribution_matches_softmax),
+        cmocka_unit_test(test_distribution_large_vocab_unfiltered),
         cmocka_unit_test(test_distribution_after_filters_is_renormalised),
         cmocka_unit_test(test_top_p_exact_nucleus_in_long_tail),
         cmocka_unit_test(test_lower_temperature_is_sharper),

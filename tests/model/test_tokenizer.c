@@ -638,6 +638,27 @@ static void test_hostile_input(void **state)
     loaded_vocab_free(&v);
 }
 
+/* The same without shared data: 1 MiB of random bytes through the small vocabulary. */
+static void test_hostile_input_tiny_vocab(void **state)
+{
+    (void)state;
+    LoadedVocab v;
+    load_tiny_vocab(TINY, N_TINY, true, true, &v);
+    size_t len = (size_t)1 << 20;
+    char *buf = malloc(len);
+    assert_non_null(buf);
+    uint64_t rng = 99;
+    for (size_t i = 0; i < len; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        buf[i] = (char)(rng >> 56);
+    }
+    double ms;
+    int n = check_spells_back(v.tok, buf, len, &ms);
+    printf("1 MiB random bytes, small vocabulary: %d ids in %.1f ms\n", n, ms);
+    free(buf);
+    loaded_vocab_free(&v);
+}
+
 static void test_speed_english(void **state)
 {
     (void)state;
@@ -677,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_defaults_without_optional_keys),
         cmocka_unit_test(test_refuses_bad_vocabularies),
         cmocka_unit_test(test_hostile_input),
+        cmocka_unit_test(test_hostile_input_tiny_vocab),
         cmocka_unit_test(test_speed_english),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,305 @@
+/* api — between HTTP bytes and the engine: OpenAI Completions requests in, JSON / SSE bytes
+ * out, OpenAI-style error bodies, /v1/models, /tokenize, /detokenize and /metrics text.
+ *
+ * No sockets, no threads, no clocks of its own (callers pass `now`). Everything here runs on
+ * the loop thread. Every buffer handed out is malloc'd and owned by the caller unless a
+ * comment says otherwise; every struct with pointers has its own free function.
+ *
+ * A request's walk through this room (the server's side of it):
+ *
+ *   ApiRequest *r; ApiError e;
+ *   if (api_request_parse(body, len, &limits, served_model, &r, &e) != 0) -> reply e
+ *   (admission checks: queue length ...)
+ *   if (api_request_tokenize(r, &vocab, ctx_len, &limits, &e) != 0)      -> reply e
+ *   ApiCompletion *c = api_completion_new(r, &vocab, served_model, now, metrics);
+ *   for p in 0 .. r->n_prompts-1:
+ *       EngineRequest er; api_request_engine(r, p, user_p, &er); engine_submit(..., &er, ...)
+ *   ... for every EngineEvent of prompt p:
+ *       api_completion_feed(c, p, &ev, now, &out);   write out's bytes, api_buf_reset(&out)
+ *       if (api_completion_done(c)) { api_completion_free(c); ... }
+ *   Non-streamed requests: nothing is appended to `out` until the last event; then `out`
+ *   holds the whole body and api_completion_status(c) the HTTP status to send with it.
+ *   Streamed requests: `out` gets SSE frames as they become ready, ending with `[DONE]`.
+ *   Client gone / shutdown / timeout: api_completion_fail(c, status, msg, &out).
+ */
+#ifndef PAGEDSERVE_API_H
+#define PAGEDSERVE_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "scheduler/scheduler.h"
+
+/* ---- growable byte buffer ----------------------------------------------------------------- */
+
+typedef struct {
+    char *data; /* NUL-terminated whenever len > 0 */
+    size_t len;
+    size_t cap;
+} ApiBuf;
+
+void api_buf_init(ApiBuf *b);
+/* Append n bytes; returns 0, or -1 when memory ran out (the buffer is left as it was). */
+int api_buf_append(ApiBuf *b, const char *bytes, size_t n);
+int api_buf_append_str(ApiBuf *b, const char *s);
+void api_buf_reset(ApiBuf *b); /* len = 0, memory kept */
+void api_buf_free(ApiBuf *b);
+/* Hand the bytes over to the caller (malloc'd, NUL-terminated; NULL if empty); b is emptied. */
+char *api_buf_take(ApiBuf *b, size_t *len);
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+/* An OpenAI-style error: {"error": {"message", "type", "param", "code"}}.
+ * type follows from status: 400/404/405/413/422 invalid_request_error, 401
+ * authentication_error, 403 permission_error, 429 rate_limit_exceeded, 5xx server_error. */
+typedef struct {
+    int status;        /* HTTP status */
+    char message[512];
+    char param[64];    /* offending field, "" = null */
+    char code[64];     /* e.g. "context_length_exceeded", "model_not_found"; "" = null */
+} ApiError;
+
+void api_error_set(ApiError *e, int status, const char *param, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+const char *api_error_type(int status);
+/* The JSON body for an error (malloc'd; NULL only when memory ran out). param/code may be
+ * NULL or "" for JSON null. */
+char *api_error_body(int status, const char *message, const char *param, const char *code,
+                     size_t *len);
+char *api_error_json(const ApiError *e, size_t *len);
+
+/* ---- limits --------------------------------------------------------------------------------- */
+
+typedef struct {
+    size_t max_body_bytes;     /* request body (413 above it)                1 MiB */
+    int32_t max_prompt_tokens; /* per prompt, after tokenising; 0 = only ctx   0 */
+    int32_t max_tokens_cap;    /* max_tokens above this -> 400                 4096 */
+    int32_t max_n;             /* n above this -> 400                          16 */
+    int32_t max_prompts;       /* prompts in one request                       64 */
+    int32_t max_logprobs;      /* logprobs above this -> 400 (<= ENGINE_MAX_TOP_LOGPROBS) 20 */
+    int32_t max_stop;          /* stop strings                                 4 */
+    int32_t max_stop_len;      /* bytes per stop string                        256 */
+} ApiLimits;
+
+void api_limits_default(ApiLimits *l);
+
+/* ---- vocabulary: what the api needs of a tokenizer ------------------------------------------ */
+
+/* An interface so that this room can be tested with a fake vocabulary;
+ * api_vocab_from_tokenizer wraps model/tokenizer.h. */
+typedef struct {
+    void *arg;
+    int32_t n_vocab;
+    bool add_bos;   /* prepend BOS when encoding a prompt string */
+    /* As tokenizer_encode: total count needed (may exceed max_out), or -1. */
+    int (*encode)(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
+                  int max_out);
+    /* Text of a whole token sequence as a prompt reads (leading space stripped, control
+     * tokens silent when skip_special): malloc'd valid UTF-8, NULL on failure. */
+    char *(*decode)(void *arg, const int32_t *ids, int32_t n, bool skip_special);
+    /* Display text of one token for logprobs, NUL-terminated in out (cap >= 64): the piece
+     * with U+2581 as a space; a byte-fallback token that is not a whole character is
+     * written "bytes:\xNN" (OpenAI's form); control tokens as their piece ("<s>").
+     * Returns the length, or -1. *is_control tells whether it adds nothing to the text. */
+    int (*token_text)(void *arg, int32_t id, char *out, size_t cap, bool *is_control);
+} ApiVocab;
+
+/* The tokenizer must outlive the vocab. */
+void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok);
+
+/* ---- completion requests ---------------------------------------------------------------------- */
+
+typedef struct {
+    char *text;       /* the prompt string; for a token-id prompt, its decoding (filled by
+                       * api_request_tokenize, used for echo). Owned. */
+    int32_t *tokens;  /* ids: given in the request, or filled by api_request_tokenize. Owned. */
+    int32_t n_tokens;
+    bool given_as_tokens;
+} ApiPrompt;
+
+typedef struct {
+    char *model;
+    ApiPrompt *prompts;
+    int32_t n_prompts;
+    int32_t max_tokens;     /* default 16 (also when null) */
+    int32_t n;              /* choices per prompt, default 1 */
+    SamplerParams sampling; /* temperature 1, top_p 1, top_k 0 (-1 given -> 0), min_p 0,
+                             * penalties 0 / repetition 1 when absent */
+    uint64_t seed;          /* the given seed (cast), or a random one when absent/null */
+    bool has_seed;
+    char **stop;            /* n_stop owned strings (non-empty) */
+    int32_t n_stop;
+    int32_t logprobs;       /* -1 = null/absent, else 0 .. max_logprobs */
+    bool echo;
+    bool ignore_eos;
+    bool stream;
+    bool include_usage;     /* stream_options.include_usage */
+    char *cache_salt;       /* NULL when absent */
+    uint64_t cache_salt_hash; /* 64-bit FNV-1a of cache_salt, never 0 when set; 0 = none */
+    bool tokenized;         /* api_request_tokenize succeeded */
+} ApiRequest;
+
+/* Parse and validate a /v1/completions body (len bytes, need not be NUL-terminated).
+ * served_model: the model id this server answers to; a different "model" gives 404
+ * (code "model_not_found"); NULL accepts any. Errors: 413 body too large; 400 invalid JSON,
+ * not an object, a missing/ill-typed/out-of-range field, an unsupported field (best_of != 1,
+ * non-null non-empty suffix, non-empty logit_bias, any unknown field) -- message and
+ * e->param name the field. Returns 0 and a request to free with api_request_free, or -1. */
+int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
+                      const char *served_model, ApiRequest **out, ApiError *e);
+void api_request_free(ApiRequest *r);
+
+/* Tokenise every string prompt (BOS first when v->add_bos), decode every token-id prompt
+ * (for echo), and check: ids in [0, n_vocab); each prompt <= lim->max_prompt_tokens (when
+ * > 0); prompt + max_tokens <= ctx_len (400, code "context_length_exceeded", message with
+ * the context length, the total and both parts, as OpenAI words it). 0 or -1. */
+int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
+                         const ApiLimits *lim, ApiError *e);
+
+/* The engine request for prompt p (after api_request_tokenize). The pointers in *out borrow
+ * from r (engine_submit copies them); user is handed back in every event. */
+void api_request_engine(const ApiRequest *r, int32_t p, void *user, EngineRequest *out);
+
+/* ---- completions: engine events -> response bytes -------------------------------------------- */
+
+typedef struct ApiMetrics ApiMetrics;
+typedef struct ApiCompletion ApiCompletion;
+
+/* One per request, after api_request_tokenize. r and v are borrowed and must outlive it.
+ * The id ("cmpl-" + 32 hex) and created (unix seconds) are chosen here and are the same in
+ * every chunk. now: monotonic seconds of the request's arrival (for latency metrics).
+ * metrics may be NULL; otherwise TTFT (first token of the request), inter-token latency
+ * (per choice) and e2e latency (at the last FINISH) are observed into it. NULL when memory ran out. */
+ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
+                                  const char *model_name, double now, ApiMetrics *metrics);
+void api_completion_free(ApiCompletion *c);
+const char *api_completion_id(const ApiCompletion *c);
+/* Streamed: send the final usage chunk even without stream_options.include_usage. */
+void api_completion_force_usage(ApiCompletion *c, bool on);
+
+/* Consume one event of prompt p (the caller frees the event afterwards). Appends to out
+ * whatever bytes became ready (see the walk above). EVENT_PROMPT events are read from
+ * choice 0 only (they are the same for every choice); the engine may send them for
+ * positions 1..n_prompt-1 or 0..n_prompt-1 (the first prompt token's logprob is always
+ * null). A FINISH_ERROR event fails the whole request (500 with its message; streamed: an
+ * error frame, then [DONE]); the server should then cancel the request's other engine
+ * requests. Events after done are ignored. Returns 0, or -1 when memory ran out (then
+ * call api_completion_fail). */
+int api_completion_feed(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
+                        ApiBuf *out);
+/* End the request early: streamed -> an error frame + [DONE] (nothing if already done);
+ * non-streamed -> the error body (status becomes `status`). */
+int api_completion_fail(ApiCompletion *c, int status, const char *message, ApiBuf *out);
+/* Every choice of every prompt finished, or the request failed. */
+bool api_completion_done(const ApiCompletion *c);
+/* 200, or the error status once failed. */
+int api_completion_status(const ApiCompletion *c);
+
+/* ---- SSE framing ------------------------------------------------------------------------------ */
+
+int api_sse_data(ApiBuf *b, const char *json, size_t len); /* "data: <json>\n\n" */
+int api_sse_done(ApiBuf *b);                                 /* "data: [DONE]\n\n" */
+int api_sse_ping(ApiBuf *b);                                 /* ": ping\n\n" */
+int api_sse_error(ApiBuf *b, const ApiError *e);             /* data: {"error":...} */
+
+/* ---- other endpoints -------------------------------------------------------------------------- */
+
+/* GET /v1/models: {"object":"list","data":[model]}; GET /v1/models/{id}: the model object
+ * {"id","object":"model","created","owned_by":"pagedserve","max_model_len"}. */
+char *api_models_body(const char *model_id, int64_t created, int32_t max_model_len,
+                      size_t *len);
+char *api_model_body(const char *model_id, int64_t created, int32_t max_model_len,
+                     size_t *len);
+
+/* POST /tokenize {"prompt" | "text": string, "add_special_tokens"|"add_special": bool
+ * (default true: BOS when the vocab adds it), "model"?, "return_token_strs"?: bool}
+ * -> {"tokens":[...], "count", "max_model_len"(, "token_strs")}.
+ * POST /detokenize {"tokens":[ids], "model"?} -> {"prompt": text}.
+ * 0 and *out (malloc'd body), or -1 and e. */
+int api_tokenize_handle(const char *body, size_t len, const ApiLimits *lim,
+                        const ApiVocab *v, const char *served_model, int32_t max_model_len,
+                        char **out, size_t *out_len, ApiError *e);
+int api_detokenize_handle(const char *body, size_t len, const ApiLimits *lim,
+                          const ApiVocab *v, const char *served_model, char **out,
+                          size_t *out_len, ApiError *e);
+
+/* ---- metrics ---------------------------------------------------------------------------------- */
+
+/* Histogram with fixed upper bounds (le); counts per bucket, rendered cumulatively with a
+ * final +Inf bucket equal to _count. Not thread-safe: touch it from the loop thread only. */
+#define API_HIST_MAX_BOUNDS 32
+typedef struct {
+    int n_bounds;
+    double bounds[API_HIST_MAX_BOUNDS];     /* ascending */
+    uint64_t counts[API_HIST_MAX_BOUNDS + 1]; /* last: above every bound */
+    uint64_t count;
+    double sum;
+} ApiHistogram;
+
+void api_histogram_init(ApiHistogram *h, const double *bounds, int n_bounds);
+void api_histogram_observe(ApiHistogram *h, double v);
+
+/* Server-side metrics, owned by the loop thread. */
+struct ApiMetrics {
+    ApiHistogram ttft;          /* arrival -> first generated token, seconds */
+    ApiHistogram itl;           /* between consecutive tokens of one choice, seconds */
+    ApiHistogram e2e;           /* arrival -> last event, seconds */
+    ApiHistogram queue_time;    /* submit -> first scheduled, seconds (server observes it
+                                 * when it can; the engine's events carry no such time) */
+    uint64_t http_requests[600]; /* per HTTP status code */
+};
+
+void api_metrics_init(ApiMetrics *m);
+void api_metrics_count_http(ApiMetrics *m, int status);
+/* The Prometheus text exposition (format 0.0.4) of m and the engine snapshot s:
+ * malloc'd, NULL only when memory ran out. pagedserve_kv_cache_usage_ratio comes first.
+ * Content-Type: "text/plain; version=0.0.4; charset=utf-8".
+ *
+ * pagedserve name                                 vLLM name (v1)
+ * pagedserve_kv_cache_usage_ratio                 vllm:kv_cache_usage_perc (0..1 too)
+ * pagedserve_kv_blocks_total / _used / _free      (vllm:cache_config_info num_gpu_blocks)
+ * pagedserve_kv_blocks_cached / _shared           -
+ * pagedserve_kv_tokens_stored                     -
+ * pagedserve_kv_slots_allocated                   -
+ * pagedserve_kv_internal_fragmentation_ratio      - (1 - tokens_stored / slots_allocated)
+ * pagedserve_num_requests_running                 vllm:num_requests_running
+ * pagedserve_num_requests_waiting                 vllm:num_requests_waiting
+ * pagedserve_num_requests_preempted               (v0: vllm:num_requests_swapped)
+ * pagedserve_num_preemptions_total                vllm:num_preemptions_total
+ * pagedserve_prompt_tokens_total                  vllm:prompt_tokens_total
+ * pagedserve_generation_tokens_total              vllm:generation_tokens_total
+ * pagedserve_prefix_cache_hits_total              vllm:prefix_cache_hits_total
+ * pagedserve_prefix_cache_queries_total           vllm:prefix_cache_queries_total
+ * pagedserve_engine_steps_total                   (vllm:iteration_tokens_total is per step)
+ * pagedserve_request_success_total{finished_reason} vllm:request_success_total
+ *   (from EngineStats.requests_finished: one per choice; labels stop|length|abort|error)
+ * pagedserve_http_requests_total{code}            (prometheus-fastapi-instrumentator's
+ *                                                  http_requests_total{status})
+ * pagedserve_time_to_first_token_seconds          vllm:time_to_first_token_seconds
+ * pagedserve_inter_token_latency_seconds          vllm:inter_token_latency_seconds
+ *                                                 (older: vllm:time_per_output_token_seconds)
+ * pagedserve_e2e_request_latency_seconds          vllm:e2e_request_latency_seconds
+ * pagedserve_request_queue_time_seconds           vllm:request_queue_time_seconds
+ */
+char *api_metrics_render(const ApiMetrics *m, const EngineStats *s, size_t *len);
+
+/* FinishReason as OpenAI's finish_reason / the metrics label: "stop", "length", "abort",
+ * "error"; NULL for FINISH_NONE. */
+const char *api_finish_reason_str(FinishReason f);
+
+/* ---- helpers shared by the api sources (not meant for the server)---------------------------- */
+
+struct json_t;
+/* A JSON string of n bytes; invalid UTF-8 becomes U+FFFD instead of failing. */
+struct json_t *api_json_string(const char *s, size_t n);
+/* A JSON number for a log-probability: -inf and NaN become -9999.0 (as vLLM does). */
+struct json_t *api_json_logprob(float lp);
+/* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
+char *api_json_dump(struct json_t *j, size_t *len);
+/* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */
+size_t api_utf8_chars(const char *s, size_t n);
+
+#endif

@@ -1,0 +1,473 @@
+/* ApiCompletion: one request's engine events turned into OpenAI text_completion bytes.
+ *
+ * Streamed, every event that carries something becomes one SSE chunk at once; the last
+ * FINISH adds the usage chunk (when asked) and [DONE]. Non-streamed, text and logprobs
+ * pile up per choice and the last FINISH writes the whole body. Either way the caller
+ * feeds events in and writes out whatever bytes appear. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "api/api.h"
+
+typedef struct {
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+} PromptLogprob;
+
+typedef struct {
+    ApiBuf text;       /* generated text (non-streamed) */
+    json_t *logprobs;  /* generated tokens' logprobs object (non-streamed, logprobs >= 0) */
+    size_t chars;      /* code points generated so far: the next token's text_offset */
+    int32_t n_tokens;  /* TOKEN events seen */
+    int32_t completion_tokens, cached_tokens;
+    FinishReason finish;
+    bool finished;
+    bool started;      /* streamed: the echo chunk went out */
+    bool has_token;
+    double last_token_at;
+} Choice;
+
+typedef struct {
+    PromptLogprob *lp; /* PROMPT events in arrival order (echo + logprobs only) */
+    int32_t n_lp;
+    size_t echo_chars; /* code points of the prompt text */
+} PromptState;
+
+struct ApiCompletion {
+    const ApiRequest *req;
+    const ApiVocab *vocab;
+    ApiMetrics *metrics;
+    char id[40];
+    char *model;
+    int64_t created;
+    double arrival;
+    bool force_usage;
+    PromptState *prompts;
+    Choice *choices;   /* n_prompts * n, index = prompt * n + choice */
+    int32_t n_choices, n_finished;
+    bool any_token, done;
+    int status;
+};
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+static void make_id(char *out, size_t cap) {
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uintptr_t)out;
+        for (size_t i = 0; i < sizeof raw; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            raw[i] = (unsigned char)(x >> 56);
+        }
+    }
+    size_t o = (size_t)snprintf(out, cap, "cmpl-");
+    for (size_t i = 0; i < sizeof raw && o + 2 < cap; i++, o += 2)
+        snprintf(out + o, cap - o, "%02x", raw[i]);
+}
+
+ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
+                                  const char *model_name, double now, ApiMetrics *metrics) {
+    ApiCompletion *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->req = r;
+    c->vocab = v;
+    c->metrics = metrics;
+    c->arrival = now;
+    c->created = (int64_t)time(NULL);
+    c->status = 200;
+    make_id(c->id, sizeof c->id);
+    c->model = strdup(model_name ? model_name : r->model);
+    c->n_choices = r->n_prompts * r->n;
+    c->prompts = calloc((size_t)r->n_prompts, sizeof *c->prompts);
+    c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
+    if (!c->model || !c->prompts || !c->choices) {
+        api_completion_free(c);
+        return NULL;
+    }
+    for (int32_t p = 0; p < r->n_prompts; p++) {
+        const ApiPrompt *pr = &r->prompts[p];
+        c->prompts[p].echo_chars = pr->text ? api_utf8_chars(pr->text, strlen(pr->text)) : 0;
+    }
+    return c;
+}
+
+void api_completion_free(ApiCompletion *c) {
+    if (!c) return;
+    if (c->prompts)
+        for (int32_t p = 0; p < c->req->n_prompts; p++) free(c->prompts[p].lp);
+    if (c->choices)
+        for (int32_t i = 0; i < c->n_choices; i++) {
+            api_buf_free(&c->choices[i].text);
+            json_decref(c->choices[i].logprobs);
+        }
+    free(c->prompts);
+    free(c->choices);
+    free(c->model);
+    free(c);
+}
+
+const char *api_completion_id(const ApiCompletion *c) { return c->id; }
+void api_completion_force_usage(ApiCompletion *c, bool on) { c->force_usage = on; }
+bool api_completion_done(const ApiCompletion *c) { return c->done; }
+int api_completion_status(const ApiCompletion *c) { return c->status; }
+
+const char *api_finish_reason_str(FinishReason f) {
+    switch (f) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_CANCELLED: return "abort";
+    case FINISH_ERROR: return "error";
+    case FINISH_NONE: break;
+    }
+    return NULL;
+}
+
+/* ---- logprobs objects ---------------------------------------------------------------------- */
+
+static json_t *logprobs_new(void) {
+    json_t *lp = json_object();
+    if (!lp) return NULL;
+    json_object_set_new(lp, "tokens", json_array());
+    json_object_set_new(lp, "token_logprobs", json_array());
+    json_object_set_new(lp, "top_logprobs", json_array());
+    json_object_set_new(lp, "text_offset", json_array());
+    return lp;
+}
+
+static json_t *token_text_json(const ApiVocab *v, int32_t id, bool *is_control) {
+    char buf[256];
+    bool control = false;
+    int n = v->token_text(v->arg, id, buf, sizeof buf, &control);
+    if (is_control) *is_control = control;
+    if (n < 0) return json_string("");
+    return api_json_string(buf, (size_t)n);
+}
+
+/* {token text: logprob} of the top alternatives, plus the chosen token when it is not
+ * among them (OpenAI: "up to logprobs + 1 elements"). Equal texts keep the likelier one. */
+static json_t *top_dict(const ApiVocab *v, int32_t token, float logprob, int32_t n_top,
+                        const int32_t *ids, const float *lps) {
+    json_t *d = json_object();
+    bool chosen_seen = false;
+    for (int32_t i = 0; i < n_top && i < ENGINE_MAX_TOP_LOGPROBS; i++) {
+        json_t *key = token_text_json(v, ids[i], NULL);
+        const char *k = key ? json_string_value(key) : NULL;
+        if (k && !json_object_get(d, k)) json_object_set_new(d, k, api_json_logprob(lps[i]));
+        json_decref(key);
+        if (ids[i] == token) chosen_seen = true;
+    }
+    if (!chosen_seen) {
+        json_t *key = token_text_json(v, token, NULL);
+        const char *k = key ? json_string_value(key) : NULL;
+        if (k && !json_object_get(d, k)) json_object_set_new(d, k, api_json_logprob(logprob));
+        json_decref(key);
+    }
+    return d;
+}
+
+/* Append one token to a logprobs object; has_logprob false gives null entries (the first
+ * prompt token has no logprob). */
+static void logprobs_push(json_t *lp, json_t *token_text, bool has_logprob, json_t *logprob,
+                          json_t *top, size_t offset) {
+    json_array_append_new(json_object_get(lp, "tokens"), token_text);
+    json_array_append_new(json_object_get(lp, "token_logprobs"),
+                          has_logprob ? logprob : json_null());
+    json_array_append_new(json_object_get(lp, "top_logprobs"), has_logprob ? top : json_null());
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+    if (!has_logprob) {
+        json_decref(logprob);
+        json_decref(top);
+    }
+}
+
+static void logprobs_push_event(const ApiVocab *v, json_t *lp, const EngineEvent *ev,
+                                size_t offset) {
+    logprobs_push(lp, token_text_json(v, ev->token, NULL), true, api_json_logprob(ev->logprob),
+                  top_dict(v, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_logprobs),
+                  offset);
+}
+
+/* The prompt part of an echoed choice's logprobs. PROMPT events are right-aligned on the
+ * prompt: n_prompt - 1 of them cover positions 1.., n_prompt of them cover 0.. (and
+ * position 0 is reported null either way: nothing precedes it). Offsets advance by each
+ * token's display text, control tokens taking no room, capped at the prompt text. */
+static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
+    const ApiPrompt *pr = &c->req->prompts[p];
+    const PromptState *ps = &c->prompts[p];
+    json_t *lp = logprobs_new();
+    if (!lp) return NULL;
+    int32_t first_event_pos = pr->n_tokens - ps->n_lp;
+    size_t offset = 0;
+    for (int32_t i = 0; i < pr->n_tokens; i++) {
+        bool control = false;
+        json_t *text = token_text_json(c->vocab, pr->tokens[i], &control);
+        int32_t k = i - first_event_pos;
+        bool has = i > 0 && k >= 0 && k < ps->n_lp;
+        json_t *value = NULL, *top = NULL;
+        if (has) {
+            const PromptLogprob *e = &ps->lp[k];
+            value = api_json_logprob(e->logprob);
+            top = top_dict(c->vocab, pr->tokens[i], e->logprob, e->n_top, e->top_ids,
+                           e->top_logprobs);
+        }
+        size_t width = 0;
+        if (!control && text) width = api_utf8_chars(json_string_value(text), json_string_length(text));
+        logprobs_push(lp, text, has, value, top, offset < ps->echo_chars ? offset : ps->echo_chars);
+        offset += width;
+    }
+    return lp;
+}
+
+/* ---- chunks and bodies ----------------------------------------------------------------------- */
+
+static json_t *envelope(const ApiCompletion *c, json_t *choices) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(c->id));
+    json_object_set_new(o, "object", json_string("text_completion"));
+    json_object_set_new(o, "created", json_integer(c->created));
+    json_object_set_new(o, "model", api_json_string(c->model, strlen(c->model)));
+    json_object_set_new(o, "choices", choices);
+    return o;
+}
+
+static json_t *choice_json(int32_t index, json_t *text, json_t *logprobs, FinishReason fin) {
+    json_t *ch = json_object();
+    json_object_set_new(ch, "text", text);
+    json_object_set_new(ch, "index", json_integer(index));
+    json_object_set_new(ch, "logprobs", logprobs ? logprobs : json_null());
+    const char *reason = api_finish_reason_str(fin);
+    json_object_set_new(ch, "finish_reason", reason ? json_string(reason) : json_null());
+    return ch;
+}
+
+static json_t *usage_json(const ApiCompletion *c) {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (int32_t p = 0; p < c->req->n_prompts; p++) {
+        prompt += c->req->prompts[p].n_tokens;
+        int32_t most_cached = 0;
+        for (int32_t k = 0; k < c->req->n; k++) {
+            const Choice *ch = &c->choices[p * c->req->n + k];
+            completion += ch->completion_tokens;
+            if (ch->cached_tokens > most_cached) most_cached = ch->cached_tokens;
+        }
+        cached += most_cached;
+    }
+    json_t *details = json_object();
+    json_object_set_new(details, "cached_tokens", json_integer(cached));
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(completion));
+    json_object_set_new(u, "total_tokens", json_integer(prompt + completion));
+    json_object_set_new(u, "prompt_tokens_details", details);
+    return u;
+}
+
+static bool wants_usage(const ApiCompletion *c) {
+    return c->req->include_usage || c->force_usage;
+}
+
+static int emit(ApiBuf *out, json_t *root) {
+    size_t len;
+    char *s = api_json_dump(root, &len);
+    if (!s) return -1;
+    int rc = api_sse_data(out, s, len);
+    free(s);
+    return rc;
+}
+
+static int emit_chunk(const ApiCompletion *c, int32_t index, const char *text, size_t len,
+                      json_t *logprobs, FinishReason fin, ApiBuf *out) {
+    json_t *choices = json_array();
+    json_array_append_new(choices, choice_json(index, api_json_string(text, len), logprobs, fin));
+    json_t *root = envelope(c, choices);
+    if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+    return emit(out, root);
+}
+
+/* Streamed: the prompt text (and its logprobs) go first in each choice when echoing. */
+static int stream_start_choice(ApiCompletion *c, int32_t p, int32_t k, ApiBuf *out) {
+    Choice *ch = &c->choices[p * c->req->n + k];
+    if (ch->started) return 0;
+    ch->started = true;
+    if (!c->req->echo) return 0;
+    const char *text = c->req->prompts[p].text ? c->req->prompts[p].text : "";
+    json_t *lp = c->req->logprobs >= 0 ? prompt_logprobs(c, p) : NULL;
+    return emit_chunk(c, p * c->req->n + k, text, strlen(text), lp, FINISH_NONE, out);
+}
+
+static int write_body(ApiCompletion *c, ApiBuf *out) {
+    const ApiRequest *r = c->req;
+    json_t *choices = json_array();
+    for (int32_t p = 0; p < r->n_prompts; p++) {
+        for (int32_t k = 0; k < r->n; k++) {
+            Choice *ch = &c->choices[p * r->n + k];
+            ApiBuf text;
+            api_buf_init(&text);
+            if (r->echo && r->prompts[p].text) api_buf_append_str(&text, r->prompts[p].text);
+            if (ch->text.len) api_buf_append(&text, ch->text.data, ch->text.len);
+            json_t *lp = NULL;
+            if (r->logprobs >= 0) {
+                lp = r->echo ? prompt_logprobs(c, p) : logprobs_new();
+                static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                                   "text_offset"};
+                for (int i = 0; i < 4 && lp && ch->logprobs; i++)
+                    json_array_extend(json_object_get(lp, keys[i]),
+                                      json_object_get(ch->logprobs, keys[i]));
+            }
+            json_array_append_new(choices,
+                                  choice_json(p * r->n + k,
+                                              api_json_string(text.data ? text.data : "", text.len),
+                                              lp, ch->finish));
+            api_buf_free(&text);
+        }
+    }
+    json_t *root = envelope(c, choices);
+    json_object_set_new(root, "usage", usage_json(c));
+    size_t len;
+    char *s = api_json_dump(root, &len);
+    if (!s) return -1;
+    int rc = api_buf_append(out, s, len);
+    free(s);
+    return rc;
+}
+
+static int finish_request(ApiCompletion *c, double now, ApiBuf *out) {
+    c->done = true;
+    if (c->metrics) api_histogram_observe(&c->metrics->e2e, now - c->arrival);
+    if (!c->req->stream) return write_body(c, out);
+    if (wants_usage(c)) {
+        json_t *root = envelope(c, json_array());
+        json_object_set_new(root, "usage", usage_json(c));
+        if (emit(out, root) != 0) return -1;
+    }
+    return api_sse_done(out);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static int on_prompt(ApiCompletion *c, int32_t p, const EngineEvent *ev) {
+    if (ev->choice != 0 || !c->req->echo || c->req->logprobs < 0) return 0;
+    PromptState *ps = &c->prompts[p];
+    int32_t cap = c->req->prompts[p].n_tokens;
+    if (!ps->lp) {
+        ps->lp = calloc((size_t)cap, sizeof *ps->lp);
+        if (!ps->lp) return -1;
+    }
+    if (ps->n_lp >= cap) return 0; /* more events than prompt tokens: not ours to invent */
+    PromptLogprob *e = &ps->lp[ps->n_lp++];
+    e->logprob = ev->logprob;
+    e->n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
+                                                                      : ev->n_top;
+    memcpy(e->top_ids, ev->top_ids, sizeof e->top_ids);
+    memcpy(e->top_logprobs, ev->top_logprobs, sizeof e->top_logprobs);
+    return 0;
+}
+
+static void observe_token_times(ApiCompletion *c, Choice *ch, double now) {
+    if (c->metrics) {
+        if (!c->any_token) api_histogram_observe(&c->metrics->ttft, now - c->arrival);
+        else if (ch->has_token) api_histogram_observe(&c->metrics->itl, now - ch->last_token_at);
+    }
+    c->any_token = true;
+    ch->has_token = true;
+    ch->last_token_at = now;
+}
+
+static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
+                    ApiBuf *out) {
+    int32_t index = p * c->req->n + ev->choice;
+    Choice *ch = &c->choices[index];
+    const char *text = ev->text ? ev->text : "";
+    size_t len = strlen(text);
+    size_t offset = c->prompts[p].echo_chars * (c->req->echo ? 1 : 0) + ch->chars;
+    observe_token_times(c, ch, now);
+    ch->n_tokens++;
+    ch->chars += api_utf8_chars(text, len);
+    if (c->req->stream) {
+        if (stream_start_choice(c, p, ev->choice, out) != 0) return -1;
+        if (len == 0 && c->req->logprobs < 0) return 0; /* held-back text: nothing to say */
+        json_t *lp = NULL;
+        if (c->req->logprobs >= 0) {
+            lp = logprobs_new();
+            if (!lp) return -1;
+            logprobs_push_event(c->vocab, lp, ev, offset);
+        }
+        return emit_chunk(c, index, text, len, lp, FINISH_NONE, out);
+    }
+    if (api_buf_append(&ch->text, text, len) != 0) return -1;
+    if (c->req->logprobs >= 0) {
+        if (!ch->logprobs && !(ch->logprobs = logprobs_new())) return -1;
+        logprobs_push_event(c->vocab, ch->logprobs, ev, offset);
+    }
+    return 0;
+}
+
+static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
+                     ApiBuf *out) {
+    if (ev->finish == FINISH_ERROR || ev->finish == FINISH_NONE) {
+        const char *msg = ev->error && *ev->error ? ev->error : "the engine could not serve "
+                                                                "this request";
+        return api_completion_fail(c, 500, msg, out);
+    }
+    int32_t index = p * c->req->n + ev->choice;
+    Choice *ch = &c->choices[index];
+    const char *text = ev->text ? ev->text : ""; /* text released at the end, if any */
+    size_t len = strlen(text);
+    ch->finished = true;
+    ch->finish = ev->finish;
+    ch->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : ch->n_tokens;
+    ch->cached_tokens = ev->cached_tokens;
+    ch->chars += api_utf8_chars(text, len);
+    c->n_finished++;
+    int rc = 0;
+    if (c->req->stream) {
+        rc = stream_start_choice(c, p, ev->choice, out);
+        if (rc == 0) rc = emit_chunk(c, index, text, len, NULL, ev->finish, out);
+    } else {
+        rc = api_buf_append(&ch->text, text, len);
+    }
+    if (rc == 0 && c->n_finished == c->n_choices) rc = finish_request(c, now, out);
+    return rc;
+}
+
+int api_completion_feed(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
+                        ApiBuf *out) {
+    if (c->done) return 0;
+    /* Events that cannot be ours (a bad index, a choice already finished) are dropped:
+     * they would corrupt the response, and the request still ends by its own FINISHes. */
+    if (p < 0 || p >= c->req->n_prompts || ev->choice < 0 || ev->choice >= c->req->n)
+        return 0;
+    if (c->choices[p * c->req->n + ev->choice].finished) return 0;
+    switch (ev->kind) {
+    case EVENT_PROMPT: return on_prompt(c, p, ev);
+    case EVENT_TOKEN: return on_token(c, p, ev, now, out);
+    case EVENT_FINISH: return on_finish(c, p, ev, now, out);
+    }
+    return 0;
+}
+
+int api_completion_fail(ApiCompletion *c, int status, const char *message, ApiBuf *out) {
+    if (c->done) return 0;
+    c->done = true;
+    c->status = status;
+    ApiError e;
+    api_error_set(&e, status, NULL, NULL, "%s", message ? message : "request failed");
+    if (c->req->stream) {
+        if (api_sse_error(out, &e) != 0) return -1;
+        return api_sse_done(out);
+    }
+    size_t len;
+    char *body = api_error_json(&e, &len);
+    if (!body) return -1;
+    int rc = api_buf_append(out, body, len);
+    free(body);
+    return rc;
+}

@@ -1,0 +1,535 @@
+/* Parsing and validating an OpenAI /v1/completions body into an ApiRequest.
+ *
+ * Every rule gives a 400 whose message and param name the field, so a client can fix its
+ * request without reading our source. Unknown fields are refused rather than ignored: a
+ * silently dropped sampling option would give wrong output with no hint why. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "api/api.h"
+
+void api_limits_default(ApiLimits *l) {
+    l->max_body_bytes = 1u << 20;
+    l->max_prompt_tokens = 0;
+    l->max_tokens_cap = 4096;
+    l->max_n = 16;
+    l->max_prompts = 64;
+    l->max_logprobs = ENGINE_MAX_TOP_LOGPROBS;
+    l->max_stop = 4;
+    l->max_stop_len = 256;
+}
+
+void api_request_free(ApiRequest *r) {
+    if (!r) return;
+    free(r->model);
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].tokens);
+    }
+    free(r->prompts);
+    for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->cache_salt);
+    free(r);
+}
+
+/* ---- typed field readers: 0 = ok (or absent/null: default kept), -1 = error set ---------- */
+
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "a value";
+}
+
+static int bad(ApiError *e, const char *field, const char *fmt_what, const json_t *v) {
+    api_error_set(e, 400, field, "invalid_type", "'%s' must be %s, got %s", field, fmt_what,
+                  json_kind(v));
+    return -1;
+}
+
+/* An integer, accepting a real with no fraction (16.0) as Python clients may send. */
+static int as_integer(const json_t *v, json_int_t *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 0;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && d >= -9.2e18 && d <= 9.2e18) {
+            *out = (json_int_t)d;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int read_int(const json_t *obj, const char *field, json_int_t lo, json_int_t hi,
+                    int32_t *out, ApiError *e) {
+    const json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) return 0;
+    json_int_t x;
+    if (as_integer(v, &x) != 0) return bad(e, field, "an integer", v);
+    if (x < lo || x > hi) {
+        api_error_set(e, 400, field, "invalid_value",
+                      "'%s' must be between %lld and %lld, got %lld", field, (long long)lo,
+                      (long long)hi, (long long)x);
+        return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+/* A number in [lo, hi]; lo_open excludes lo itself. */
+static int read_float(const json_t *obj, const char *field, double lo, bool lo_open,
+                      double hi, float *out, ApiError *e) {
+    const json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return bad(e, field, "a number", v);
+    double x = json_number_value(v);
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+        if (isinf(hi))
+            api_error_set(e, 400, field, "invalid_value", "'%s' must be %s %g, got %g", field,
+                          lo_open ? ">" : ">=", lo, x);
+        else
+            api_error_set(e, 400, field, "invalid_value",
+                          "'%s' must be in %s%g, %g], got %g", field, lo_open ? "(" : "[", lo,
+                          hi, x);
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+static int read_bool(const json_t *obj, const char *field, bool *out, ApiError *e) {
+    const json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad(e, field, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A string or null; *out is a malloc'd copy (NULL when absent). */
+static int read_string(const json_t *obj, const char *field, bool non_empty, char **out,
+                       ApiError *e) {
+    const json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return bad(e, field, "a string", v);
+    if (non_empty && json_string_length(v) == 0) {
+        api_error_set(e, 400, field, "invalid_value", "'%s' must not be empty", field);
+        return -1;
+    }
+    *out = strdup(json_string_value(v));
+    if (!*out) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the known fields ----------------------------------------------------------------------- */
+
+static const char *const known_fields[] = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
+    "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo",
+    "ignore_eos", "user", "stream", "stream_options", "cache_salt", "best_of", "suffix",
+    "logit_bias", NULL,
+};
+
+static int check_unknown_fields(const json_t *root, ApiError *e) {
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)root, key, v) {
+        bool known = false;
+        for (int i = 0; known_fields[i]; i++)
+            if (strcmp(key, known_fields[i]) == 0) known = true;
+        if (!known) {
+            api_error_set(e, 400, key, "unsupported_parameter",
+                          "Unrecognized request field '%s'", key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fields accepted only at their neutral value: we do not implement them. */
+static int check_unsupported(const json_t *root, ApiError *e) {
+    const json_t *v = json_object_get(root, "best_of");
+    if (v && !json_is_null(v)) {
+        json_int_t x;
+        if (as_integer(v, &x) != 0) return bad(e, "best_of", "an integer", v);
+        if (x != 1) {
+            api_error_set(e, 400, "best_of", "unsupported_parameter",
+                          "'best_of' is not supported (only 1), got %lld", (long long)x);
+            return -1;
+        }
+    }
+    v = json_object_get(root, "suffix");
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v)) return bad(e, "suffix", "a string", v);
+        if (json_string_length(v) > 0) {
+            api_error_set(e, 400, "suffix", "unsupported_parameter",
+                          "'suffix' is not supported");
+            return -1;
+        }
+    }
+    v = json_object_get(root, "logit_bias");
+    if (v && !json_is_null(v)) {
+        if (!json_is_object(v)) return bad(e, "logit_bias", "an object", v);
+        if (json_object_size(v) > 0) {
+            api_error_set(e, 400, "logit_bias", "unsupported_parameter",
+                          "'logit_bias' is not supported");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_model(const json_t *root, const char *served_model, ApiRequest *r,
+                      ApiError *e) {
+    const json_t *v = json_object_get(root, "model");
+    if (!v || json_is_null(v)) {
+        api_error_set(e, 400, "model", "missing_required_parameter",
+                      "'model' is required");
+        return -1;
+    }
+    if (read_string(root, "model", true, &r->model, e) != 0) return -1;
+    if (served_model && strcmp(r->model, served_model) != 0) {
+        api_error_set(e, 404, "model", "model_not_found",
+                      "The model '%.200s' does not exist; this server serves '%.200s'",
+                      r->model, served_model);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- prompt: string | [string] | [int] | [[int]] -------------------------------------------- */
+
+static const char prompt_forms[] =
+    "a string, an array of strings, an array of token ids or an array of arrays of token ids";
+
+static int prompt_error(ApiError *e, const char *what) {
+    api_error_set(e, 400, "prompt", "invalid_value", "'prompt' %s", what);
+    return -1;
+}
+
+static int copy_token_ids(const json_t *arr, ApiPrompt *p, ApiError *e) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return prompt_error(e, "must not contain an empty token array");
+    if (n > INT32_MAX) return prompt_error(e, "has too many token ids");
+    p->tokens = malloc(n * sizeof *p->tokens);
+    if (!p->tokens) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_int_t id;
+        const json_t *t = json_array_get(arr, i);
+        if (!json_is_integer(t) && !json_is_real(t)) {
+            api_error_set(e, 400, "prompt", "invalid_value",
+                          "'prompt' must be %s (mixed element types at index %zu)",
+                          prompt_forms, i);
+            return -1;
+        }
+        if (as_integer(t, &id) != 0 || id < 0 || id > INT32_MAX) {
+            api_error_set(e, 400, "prompt", "invalid_value",
+                          "'prompt' token ids must be integers >= 0 (index %zu)", i);
+            return -1;
+        }
+        p->tokens[i] = (int32_t)id;
+    }
+    p->n_tokens = (int32_t)n;
+    p->given_as_tokens = true;
+    return 0;
+}
+
+static int copy_text(const json_t *s, ApiPrompt *p, ApiError *e) {
+    if (json_string_length(s) == 0) return prompt_error(e, "must not be empty");
+    p->text = strdup(json_string_value(s));
+    if (!p->text) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static int alloc_prompts(ApiRequest *r, size_t n, const ApiLimits *lim, ApiError *e) {
+    if (n > (size_t)lim->max_prompts) {
+        api_error_set(e, 400, "prompt", "invalid_value",
+                      "'prompt' has %zu prompts; at most %d are allowed", n,
+                      (int)lim->max_prompts);
+        return -1;
+    }
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static int read_prompt(const json_t *root, const ApiLimits *lim, ApiRequest *r,
+                       ApiError *e) {
+    const json_t *v = json_object_get(root, "prompt");
+    if (!v || json_is_null(v)) {
+        api_error_set(e, 400, "prompt", "missing_required_parameter", "'prompt' is required");
+        return -1;
+    }
+    if (json_is_string(v)) {
+        if (alloc_prompts(r, 1, lim, e) != 0) return -1;
+        r->n_prompts = 1;
+        return copy_text(v, &r->prompts[0], e);
+    }
+    if (!json_is_array(v)) return bad(e, "prompt", prompt_forms, v);
+    size_t n = json_array_size(v);
+    if (n == 0) return prompt_error(e, "must not be empty");
+    const json_t *first = json_array_get(v, 0);
+    if (json_is_integer(first) || json_is_real(first)) { /* one prompt of token ids */
+        if (alloc_prompts(r, 1, lim, e) != 0) return -1;
+        r->n_prompts = 1;
+        return copy_token_ids(v, &r->prompts[0], e);
+    }
+    if (!json_is_string(first) && !json_is_array(first))
+        return bad(e, "prompt", prompt_forms, v);
+    if (alloc_prompts(r, n, lim, e) != 0) return -1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *item = json_array_get(v, i);
+        r->n_prompts = (int32_t)(i + 1); /* so api_request_free frees what was copied */
+        if (json_typeof(item) != json_typeof(first)) {
+            api_error_set(e, 400, "prompt", "invalid_value",
+                          "'prompt' must be %s (mixed element types at index %zu)",
+                          prompt_forms, i);
+            return -1;
+        }
+        int rc = json_is_string(item) ? copy_text(item, &r->prompts[i], e)
+                                      : copy_token_ids(item, &r->prompts[i], e);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+/* ---- stop: null | string | [string] --------------------------------------------------------- */
+
+static int add_stop(ApiRequest *r, const json_t *s, size_t index, const ApiLimits *lim,
+                    ApiError *e) {
+    if (!json_is_string(s)) {
+        api_error_set(e, 400, "stop", "invalid_type",
+                      "'stop' must be a string or an array of strings (element %zu is %s)",
+                      index, json_kind(s));
+        return -1;
+    }
+    size_t len = json_string_length(s);
+    if (len == 0) {
+        api_error_set(e, 400, "stop", "invalid_value", "'stop' strings must not be empty");
+        return -1;
+    }
+    if (len > (size_t)lim->max_stop_len) {
+        api_error_set(e, 400, "stop", "invalid_value",
+                      "'stop' strings may be at most %d bytes, got %zu", (int)lim->max_stop_len,
+                      len);
+        return -1;
+    }
+    /* A stop string with a NUL could never match C text: jansson refuses \u0000 anyway. */
+    r->stop[r->n_stop] = strdup(json_string_value(s));
+    if (!r->stop[r->n_stop]) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    r->n_stop++;
+    return 0;
+}
+
+static int read_stop(const json_t *root, const ApiLimits *lim, ApiRequest *r, ApiError *e) {
+    const json_t *v = json_object_get(root, "stop");
+    if (!v || json_is_null(v)) return 0;
+    size_t n;
+    if (json_is_string(v)) n = 1;
+    else if (json_is_array(v)) n = json_array_size(v);
+    else return bad(e, "stop", "a string or an array of strings", v);
+    if (n > (size_t)lim->max_stop) {
+        api_error_set(e, 400, "stop", "invalid_value",
+                      "'stop' may hold at most %d strings, got %zu", (int)lim->max_stop, n);
+        return -1;
+    }
+    if (n == 0) return 0;
+    r->stop = calloc(n, sizeof *r->stop);
+    if (!r->stop) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (json_is_string(v)) return add_stop(r, v, 0, lim, e);
+    for (size_t i = 0; i < n; i++)
+        if (add_stop(r, json_array_get(v, i), i, lim, e) != 0) return -1;
+    return 0;
+}
+
+/* ---- the rest ------------------------------------------------------------------------------ */
+
+static int read_logprobs(const json_t *root, const ApiLimits *lim, ApiRequest *r,
+                         ApiError *e) {
+    const json_t *v = json_object_get(root, "logprobs");
+    if (!v || json_is_null(v)) return 0;
+    /* A boolean is the chat API's form; say so rather than "must be an integer". */
+    if (json_is_boolean(v))
+        return bad(e, "logprobs", "null or an integer (top alternatives per token)", v);
+    return read_int(root, "logprobs", 0, lim->max_logprobs, &r->logprobs, e);
+}
+
+static int read_seed(const json_t *root, ApiRequest *r, ApiError *e) {
+    const json_t *v = json_object_get(root, "seed");
+    if (v && !json_is_null(v)) {
+        json_int_t x;
+        if (as_integer(v, &x) != 0) return bad(e, "seed", "an integer", v);
+        r->seed = (uint64_t)x;
+        r->has_seed = true;
+        return 0;
+    }
+    /* No seed: a random one, so that two identical sampled requests differ. */
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)r;
+    }
+    r->seed = s;
+    r->has_seed = false;
+    return 0;
+}
+
+static int read_stream(const json_t *root, ApiRequest *r, ApiError *e) {
+    if (read_bool(root, "stream", &r->stream, e) != 0) return -1;
+    const json_t *v = json_object_get(root, "stream_options");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return bad(e, "stream_options", "an object", v);
+    if (!r->stream) {
+        api_error_set(e, 400, "stream_options", "invalid_value",
+                      "'stream_options' is only allowed when 'stream' is true");
+        return -1;
+    }
+    const char *key;
+    const json_t *item;
+    json_object_foreach((json_t *)v, key, item) {
+        if (strcmp(key, "include_usage") != 0) {
+            api_error_set(e, 400, "stream_options", "unsupported_parameter",
+                          "Unrecognized field 'stream_options.%.100s'", key);
+            return -1;
+        }
+        if (!json_is_null(item) && !json_is_boolean(item)) {
+            api_error_set(e, 400, "stream_options", "invalid_type",
+                          "'stream_options.include_usage' must be a boolean, got %s",
+                          json_kind(item));
+            return -1;
+        }
+        r->include_usage = json_is_true(item);
+    }
+    return 0;
+}
+
+static uint64_t fnv1a64(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    return h ? h : 1; /* 0 means "no salt" to the engine */
+}
+
+static int read_sampling(const json_t *root, ApiRequest *r, ApiError *e) {
+    SamplerParams *s = &r->sampling;
+    int32_t top_k = 0;
+    if (read_float(root, "temperature", 0, false, 2, &s->temperature, e) != 0 ||
+        read_float(root, "top_p", 0, true, 1, &s->top_p, e) != 0 ||
+        read_int(root, "top_k", -1, INT32_MAX, &top_k, e) != 0 ||
+        read_float(root, "min_p", 0, false, 1, &s->min_p, e) != 0 ||
+        read_float(root, "presence_penalty", -2, false, 2, &s->presence_penalty, e) != 0 ||
+        read_float(root, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e) != 0 ||
+        read_float(root, "repetition_penalty", 0, true, INFINITY, &s->repetition_penalty,
+                   e) != 0)
+        return -1;
+    s->top_k = top_k < 0 ? 0 : top_k; /* -1 and 0 both mean "off" */
+    return 0;
+}
+
+static void request_defaults(ApiRequest *r) {
+    r->max_tokens = 16;
+    r->n = 1;
+    r->logprobs = -1;
+    sampler_params_default(&r->sampling);
+    r->sampling.temperature = 1.0f; /* OpenAI's default; sampler's default is greedy */
+    r->sampling.top_k = 0;
+    r->sampling.top_p = 1.0f;
+    r->sampling.min_p = 0.0f;
+    r->sampling.repetition_penalty = 1.0f;
+    r->sampling.presence_penalty = 0.0f;
+    r->sampling.frequency_penalty = 0.0f;
+}
+
+static int read_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
+                       ApiRequest *r, ApiError *e) {
+    if (check_unknown_fields(root, e) != 0 || check_unsupported(root, e) != 0 ||
+        read_model(root, served_model, r, e) != 0 || read_prompt(root, lim, r, e) != 0 ||
+        read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
+        read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
+        read_stop(root, lim, r, e) != 0 || read_seed(root, r, e) != 0 ||
+        read_logprobs(root, lim, r, e) != 0 || read_bool(root, "echo", &r->echo, e) != 0 ||
+        read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||
+        read_stream(root, r, e) != 0)
+        return -1;
+    char *user = NULL; /* checked for type, then ignored */
+    if (read_string(root, "user", false, &user, e) != 0) return -1;
+    free(user);
+    if (read_string(root, "cache_salt", true, &r->cache_salt, e) != 0) return -1;
+    if (r->cache_salt) r->cache_salt_hash = fnv1a64(r->cache_salt);
+    return 0;
+}
+
+int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
+                      const char *served_model, ApiRequest **out, ApiError *e) {
+    *out = NULL;
+    if (len > lim->max_body_bytes) {
+        api_error_set(e, 413, NULL, "request_too_large",
+                      "Request body is %zu bytes; the limit is %zu bytes", len,
+                      lim->max_body_bytes);
+        return -1;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+    if (!root) {
+        api_error_set(e, 400, NULL, "invalid_json", "Invalid JSON body (line %d, column %d): %s",
+                      jerr.line, jerr.column, jerr.text);
+        return -1;
+    }
+    if (!json_is_object(root)) {
+        api_error_set(e, 400, NULL, "invalid_json", "Request body must be a JSON object, got %s",
+                      json_kind(root));
+        json_decref(root);
+        return -1;
+    }
+    ApiRequest *r = calloc(1, sizeof *r);
+    if (!r) {
+        json_decref(root);
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    request_defaults(r);
+    int rc = read_fields(root, lim, served_model, r, e);
+    json_decref(root);
+    if (rc != 0) {
+        api_request_free(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}

@@ -1,0 +1,110 @@
+/* After parsing: prompts to token ids (and token-id prompts to text for echo), the context
+ * checks that need those counts, and the hand-over to the engine. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+
+/* Encode text with the vocabulary, growing the buffer if the first guess was short. */
+static int encode_text(const ApiVocab *v, const char *text, bool add_bos, int32_t **ids,
+                       int32_t *n_ids) {
+    size_t len = strlen(text);
+    /* SentencePiece never makes more tokens than bytes (+ space prefix + BOS). */
+    int cap = len + 4 > (size_t)INT32_MAX ? INT32_MAX : (int)len + 4;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *buf = malloc((size_t)cap * sizeof *buf);
+        if (!buf) return -1;
+        int n = v->encode(v->arg, text, len, add_bos, buf, cap);
+        if (n < 0) {
+            free(buf);
+            return -1;
+        }
+        if (n <= cap) {
+            *ids = buf;
+            *n_ids = n;
+            return 0;
+        }
+        free(buf);
+        cap = n;
+    }
+    return -1;
+}
+
+static int tokenize_one(ApiPrompt *p, int32_t index, const ApiVocab *v, ApiError *e) {
+    if (p->given_as_tokens) {
+        for (int32_t i = 0; i < p->n_tokens; i++) {
+            if (p->tokens[i] >= v->n_vocab) {
+                api_error_set(e, 400, "prompt", "invalid_value",
+                              "Token id %d in prompt %d is out of the vocabulary "
+                              "(ids are 0 .. %d)",
+                              (int)p->tokens[i], (int)index, (int)v->n_vocab - 1);
+                return -1;
+            }
+        }
+        free(p->text);
+        p->text = v->decode(v->arg, p->tokens, p->n_tokens, true);
+        if (!p->text) {
+            api_error_set(e, 500, NULL, NULL, "could not decode prompt %d", (int)index);
+            return -1;
+        }
+        return 0;
+    }
+    free(p->tokens);
+    p->tokens = NULL;
+    if (encode_text(v, p->text, v->add_bos, &p->tokens, &p->n_tokens) != 0) {
+        api_error_set(e, 500, NULL, NULL, "could not tokenize prompt %d", (int)index);
+        return -1;
+    }
+    if (p->n_tokens == 0) {
+        api_error_set(e, 400, "prompt", "invalid_value", "Prompt %d has no tokens", (int)index);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
+                         int32_t ctx_len, const ApiLimits *lim, ApiError *e) {
+    if (lim->max_prompt_tokens > 0 && p->n_tokens > lim->max_prompt_tokens) {
+        api_error_set(e, 400, "prompt", "prompt_too_long",
+                      "Prompt %d has %d tokens; this server allows at most %d", (int)index,
+                      (int)p->n_tokens, (int)lim->max_prompt_tokens);
+        return -1;
+    }
+    int64_t total = (int64_t)p->n_tokens + r->max_tokens;
+    if (total > ctx_len) {
+        api_error_set(e, 400, "prompt", "context_length_exceeded",
+                      "This model's maximum context length is %d tokens, however you "
+                      "requested %lld tokens (%d in your prompt; %d for the completion). "
+                      "Please reduce your prompt or completion length.",
+                      (int)ctx_len, (long long)total, (int)p->n_tokens, (int)r->max_tokens);
+        return -1;
+    }
+    return 0;
+}
+
+int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
+                         const ApiLimits *lim, ApiError *e) {
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
+        if (check_lengths(r, &r->prompts[i], i, ctx_len, lim, e) != 0) return -1;
+    }
+    r->tokenized = true;
+    return 0;
+}
+
+void api_request_engine(const ApiRequest *r, int32_t p, void *user, EngineRequest *out) {
+    memset(out, 0, sizeof *out);
+    out->prompt = r->prompts[p].tokens;
+    out->n_prompt = r->prompts[p].n_tokens;
+    out->max_tokens = r->max_tokens;
+    out->n = r->n;
+    out->sampling = r->sampling;
+    out->seed = r->seed;
+    out->ignore_eos = r->ignore_eos;
+    out->stop = (const char *const *)r->stop;
+    out->n_stop = r->n_stop;
+    out->logprobs = r->logprobs;
+    out->prompt_logprobs = r->echo && r->logprobs >= 0;
+    out->cache_salt = r->cache_salt_hash;
+    out->user = user;
+}

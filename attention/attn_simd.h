@@ -1,0 +1,191 @@
+/* attn_simd — AVX2/FMA/F16C building blocks of the attention kernels (internal).
+ *
+ * K/V rows are read through kv_load8, which widens F16 on the fly or loads F32, chosen
+ * by a flag that is a compile-time constant at every call site once inlined: each
+ * kernel below exists twice in the object code, with no branch in its inner loops. */
+#ifndef PAGEDSERVE_ATTN_SIMD_H
+#define PAGEDSERVE_ATTN_SIMD_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define ATTN_INLINE static inline __attribute__((always_inline))
+
+/* Eight K/V elements from index i of row data p (F16 when f16, else F32), as F32. */
+ATTN_INLINE __m256 kv_load8(const void *p, int i, int f16)
+{
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+ATTN_INLINE float kv_load1(const void *p, int i, int f16)
+{
+    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Row j of a K/V tile of head_dim-element rows. */
+ATTN_INLINE const void *kv_row(const void *p, int j, int hd, int f16)
+{
+    return (const char *)p + (size_t)j * (size_t)hd * (f16 ? 2 : 4);
+}
+
+ATTN_INLINE float hsum256(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+ATTN_INLINE float hmax256(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* e^x for x <= 0 (softmax arguments), relative error ~2e-7: x = n*ln2 + r with
+ * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, 2^n put into the exponent bits.
+ * Arguments below -87 give ~1e-38 instead of 0; callers mask lanes that must be 0. */
+ATTN_INLINE __m256 exp256(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln2 in two parts so that n*ln2_hi is exact and r keeps its low bits. */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* q · k for one K row of hd elements. */
+ATTN_INLINE float dot1(const float *q, const void *k, int hd, int f16)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, f16), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), kv_load8(k, d + 8, f16), s1);
+    }
+    for (; d + 8 <= hd; d += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, f16), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; d < hd; d++)
+        s += q[d] * kv_load1(k, d, f16);
+    return s;
+}
+
+/* q against 8 consecutive K rows: eight running sums (independent FMA chains), then one
+ * reduction tree that leaves the 8 dot products in the lanes of one vector. */
+ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int f16)
+{
+    const void *k0 = kv_row(k, 0, hd, f16), *k1 = kv_row(k, 1, hd, f16);
+    const void *k2 = kv_row(k, 2, hd, f16), *k3 = kv_row(k, 3, hd, f16);
+    const void *k4 = kv_row(k, 4, hd, f16), *k5 = kv_row(k, 5, hd, f16);
+    const void *k6 = kv_row(k, 6, hd, f16), *k7 = kv_row(k, 7, hd, f16);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    int d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        __m256 qd = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qd, kv_load8(k0, d, f16), a0);
+        a1 = _mm256_fmadd_ps(qd, kv_load8(k1, d, f16), a1);
+        a2 = _mm256_fmadd_ps(qd, kv_load8(k2, d, f16), a2);
+        a3 = _mm256_fmadd_ps(qd, kv_load8(k3, d, f16), a3);
+        a4 = _mm256_fmadd_ps(qd, kv_load8(k4, d, f16), a4);
+        a5 = _mm256_fmadd_ps(qd, kv_load8(k5, d, f16), a5);
+        a6 = _mm256_fmadd_ps(qd, kv_load8(k6, d, f16), a6);
+        a7 = _mm256_fmadd_ps(qd, kv_load8(k7, d, f16), a7);
+    }
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    if (d < hd) { /* head_dim not a multiple of 8 */
+        float tail[8];
+        for (int j = 0; j < 8; j++) {
+            const void *kj = kv_row(k, j, hd, f16);
+            tail[j] = 0.0f;
+            for (int e = d; e < hd; e++)
+                tail[j] += q[e] * kv_load1(kj, e, f16);
+        }
+        s = _mm256_add_ps(s, _mm256_loadu_ps(tail));
+    }
+    return s;
+}
+
+/* acc = acc*c + sum_j p[j]*v[j] over n V rows. Dims go 32 at a time with their sums in
+ * registers across all rows, so acc is read and written once per tile; even and odd
+ * rows feed separate sums, giving 8 independent FMA chains. (Named registers, not
+ * arrays: a compiler may keep an array in memory.) */
+ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *v, int n,
+                               int hd, int f16)
+{
+    __m256 vc = _mm256_set1_ps(c);
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        float *a = acc + d;
+        __m256 o0 = _mm256_mul_ps(vc, _mm256_loadu_ps(a));
+        __m256 o1 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 8));
+        __m256 o2 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 16));
+        __m256 o3 = _mm256_mul_ps(vc, _mm256_loadu_ps(a + 24));
+        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            const void *v0 = kv_row(v, j, hd, f16), *v1 = kv_row(v, j + 1, hd, f16);
+            __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);
+            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, f16), o0);
+            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, f16), o1);
+            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, f16), o2);
+            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, f16), o3);
+            e0 = _mm256_fmadd_ps(p1, kv_load8(v1, d, f16), e0);
+            e1 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 8, f16), e1);
+            e2 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 16, f16), e2);
+            e3 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 24, f16), e3);
+        }
+        if (j < n) {
+            const void *v0 = kv_row(v, j, hd, f16);
+            __m256 p0 = _mm256_broadcast_ss(p + j);
+            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, f16), o0);
+            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, f16), o1);
+            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, f16), o2);
+            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, f16), o3);
+        }
+        _mm256_storeu_ps(a, _mm256_add_ps(o0, e0));
+        _mm256_storeu_ps(a + 8, _mm256_add_ps(o1, e1));
+        _mm256_storeu_ps(a + 16, _mm256_add_ps(o2, e2));
+        _mm256_storeu_ps(a + 24, _mm256_add_ps(o3, e3));
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 o = _mm256_mul_ps(vc, _mm256_loadu_ps(acc + d));
+        for (int j = 0; j < n; j++)
+            o = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), kv_load8(kv_row(v, j, hd, f16), d, f16), o);
+        _mm256_storeu_ps(acc + d, o);
+    }
+    for (; d < hd; d++) {
+        float o = acc[d] * c;
+        for (int j = 0; j < n; j++)
+            o += p[j] * kv_load1(kv_row(v, j, hd, f16), d, f16);
+        acc[d] = o;
+    }
+}
+
+/* dst[0..n) = src[0..n) widened from F16. */
+static inline void widen_f16(float *dst, const uint16_t *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = _cvtsh_ss(src[i]);
+}
+
+#endif

@@ -1,0 +1,187 @@
+/* engine_internal — the engine's state, shared by the scheduler/ files. Not a contract.
+ *
+ * Ownership: the Engine owns every Request from the moment engine_submit accepts it
+ * until its last choice's FINISH event; a Request owns its Seqs (one per choice, created
+ * when the prompt's prefill ends: the first choice's Seq exists from the start and the
+ * others are forked from it). Each Seq is in exactly one of the engine's two queues
+ * (waiting or running) until it finishes. Only the engine thread (or the caller of
+ * engine_step) touches anything here except the fields marked "under mu".
+ */
+#ifndef PAGEDSERVE_ENGINE_INTERNAL_H
+#define PAGEDSERVE_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "scheduler/scheduler.h"
+#include "scheduler/stop_text.h"
+
+/* Room past one token's text for a flushed incomplete character (U+FFFD) and its NUL. */
+#define ENGINE_DETOK_SLACK 16
+
+typedef struct Request Request;
+
+typedef struct Seq {
+    Request *req;
+    int32_t choice;
+    int32_t *tokens;       /* prompt then generated; capacity n_prompt + max_tokens */
+    int32_t n_tokens;
+    int32_t n_computed;    /* positions [0, n_computed) have K/V in the table */
+    BlockTable table;
+    int32_t n_published;   /* leading full blocks published to the prefix cache */
+    BlockHash last_hash;   /* hash of block n_published - 1 (0 before the first) */
+    Rng rng;
+    Detokenizer detok;
+    StopText out;          /* decoded text held back from the client */
+    int32_t n_generated;
+    bool running;          /* in e->running (else in e->waiting) */
+    bool preempted;        /* waiting because it was preempted (not new) */
+    bool stop_matched;     /* a stop string ended it: nothing more is output */
+    int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
+} Seq;
+
+struct Request {
+    uint64_t id;
+    void *user;
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t max_tokens;
+    int32_t n;
+    SamplerParams sampling;
+    uint64_t seed;
+    bool ignore_eos;
+    char **stop;           /* n_stop non-empty strings */
+    int32_t n_stop;
+    int32_t logprobs;
+    bool prompt_logprobs;
+    uint64_t cache_salt;
+
+    bool cancelled;
+    bool admitted;         /* admitted at least once (no longer "queued") */
+    bool forked;           /* its prefill ended: every choice has its Seq */
+    int32_t n_open;        /* choices without a FINISH event yet */
+    int32_t cached_tokens; /* prefix-cache hit at first admission */
+    int32_t prompt_lp_done;/* prompt positions whose PROMPT event went out */
+    Detokenizer prompt_detok;
+    Seq **seqs;            /* n entries; NULL = not created yet or finished */
+};
+
+/* A FIFO of sequences (array; the queues stay short). */
+typedef struct {
+    Seq **items;
+    int32_t n, cap;
+} SeqQueue;
+
+/* Growable event array. */
+typedef struct {
+    EngineEvent *items;
+    int32_t head, n, cap; /* live events are items[head, head + n) */
+} EventQueue;
+
+/* One sequence's share of a step. */
+typedef struct {
+    Seq *seq;
+    int32_t n_rows;
+    ModelLogits logits;
+} ScheduledSeq;
+
+struct Engine {
+    EngineModelOps ops;
+    EngineConfig cfg;
+    BlockPool *pool;
+    KvView kv;
+    int32_t n_blocks;
+    int32_t watermark;      /* blocks kept free for running sequences when admitting */
+    Sampler *sampler;
+    float *scratch_logits;  /* n_vocab: sampling modifies logits, the raw row stays intact */
+    char *detok_buf;        /* detok_cap + ENGINE_DETOK_SLACK bytes */
+    size_t detok_cap;       /* what one detok call may write, NUL included */
+
+    /* engine thread only */
+    SeqQueue running;       /* admission order: the last one is preempted first */
+    SeqQueue waiting;       /* FCFS; preempted sequences go back to the front */
+    Request **live;         /* every request the engine owns */
+    int32_t n_live, cap_live;
+    int32_t n_seqs;         /* Seqs in existence (running + waiting) */
+    ScheduledSeq *sched;    /* this step's sequences */
+    int32_t n_sched, cap_sched;
+    ModelSeqBatch *batch;
+    EventQueue step_events; /* produced by this step, published at its end */
+    bool preempted_this_step;
+    int64_t prompt_tokens, generation_tokens, hit_tokens, query_tokens, preemptions, steps;
+    int64_t finished[FINISH_ERROR + 1];
+
+    /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    Request **inbox;
+    int32_t n_inbox, cap_inbox;
+    uint64_t *cancels;
+    int32_t n_cancels, cap_cancels;
+    EventQueue outbox;
+    EngineStats snapshot;
+    int32_t queued;         /* requests waiting for their first admission (snapshot) */
+    bool has_work;          /* running or waiting non-empty (snapshot) */
+    uint64_t next_id;
+    bool stopping, stopped, thread_started;
+    pthread_t thread;
+
+    void (*notify)(void *arg);
+    void *notify_arg;
+};
+
+/* engine.c */
+void engine_set_err(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* engine_queue.c */
+int seq_queue_reserve(SeqQueue *q, int32_t cap);
+void seq_queue_push_back(SeqQueue *q, Seq *s);   /* capacity reserved beforehand */
+void seq_queue_push_front(SeqQueue *q, Seq *s);
+void seq_queue_remove(SeqQueue *q, Seq *s);      /* aborts if absent */
+void seq_queue_free(SeqQueue *q);
+int event_queue_reserve(EventQueue *q, int32_t extra);
+EngineEvent *event_queue_push(EventQueue *q);    /* zeroed slot; capacity reserved */
+void event_queue_free(EventQueue *q);
+
+/* engine_request.c: creating and ending requests and sequences */
+void request_free(Request *r);
+/* A Seq for a choice, holding the prompt, in no queue yet (capacity for it reserved). */
+Seq *seq_create(Engine *e, Request *r, int32_t choice);
+/* Frees a Seq that is in no queue, without any event. */
+void seq_destroy(Engine *e, Seq *s);
+/* Emits the FINISH event of one choice (text: what it still held back). */
+void engine_emit_finish(Engine *e, Request *r, int32_t choice, FinishReason why,
+                        const char *text, size_t text_len, const char *error);
+/* Ends a sequence: its held-back text released, FINISH event, blocks back, out of its
+ * queue, freed (and its Request when that was the last open choice). */
+void seq_finish(Engine *e, Seq *s, FinishReason why, const char *error);
+/* Ends every open choice of a request (those without a Seq too). */
+void request_finish_all(Engine *e, Request *r, FinishReason why, const char *error);
+void engine_forget_request(Engine *e, Request *r); /* when n_open reached 0 */
+/* Blocks a sequence of `positions` K/V positions needs alone. */
+int32_t engine_blocks_for_positions(const Engine *e, int64_t positions);
+
+/* engine_schedule.c */
+void engine_schedule(Engine *e);
+void seq_preempt(Engine *e, Seq *s);
+
+/* engine_prefix.c */
+/* Whether admitting s may look up the prefix cache (on, and no prompt logprobs pending). */
+bool prefix_usable(const Engine *e, const Seq *s);
+void prefix_publish_full_blocks(Engine *e, Seq *s);
+/* Cached leading blocks usable by a sequence about to be admitted: returns the count and
+ * how many of them are parked in the LRU (reviving them uses up available blocks). */
+int32_t prefix_peek(Engine *e, const Seq *s, int32_t *n_parked);
+/* Pushes the first n cached blocks into the (empty) table. */
+int32_t prefix_attach(Engine *e, Seq *s, int32_t n_blocks); /* returns blocks attached */
+
+/* engine_output.c: after the forward pass */
+void engine_process_outputs(Engine *e, const float *logits);
+
+/* engine_step.c */
+void engine_cancel_everything(Engine *e);
+void engine_publish(Engine *e);
+char *engine_strndup(const char *s, size_t n); /* never NULL (a shared "" on OOM) */
+extern char engine_empty_text[1];
+
+#endif

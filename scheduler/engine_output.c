@@ -1,0 +1,194 @@
+/* engine_output — what a step's logits become: prompt logprobs, sampled tokens, text,
+ * stop conditions, and forks of a prompt into its n choices.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "scheduler/engine_internal.h"
+
+static EngineEvent *event_new(Engine *e, const Request *r, EngineEventKind kind, int32_t choice)
+{
+    EngineEvent *ev = event_queue_push(&e->step_events);
+    ev->kind = kind;
+    ev->request_id = r->id;
+    ev->user = r->user;
+    ev->choice = choice;
+    return ev;
+}
+
+static int32_t top_count(const Request *r)
+{
+    if (r->logprobs <= 0)
+        return 0;
+    return r->logprobs < ENGINE_MAX_TOP_LOGPROBS ? r->logprobs : ENGINE_MAX_TOP_LOGPROBS;
+}
+
+static void fill_logprobs(Engine *e, const Request *r, EngineEvent *ev, const float *raw)
+{
+    ev->n_top = sampler_logprobs(e->sampler, raw, ev->token, &ev->logprob, top_count(r),
+                                 ev->top_ids, ev->top_logprobs);
+}
+
+/* Text of one prompt token for its PROMPT event; the prompt's last token also carries an
+ * incomplete trailing character (as U+FFFD). */
+static char *prompt_token_text(Engine *e, Request *r, int32_t q)
+{
+    int n = e->ops.detok(e->ops.ctx, &r->prompt_detok, r->prompt[q], e->detok_buf, e->detok_cap);
+    if (n < 0)
+        n = 0;
+    if (q == r->n_prompt - 1) {
+        /* the buffer has ENGINE_DETOK_SLACK bytes past detok_cap for this */
+        int tail = e->ops.detok_flush(e->ops.ctx, &r->prompt_detok, e->detok_buf + n,
+                                      e->detok_cap + ENGINE_DETOK_SLACK - (size_t)n);
+        if (tail > 0)
+            n += tail;
+    }
+    return engine_strndup(e->detok_buf, (size_t)n);
+}
+
+/* PROMPT events for the prompt positions whose logits this chunk produced: row i (position
+ * pos + i) predicts the token at pos + i + 1. Sent once per request, in order, even when a
+ * preempted prompt is computed again. */
+static void emit_prompt_logprobs(Engine *e, Seq *s, int32_t pos, int32_t n_rows,
+                                 const float *rows)
+{
+    Request *r = s->req;
+    if (r->prompt_lp_done == 0) {
+        EngineEvent *ev = event_new(e, r, EVENT_PROMPT, 0);
+        ev->token = r->prompt[0];
+        ev->logprob = NAN; /* nothing precedes the first token */
+        ev->text = prompt_token_text(e, r, 0);
+        r->prompt_lp_done = 1;
+    }
+    for (int32_t i = 0; i < n_rows; i++) {
+        int32_t q = pos + i + 1;
+        if (q >= r->n_prompt)
+            break;
+        if (q < r->prompt_lp_done)
+            continue;
+        EngineEvent *ev = event_new(e, r, EVENT_PROMPT, 0);
+        ev->token = r->prompt[q];
+        fill_logprobs(e, r, ev, rows + (size_t)i * (size_t)e->ops.n_vocab);
+        ev->text = prompt_token_text(e, r, q);
+        r->prompt_lp_done = q + 1;
+    }
+}
+
+static bool is_end_of_generation(const Engine *e, int32_t token)
+{
+    if (e->ops.is_eog)
+        return e->ops.is_eog(e->ops.ctx, token);
+    return token == e->ops.eos_id;
+}
+
+/* Decode `token`'s text into the held text and emit what is safe to show. Returns true
+ * when a stop string matched (the match and all after it are dropped). */
+static bool output_text(Engine *e, Seq *s, EngineEvent *ev)
+{
+    const Request *r = s->req;
+    int n = e->ops.detok(e->ops.ctx, &s->detok, ev->token, e->detok_buf, e->detok_cap);
+    if (n > 0 && stop_text_append(&s->out, e->detok_buf, (size_t)n) != 0)
+        n = 0; /* cannot happen: the held text's capacity counts one token's text */
+    ssize_t hit = stop_find(s->out.buf, s->out.len, r->stop, r->n_stop);
+    size_t release = hit >= 0 ? (size_t)hit
+                              : stop_safe_len(s->out.buf, s->out.len, r->stop, r->n_stop);
+    ev->text = engine_strndup(s->out.buf, release);
+    stop_text_consume(&s->out, release);
+    if (hit < 0)
+        return false;
+    s->out.len = 0;
+    s->stop_matched = true;
+    return true;
+}
+
+/* Sample s's next token from its raw logits row and apply every stop condition. */
+static void seq_sample(Engine *e, Seq *s, const float *raw)
+{
+    Request *r = s->req;
+    memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
+    int32_t token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
+                                   s->tokens + r->n_prompt, s->n_generated);
+    s->tokens[s->n_tokens++] = token;
+    s->n_generated++;
+    e->generation_tokens++;
+    if (!r->ignore_eos && is_end_of_generation(e, token)) {
+        seq_finish(e, s, FINISH_STOP, NULL);
+        return;
+    }
+    EngineEvent *ev = event_new(e, r, EVENT_TOKEN, s->choice);
+    ev->token = token;
+    if (r->logprobs >= 0)
+        fill_logprobs(e, r, ev, raw);
+    if (output_text(e, s, ev))
+        seq_finish(e, s, FINISH_STOP, NULL);
+    else if (s->n_generated >= r->max_tokens || s->n_tokens >= e->ops.ctx_len)
+        seq_finish(e, s, FINISH_LENGTH, NULL);
+}
+
+/* A new choice sharing every block (and so every K/V position) of the prompt's Seq. */
+static Seq *seq_fork(Engine *e, Seq *parent, int32_t choice)
+{
+    Seq *child = seq_create(e, parent->req, choice);
+    if (!child)
+        return NULL;
+    if (block_table_fork(&child->table, &parent->table, e->pool) != 0) {
+        seq_destroy(e, child);
+        return NULL;
+    }
+    child->n_computed = parent->n_computed;
+    child->n_published = parent->n_published;
+    child->last_hash = parent->last_hash;
+    child->running = true;
+    seq_queue_push_back(&e->running, child);
+    return child;
+}
+
+/* The prompt of a request has just been computed for the first time as a whole: fork it
+ * into its choices and give each its first token from the same logits. */
+static void request_prompt_done(Engine *e, Seq *s, const float *raw)
+{
+    Request *r = s->req;
+    if (r->max_tokens == 0) {
+        request_finish_all(e, r, FINISH_LENGTH, NULL); /* prompt logprobs only */
+        return;
+    }
+    r->forked = true;
+    r->n_open++; /* pin r while its choices may finish one by one below */
+    for (int32_t c = 1; c < r->n; c++) {
+        if (!seq_fork(e, s, c))
+            engine_emit_finish(e, r, c, FINISH_ERROR, "", 0, "out of memory");
+    }
+    for (int32_t c = 0; c < r->n; c++) {
+        if (r->seqs[c])
+            seq_sample(e, r->seqs[c], raw);
+    }
+    if (--r->n_open == 0)
+        engine_forget_request(e, r);
+}
+
+void engine_process_outputs(Engine *e, const float *logits)
+{
+    const size_t row_floats = (size_t)e->ops.n_vocab;
+    size_t row = 0;
+    for (int32_t k = 0; k < e->n_sched; k++) {
+        const ScheduledSeq *x = &e->sched[k];
+        Seq *s = x->seq;
+        int32_t pos = s->n_computed;
+        int32_t n_logit_rows = x->logits == MODEL_LOGITS_ALL    ? x->n_rows
+                               : x->logits == MODEL_LOGITS_LAST ? 1
+                                                                : 0;
+        const float *rows = logits + row * row_floats;
+        row += (size_t)n_logit_rows;
+        s->n_computed += x->n_rows;
+        prefix_publish_full_blocks(e, s);
+        if (x->logits == MODEL_LOGITS_ALL)
+            emit_prompt_logprobs(e, s, pos, x->n_rows, rows);
+        if (s->n_computed < s->n_tokens)
+            continue; /* a prefill chunk that is not the last */
+        const float *last = rows + (size_t)(n_logit_rows - 1) * row_floats;
+        if (!s->req->forked)
+            request_prompt_done(e, s, last);
+        else
+            seq_sample(e, s, last);
+    }
+}

@@ -1,0 +1,223 @@
+/* engine_schedule — choosing one step's rows (the policy; paging does the allocating).
+ *
+ * Three passes over the queues, within max_batch_tokens rows:
+ *   1. decode rows of running sequences (one each), oldest admission first;
+ *   2. the next prefill chunk of running sequences still computing their prompt;
+ *   3. new chunks from the waiting queue, strictly FCFS, while seats (max_seqs), rows and
+ *      blocks last, keeping `watermark` blocks free for the running ones' decodes.
+ * Slots are appended as rows are chosen, so "fits" is never a guess. When a running
+ * sequence finds no free block, the most recently admitted sequence not yet given rows
+ * this step is preempted (blocks released, back to the front of the waiting queue, to
+ * recompute its tokens later). A decode that is itself that sequence preempts itself; a
+ * prefill chunk just waits, since everything younger is already at work and will end or
+ * yield. The oldest running sequence can thus always advance, and any request that fits
+ * the pool alone (checked when it arrives) eventually runs.
+ */
+#include "scheduler/engine_internal.h"
+
+/* This step's marker: a sequence was given rows in the current step iff its mark equals
+ * e->steps + 1. */
+static int64_t step_mark(const Engine *e)
+{
+    return e->steps + 1;
+}
+
+static ModelLogits chunk_logits(const Seq *s, int32_t n_rows)
+{
+    const Request *r = s->req;
+    if (r->prompt_logprobs && r->prompt_lp_done < r->n_prompt)
+        return MODEL_LOGITS_ALL;
+    return s->n_computed + n_rows == s->n_tokens ? MODEL_LOGITS_LAST : MODEL_LOGITS_NONE;
+}
+
+static void schedule_rows(Engine *e, Seq *s, int32_t n_rows)
+{
+    ScheduledSeq *x = &e->sched[e->n_sched++];
+    x->seq = s;
+    x->n_rows = n_rows;
+    x->logits = chunk_logits(s, n_rows);
+    s->sched_mark = step_mark(e);
+}
+
+/* The most rows in [0, want] whose slots need at most `avail` new blocks. */
+static int32_t rows_that_fit(const Engine *e, const Seq *s, int32_t want, int32_t avail)
+{
+    if (avail < 0 || want <= 0)
+        return 0;
+    if (block_table_blocks_needed(&s->table, e->pool, want) <= avail)
+        return want;
+    int32_t lo = 0, hi = want; /* lo fits, hi does not */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (block_table_blocks_needed(&s->table, e->pool, mid) <= avail)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Give s up to `want` rows' slots; the row count appended (0: none). */
+static int32_t append_fitting(Engine *e, Seq *s, int32_t want, int32_t avail)
+{
+    int32_t n = rows_that_fit(e, s, want, avail);
+    if (n > 0 && block_table_append(&s->table, e->pool, n) != 0)
+        return 0; /* out of memory growing the table: treat as no room */
+    return n;
+}
+
+void seq_preempt(Engine *e, Seq *s)
+{
+    block_table_release(&s->table, e->pool);
+    s->n_computed = 0;
+    s->n_published = 0;
+    s->last_hash = 0;
+    seq_queue_remove(&e->running, s);
+    seq_queue_push_front(&e->waiting, s);
+    s->running = false;
+    s->preempted = true;
+    e->preemptions++;
+    e->preempted_this_step = true;
+}
+
+static Seq *youngest_unscheduled(const Engine *e)
+{
+    for (int32_t i = e->running.n - 1; i >= 0; i--) {
+        if (e->running.items[i]->sched_mark != step_mark(e))
+            return e->running.items[i];
+    }
+    return NULL;
+}
+
+/* Rows for a running sequence, preempting younger ones while nothing fits. Returns the
+ * rows scheduled; 0 if none (s may then have been preempted, if allowed). */
+static int32_t schedule_running(Engine *e, Seq *s, int32_t want, bool may_preempt_self)
+{
+    for (;;) {
+        int32_t n = append_fitting(e, s, want, block_pool_available(e->pool));
+        if (n > 0) {
+            schedule_rows(e, s, n);
+            return n;
+        }
+        Seq *victim = youngest_unscheduled(e);
+        if (victim == s || victim == NULL) {
+            if (may_preempt_self && victim == s)
+                seq_preempt(e, s);
+            return 0;
+        }
+        seq_preempt(e, victim);
+    }
+}
+
+static bool is_decode(const Seq *s)
+{
+    return s->n_tokens - s->n_computed == 1;
+}
+
+static int32_t pass_decodes(Engine *e, int32_t budget)
+{
+    for (int32_t i = 0; i < e->running.n && budget > 0;) {
+        Seq *s = e->running.items[i];
+        if (!is_decode(s)) {
+            i++;
+            continue;
+        }
+        budget -= schedule_running(e, s, 1, true);
+        if (s->running)
+            i++; /* else it left the queue: items[i] is now the next one */
+    }
+    return budget;
+}
+
+static int32_t pass_running_prefills(Engine *e, int32_t budget, bool *blocked)
+{
+    for (int32_t i = 0; i < e->running.n && budget > 0; i++) {
+        Seq *s = e->running.items[i];
+        if (s->sched_mark == step_mark(e) || is_decode(s))
+            continue;
+        int32_t want = s->n_tokens - s->n_computed;
+        int32_t n = schedule_running(e, s, want < budget ? want : budget, false);
+        if (n == 0)
+            *blocked = true;
+        budget -= n;
+    }
+    return budget;
+}
+
+/* Sequences' claim on max_seqs: a request whose prefill has not ended yet will become n
+ * sequences when it forks. */
+static int32_t seats_of(const Seq *s)
+{
+    return s->req->forked ? 1 : s->req->n;
+}
+
+/* Admit the front waiting sequence with a first chunk of up to `budget` rows. Returns the
+ * rows scheduled, 0 if it cannot be admitted now. */
+static int32_t admit_front(Engine *e, int32_t budget)
+{
+    Seq *s = e->waiting.items[0];
+    Request *r = s->req;
+    int32_t reserve = e->running.n > 0 ? e->watermark : 0;
+    int32_t parked;
+    int32_t hit = prefix_peek(e, s, &parked);
+    /* Reviving parked blocks takes them out of the available count. */
+    int32_t avail = block_pool_available(e->pool) - parked - reserve;
+    if (avail <= 0)
+        return 0;
+    hit = prefix_attach(e, s, hit);
+    int32_t want = s->n_tokens - s->n_computed;
+    int32_t n = append_fitting(e, s, want < budget ? want : budget,
+                               block_pool_available(e->pool) - reserve);
+    if (n == 0) {
+        block_table_release(&s->table, e->pool);
+        s->n_computed = s->n_published = 0;
+        s->last_hash = 0;
+        return 0;
+    }
+    if (prefix_usable(e, s)) {
+        e->query_tokens += s->n_tokens;
+        e->hit_tokens += (int64_t)hit * e->cfg.block_size;
+    }
+    if (!r->admitted) {
+        r->admitted = true;
+        r->cached_tokens = hit * e->cfg.block_size;
+        e->prompt_tokens += r->n_prompt;
+    }
+    seq_queue_remove(&e->waiting, s);
+    seq_queue_push_back(&e->running, s);
+    s->running = true;
+    s->preempted = false;
+    schedule_rows(e, s, n);
+    return n;
+}
+
+static void pass_admissions(Engine *e, int32_t budget)
+{
+    int32_t seats = 0;
+    for (int32_t i = 0; i < e->running.n; i++)
+        seats += seats_of(e->running.items[i]);
+    while (e->waiting.n > 0 && budget > 0) {
+        Seq *s = e->waiting.items[0];
+        if (seats + seats_of(s) > e->cfg.max_seqs)
+            break;
+        int32_t n = admit_front(e, budget);
+        if (n == 0)
+            break; /* FCFS: nobody overtakes the front */
+        seats += seats_of(s);
+        budget -= n;
+    }
+}
+
+void engine_schedule(Engine *e)
+{
+    e->n_sched = 0;
+    e->preempted_this_step = false;
+    bool prefill_blocked = false;
+    int32_t budget = e->cfg.max_batch_tokens;
+    budget = pass_decodes(e, budget);
+    budget = pass_running_prefills(e, budget, &prefill_blocked);
+    /* After a preemption, or with a running prefill starved of blocks, newcomers would
+     * only take blocks the running sequences are about to need. */
+    if (!e->preempted_this_step && !prefill_blocked)
+        pass_admissions(e, budget);
+}

@@ -1,0 +1,718 @@
+/* api: ApiCompletion fed synthetic EngineEvents -> text_completion bodies and SSE chunks,
+ * parsed back with jansson and checked field by field. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/api.h"
+
+/* ---- a fake vocabulary: 0 <unk>, 1 <s>, 2 </s> (control), 3 + b = the byte b -------------- */
+
+static int fake_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
+                       int max_out) {
+    (void)arg;
+    int n = 0;
+    if (add_bos) {
+        if (n < max_out) out[n] = 1;
+        n++;
+    }
+    for (size_t i = 0; i < len; i++, n++)
+        if (n < max_out) out[n] = 3 + (unsigned char)text[i];
+    return n;
+}
+
+static char *fake_decode(void *arg, const int32_t *ids, int32_t n, bool skip_special) {
+    (void)arg;
+    (void)skip_special;
+    char *s = malloc((size_t)n + 1);
+    size_t o = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] >= 3) s[o++] = (char)(ids[i] - 3);
+    s[o] = '\0';
+    return s;
+}
+
+static int fake_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
+    (void)arg;
+    static const char *const names[] = {"<unk>", "<s>", "</s>"};
+    *is_control = id < 3;
+    if (id < 3) return snprintf(out, cap, "%s", names[id]);
+    int b = id - 3;
+    if (b < 0x80) return snprintf(out, cap, "%c", b);
+    return snprintf(out, cap, "bytes:\\x%02x", b);
+}
+
+static ApiVocab vocab = {NULL, 259, true, fake_encode, fake_decode, fake_token_text};
+
+#define T(c) (3 + (unsigned char)(c)) /* the fake vocabulary's id of byte c */
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static ApiRequest *request(const char *body) {
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiRequest *r = NULL;
+    ApiError e;
+    if (api_request_parse(body, strlen(body), &l, "m", &r, &e) != 0)
+        fail_msg("parse: %s", e.message);
+    if (api_request_tokenize(r, &vocab, 1000, &l, &e) != 0) fail_msg("tokenize: %s", e.message);
+    return r;
+}
+
+static EngineEvent ev_token(int32_t choice, int32_t token, const char *text, float logprob) {
+    EngineEvent ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = EVENT_TOKEN;
+    ev.choice = choice;
+    ev.token = token;
+    ev.text = (char *)text;
+    ev.logprob = logprob;
+    return ev;
+}
+
+static void set_tops(EngineEvent *ev, int n, const int32_t *ids, const float *lps) {
+    ev->n_top = n;
+    for (int i = 0; i < n; i++) {
+        ev->top_ids[i] = ids[i];
+        ev->top_logprobs[i] = lps[i];
+    }
+}
+
+static EngineEvent ev_prompt(int32_t token, float logprob) {
+    EngineEvent ev = ev_token(0, token, "", logprob);
+    ev.kind = EVENT_PROMPT;
+    return ev;
+}
+
+static EngineEvent ev_finish(int32_t choice, FinishReason f, const char *text,
+                             int32_t prompt_tokens, int32_t completion, int32_t cached) {
+    EngineEvent ev = ev_token(choice, 0, text, 0);
+    ev.kind = EVENT_FINISH;
+    ev.finish = f;
+    ev.prompt_tokens = prompt_tokens;
+    ev.completion_tokens = completion;
+    ev.cached_tokens = cached;
+    return ev;
+}
+
+static void feed(ApiCompletion *c, int32_t p, EngineEvent ev, ApiBuf *out) {
+    assert_int_equal(api_completion_feed(c, p, &ev, 0.0, out), 0);
+}
+
+static json_t *parse_json(const char *s, size_t len) {
+    json_error_t err;
+    json_t *j = json_loadb(s, len, 0, &err);
+    if (!j) fail_msg("bad JSON (%s): %.*s", err.text, (int)len, s);
+    return j;
+}
+
+/* Split SSE bytes into the payloads of "data: ...\n\n" frames, checking the framing. */
+typedef struct {
+    int n;
+    char *data[64];
+} Frames;
+
+static void frames_parse(const ApiBuf *b, Frames *f) {
+    memset(f, 0, sizeof *f);
+    size_t i = 0;
+    while (i < b->len) {
+        assert_true(b->len - i >= 8);
+        assert_memory_equal(b->data + i, "data: ", 6);
+        const char *end = strstr(b->data + i, "\n\n");
+        assert_non_null(end);
+        const char *payload = b->data + i + 6;
+        assert_null(memchr(payload, '\n', (size_t)(end - payload))); /* one line per event */
+        assert_true(f->n < 64);
+        f->data[f->n++] = strndup(payload, (size_t)(end - payload));
+        i = (size_t)(end - b->data) + 2;
+    }
+}
+
+static void frames_free(Frames *f) {
+    for (int i = 0; i < f->n; i++) free(f->data[i]);
+}
+
+static json_t *frame_json(const Frames *f, int i) {
+    assert_true(i < f->n);
+    return parse_json(f->data[i], strlen(f->data[i]));
+}
+
+static const char *jstr(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_string(v)) fail_msg("'%s' is not a string", key);
+    return json_string_value(v);
+}
+
+static json_int_t jint(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) fail_msg("'%s' is not an integer", key);
+    return json_integer_value(v);
+}
+
+static void assert_near(double a, double b) {
+    if (fabs(a - b) > 1e-6) fail_msg("%g != %g", a, b);
+}
+
+/* The fields every text_completion object and chunk share. */
+static void check_envelope(const json_t *o, const ApiCompletion *c) {
+    assert_string_equal(jstr(o, "id"), api_completion_id(c));
+    assert_string_equal(jstr(o, "object"), "text_completion");
+    assert_string_equal(jstr(o, "model"), "m");
+    json_int_t created = jint(o, "created");
+    time_t now = time(NULL);
+    assert_true(created <= now && created >= now - 60);
+    assert_true(json_is_array(json_object_get(o, "choices")));
+}
+
+static void check_usage(const json_t *o, int prompt, int completion, int cached) {
+    const json_t *u = json_object_get(o, "usage");
+    assert_true(json_is_object(u));
+    assert_int_equal(jint(u, "prompt_tokens"), prompt);
+    assert_int_equal(jint(u, "completion_tokens"), completion);
+    assert_int_equal(jint(u, "total_tokens"), prompt + completion);
+    assert_int_equal(jint(json_object_get(u, "prompt_tokens_details"), "cached_tokens"), cached);
+}
+
+/* ---- non-streamed --------------------------------------------------------------------------- */
+
+static void test_body_single(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\"}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    const char *id = api_completion_id(c);
+    assert_int_equal(strlen(id), 5 + 32);
+    assert_memory_equal(id, "cmpl-", 5);
+    for (int i = 5; i < 37; i++) assert_non_null(strchr("0123456789abcdef", id[i]));
+
+    feed(c, 0, ev_token(0, T('H'), "He", -1), &out);
+    feed(c, 0, ev_token(0, T('e'), "", -1), &out);
+    feed(c, 0, ev_token(0, T('l'), "llo", -1), &out);
+    assert_int_equal(out.len, 0); /* nothing until the end */
+    assert_false(api_completion_done(c));
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", 3, 4, 2), &out);
+    assert_true(api_completion_done(c));
+    assert_int_equal(api_completion_status(c), 200);
+
+    json_t *o = parse_json(out.data, out.len);
+    check_envelope(o, c);
+    json_t *choices = json_object_get(o, "choices");
+    assert_int_equal(json_array_size(choices), 1);
+    json_t *ch = json_array_get(choices, 0);
+    assert_string_equal(jstr(ch, "text"), "Hello");
+    assert_int_equal(jint(ch, "index"), 0);
+    assert_true(json_is_null(json_object_get(ch, "logprobs")));
+    assert_string_equal(jstr(ch, "finish_reason"), "stop");
+    check_usage(o, 3, 4, 2); /* completion_tokens comes from the engine (EOS counted) */
+    json_decref(o);
+
+    /* events after the end change nothing */
+    api_buf_reset(&out);
+    feed(c, 0, ev_token(0, T('x'), "x", -1), &out);
+    assert_int_equal(out.len, 0);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_body_n2_two_prompts(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":[\"ab\",\"c\"],\"n\":2}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    /* interleaved, as the engine's outbox would mix them */
+    feed(c, 1, ev_token(1, T('x'), "x", 0), &out);
+    feed(c, 0, ev_token(0, T('A'), "A", 0), &out);
+    feed(c, 0, ev_token(1, T('B'), "B", 0), &out);
+    feed(c, 1, ev_finish(0, FINISH_LENGTH, "tail", 2, 16, 1), &out);
+    feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
+    feed(c, 1, ev_finish(1, FINISH_STOP, "", 2, 2, 0), &out);
+    feed(c, 0, ev_finish(1, FINISH_STOP, "", 3, 1, 3), &out);
+    assert_false(api_completion_done(c));
+    assert_int_equal(out.len, 0);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 3, 2, 3), &out);
+    assert_true(api_completion_done(c));
+
+    json_t *o = parse_json(out.data, out.len);
+    check_envelope(o, c);
+    json_t *choices = json_object_get(o, "choices");
+    assert_int_equal(json_array_size(choices), 4);
+    static const char *const texts[] = {"Aa", "B", "tail", "x"};
+    static const char *const reasons[] = {"length", "stop", "length", "stop"};
+    for (int i = 0; i < 4; i++) {
+        json_t *ch = json_array_get(choices, (size_t)i);
+        assert_int_equal(jint(ch, "index"), i); /* prompt * n + choice */
+        assert_string_equal(jstr(ch, "text"), texts[i]);
+        assert_string_equal(jstr(ch, "finish_reason"), reasons[i]);
+    }
+    /* prompts: BOS+2 and BOS+1 tokens; cached: the most any choice of a prompt saw */
+    check_usage(o, 3 + 2, 2 + 1 + 16 + 2, 3 + 1);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_body_logprobs(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"logprobs\":2}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    EngineEvent ev = ev_token(0, T('a'), "a", -0.5f);
+    set_tops(&ev, 2, (int32_t[]){T('a'), T('b')}, (float[]){-0.5f, -1.5f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T('c'), "c", -2.0f); /* sampled outside the top 2 */
+    set_tops(&ev, 2, (int32_t[]){T('a'), T('b')}, (float[]){-0.25f, -1.0f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T(0xC3), "", -0.125f); /* first byte of "é": text held back */
+    set_tops(&ev, 2, (int32_t[]){T(0xC3), T('d')}, (float[]){-0.125f, -3.0f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T(0xA9), "\xc3\xa9", -INFINITY); /* -inf must still be valid JSON */
+    set_tops(&ev, 2, (int32_t[]){T('e'), T(0xA9)}, (float[]){-0.01f, -INFINITY});
+    feed(c, 0, ev, &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 2, 4, 0), &out);
+
+    json_t *o = parse_json(out.data, out.len);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    assert_string_equal(jstr(ch, "text"), "ac\xc3\xa9");
+    json_t *lp = json_object_get(ch, "logprobs");
+    assert_true(json_is_object(lp));
+    json_t *tokens = json_object_get(lp, "tokens");
+    json_t *values = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    json_t *offsets = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(tokens), 4);
+    assert_int_equal(json_array_size(values), 4);
+    assert_int_equal(json_array_size(tops), 4);
+    assert_int_equal(json_array_size(offsets), 4);
+    static const char *const want_tokens[] = {"a", "c", "bytes:\\xc3", "bytes:\\xa9"};
+    static const double want_values[] = {-0.5, -2.0, -0.125, -9999.0};
+    static const int want_offsets[] = {0, 1, 2, 2}; /* code points: "é" starts at 2 */
+    for (size_t i = 0; i < 4; i++) {
+        assert_string_equal(json_string_value(json_array_get(tokens, i)), want_tokens[i]);
+        assert_near(json_number_value(json_array_get(values, i)), want_values[i]);
+        assert_int_equal(json_integer_value(json_array_get(offsets, i)), want_offsets[i]);
+    }
+    json_t *t0 = json_array_get(tops, 0);
+    assert_int_equal(json_object_size(t0), 2);
+    assert_near(json_number_value(json_object_get(t0, "a")), -0.5);
+    assert_near(json_number_value(json_object_get(t0, "b")), -1.5);
+    json_t *t1 = json_array_get(tops, 1); /* top 2 plus the sampled token */
+    assert_int_equal(json_object_size(t1), 3);
+    assert_near(json_number_value(json_object_get(t1, "c")), -2.0);
+    assert_near(json_number_value(json_object_get(t1, "a")), -0.25);
+    json_t *t3 = json_array_get(tops, 3);
+    assert_near(json_number_value(json_object_get(t3, "bytes:\\xa9")), -9999.0);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* Echo + logprobs: prompt tokens come first, the first one null. The engine sends one
+ * PROMPT event per prompt token (token 0 with NaN); n_prompt - 1 events must work too. */
+static void run_echo_logprobs(bool event_for_token0) {
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"echo\":true,\"logprobs\":1,"
+                            "\"max_tokens\":1}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    if (event_for_token0) feed(c, 0, ev_prompt(1, NAN), &out);
+    EngineEvent ev = ev_prompt(T('h'), -1.0f);
+    set_tops(&ev, 1, (int32_t[]){T('h')}, (float[]){-1.0f});
+    feed(c, 0, ev, &out);
+    ev = ev_prompt(T('i'), -2.0f);
+    set_tops(&ev, 1, (int32_t[]){T('x')}, (float[]){-0.5f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T('!'), "!", -0.25f);
+    set_tops(&ev, 1, (int32_t[]){T('!')}, (float[]){-0.25f});
+    feed(c, 0, ev, &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 3, 1, 0), &out);
+
+    json_t *o = parse_json(out.data, out.len);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    assert_string_equal(jstr(ch, "text"), "hi!");
+    json_t *lp = json_object_get(ch, "logprobs");
+    json_t *tokens = json_object_get(lp, "tokens");
+    json_t *values = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    json_t *offsets = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(tokens), 4);
+    static const char *const want_tokens[] = {"<s>", "h", "i", "!"};
+    static const int want_offsets[] = {0, 0, 1, 2}; /* BOS takes no room */
+    for (size_t i = 0; i < 4; i++) {
+        assert_string_equal(json_string_value(json_array_get(tokens, i)), want_tokens[i]);
+        assert_int_equal(json_integer_value(json_array_get(offsets, i)), want_offsets[i]);
+    }
+    assert_true(json_is_null(json_array_get(values, 0)));
+    assert_true(json_is_null(json_array_get(tops, 0)));
+    assert_near(json_number_value(json_array_get(values, 1)), -1.0);
+    assert_near(json_number_value(json_array_get(values, 2)), -2.0);
+    assert_near(json_number_value(json_array_get(values, 3)), -0.25);
+    json_t *t2 = json_array_get(tops, 2);
+    assert_int_equal(json_object_size(t2), 2); /* top 1 ("x") plus the actual "i" */
+    assert_near(json_number_value(json_object_get(t2, "x")), -0.5);
+    assert_near(json_number_value(json_object_get(t2, "i")), -2.0);
+    check_usage(o, 3, 1, 0);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_body_echo_logprobs(void **state) {
+    (void)state;
+    run_echo_logprobs(true);
+    run_echo_logprobs(false);
+}
+
+static void test_body_echo_token_prompt(void **state) {
+    (void)state;
+    char body[128];
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":[[%d,%d],[%d]],\"echo\":true}", T('o'),
+             T('k'), T('z'));
+    ApiRequest *r = request(body);
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('!'), "!", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", 2, 1, 0), &out);
+    feed(c, 1, ev_finish(0, FINISH_LENGTH, "", 1, 0, 0), &out);
+    json_t *o = parse_json(out.data, out.len);
+    json_t *choices = json_object_get(o, "choices");
+    assert_string_equal(jstr(json_array_get(choices, 0), "text"), "ok!");
+    assert_string_equal(jstr(json_array_get(choices, 1), "text"), "z");
+    check_usage(o, 3, 1, 0);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_body_bad_utf8_and_leftover(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('a'), "a\xff", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "held", 2, 2, 0), &out);
+    json_t *o = parse_json(out.data, out.len);
+    assert_string_equal(jstr(json_array_get(json_object_get(o, "choices"), 0), "text"),
+                        "a\xef\xbf\xbdheld");
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_events_out_of_range_ignored(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"stream\":true}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 1, ev_token(0, T('a'), "a", 0), &out);  /* no prompt 1 */
+    feed(c, -1, ev_token(0, T('a'), "a", 0), &out);
+    feed(c, 0, ev_token(1, T('a'), "a", 0), &out);  /* n = 1 */
+    feed(c, 0, ev_token(-1, T('a'), "a", 0), &out);
+    feed(c, 0, ev_finish(3, FINISH_STOP, "", 2, 0, 0), &out);
+    assert_int_equal(out.len, 0);
+    assert_false(api_completion_done(c));
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* ---- streamed ------------------------------------------------------------------------------- */
+
+static void test_stream_basic(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('H'), "He", 0), &out);
+    assert_true(out.len > 0); /* a chunk per event, at once */
+    size_t after_first = out.len;
+    feed(c, 0, ev_token(0, T('l'), "", 0), &out);
+    assert_int_equal(out.len, after_first); /* nothing to show, nothing sent */
+    feed(c, 0, ev_token(0, T('l'), "llo", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", 3, 3, 0), &out);
+    assert_true(api_completion_done(c));
+
+    Frames f;
+    frames_parse(&out, &f);
+    assert_int_equal(f.n, 4);
+    static const char *const texts[] = {"He", "llo", ""};
+    for (int i = 0; i < 3; i++) {
+        json_t *o = frame_json(&f, i);
+        check_envelope(o, c);
+        assert_null(json_object_get(o, "usage")); /* not asked for */
+        json_t *choices = json_object_get(o, "choices");
+        assert_int_equal(json_array_size(choices), 1);
+        json_t *ch = json_array_get(choices, 0);
+        assert_string_equal(jstr(ch, "text"), texts[i]);
+        assert_int_equal(jint(ch, "index"), 0);
+        assert_true(json_is_null(json_object_get(ch, "logprobs")));
+        if (i < 2) assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+        else assert_string_equal(jstr(ch, "finish_reason"), "stop");
+        json_decref(o);
+    }
+    assert_string_equal(f.data[3], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+static void test_stream_usage(void **state) {
+    (void)state;
+    for (int force = 0; force < 2; force++) {
+        ApiRequest *r = request(force ? "{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true}"
+                                      : "{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true,"
+                                        "\"stream_options\":{\"include_usage\":true}}");
+        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+        if (force) api_completion_force_usage(c, true);
+        ApiBuf out;
+        api_buf_init(&out);
+        feed(c, 0, ev_token(0, T('x'), "x", 0), &out);
+        feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 3, 1, 2), &out);
+        Frames f;
+        frames_parse(&out, &f);
+        assert_int_equal(f.n, 4);
+        for (int i = 0; i < 2; i++) { /* every chunk says usage: null */
+            json_t *o = frame_json(&f, i);
+            json_t *u = json_object_get(o, "usage");
+            assert_non_null(u);
+            assert_true(json_is_null(u));
+            json_decref(o);
+        }
+        json_t *o = frame_json(&f, 2);
+        check_envelope(o, c);
+        assert_int_equal(json_array_size(json_object_get(o, "choices")), 0);
+        check_usage(o, 3, 1, 2);
+        json_decref(o);
+        assert_string_equal(f.data[3], "[DONE]");
+        frames_free(&f);
+        api_buf_free(&out);
+        api_completion_free(c);
+        api_request_free(r);
+    }
+}
+
+static void test_stream_n2_echo_logprobs(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":[\"hi\",\"yo\"],\"n\":2,\"stream\":true,"
+                            "\"echo\":true,\"logprobs\":0}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_prompt(1, NAN), &out);
+    feed(c, 0, ev_prompt(T('h'), -1.0f), &out);
+    feed(c, 0, ev_prompt(T('i'), -2.0f), &out);
+    assert_int_equal(out.len, 0); /* prompt logprobs wait for the echo chunk */
+    feed(c, 0, ev_token(1, T('!'), "!", -0.5f), &out);  /* index 1: echo chunk + token */
+    feed(c, 1, ev_finish(1, FINISH_STOP, "", 3, 0, 0), &out); /* index 3: echo + finish */
+    feed(c, 0, ev_token(0, T('?'), "", -0.75f), &out);  /* index 0: held text, logprobs */
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "?", 3, 1, 0), &out);
+    feed(c, 0, ev_finish(1, FINISH_LENGTH, "", 3, 1, 0), &out);
+    feed(c, 1, ev_finish(0, FINISH_STOP, "", 3, 0, 0), &out); /* index 2 */
+    assert_true(api_completion_done(c));
+
+    Frames f;
+    frames_parse(&out, &f);
+    /* idx1 echo, idx1 token, idx3 echo, idx3 finish, idx0 echo, idx0 token, idx0 finish,
+     * idx1 finish, idx2 echo, idx2 finish, [DONE] */
+    static const int want_index[] = {1, 1, 3, 3, 0, 0, 0, 1, 2, 2};
+    static const char *const want_text[] = {"hi", "!", "yo", "", "hi", "", "?", "", "yo", ""};
+    static const char *const want_finish[] = {NULL, NULL, NULL, "stop", NULL, NULL, "length",
+                                              "length", NULL, "stop"};
+    assert_int_equal(f.n, 11);
+    for (int i = 0; i < 10; i++) {
+        json_t *o = frame_json(&f, i);
+        check_envelope(o, c);
+        json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+        assert_int_equal(jint(ch, "index"), want_index[i]);
+        assert_string_equal(jstr(ch, "text"), want_text[i]);
+        json_t *fin = json_object_get(ch, "finish_reason");
+        if (want_finish[i]) assert_string_equal(json_string_value(fin), want_finish[i]);
+        else assert_true(json_is_null(fin));
+        json_decref(o);
+    }
+    /* the echo chunk of prompt 0 carries the prompt's logprobs */
+    json_t *o = frame_json(&f, 0);
+    json_t *lp = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 3);
+    assert_true(json_is_null(json_array_get(json_object_get(lp, "token_logprobs"), 0)));
+    assert_near(json_number_value(json_array_get(json_object_get(lp, "token_logprobs"), 2)), -2.0);
+    json_decref(o);
+    /* a token chunk: its text_offset counts the echoed prompt */
+    o = frame_json(&f, 1);
+    lp = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)), "!");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0)), 2);
+    /* logprobs 0: no alternatives, but the sampled token is always there */
+    json_t *top = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    assert_int_equal(json_object_size(top), 1);
+    assert_near(json_number_value(json_object_get(top, "!")), -0.5);
+    json_decref(o);
+    /* prompt 1 had no PROMPT events: its echo logprobs are all null, not invented */
+    o = frame_json(&f, 2);
+    lp = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    json_t *vals = json_object_get(lp, "token_logprobs");
+    assert_int_equal(json_array_size(vals), 3);
+    for (size_t i = 0; i < 3; i++) assert_true(json_is_null(json_array_get(vals, i)));
+    json_decref(o);
+    assert_string_equal(f.data[10], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void check_error_object(const json_t *o, const char *message, const char *type) {
+    json_t *err = json_object_get(o, "error");
+    assert_true(json_is_object(err));
+    assert_string_equal(jstr(err, "message"), message);
+    assert_string_equal(jstr(err, "type"), type);
+    assert_true(json_is_null(json_object_get(err, "param")));
+    assert_non_null(json_object_get(err, "code"));
+}
+
+static void test_engine_error(void **state) {
+    (void)state;
+    for (int stream = 0; stream < 2; stream++) {
+        ApiRequest *r = request(stream ? "{\"model\":\"m\",\"prompt\":\"q\",\"n\":2,\"stream\":true}"
+                                       : "{\"model\":\"m\",\"prompt\":\"q\",\"n\":2}");
+        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+        ApiBuf out;
+        api_buf_init(&out);
+        feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
+        EngineEvent ev = ev_finish(1, FINISH_ERROR, "", 2, 0, 0);
+        ev.error = (char *)"needs more KV blocks than exist";
+        feed(c, 0, ev, &out);
+        assert_true(api_completion_done(c));
+        assert_int_equal(api_completion_status(c), 500);
+        if (stream) {
+            Frames f;
+            frames_parse(&out, &f);
+            assert_int_equal(f.n, 3); /* token chunk, error, [DONE] */
+            json_t *o = frame_json(&f, 1);
+            check_error_object(o, "needs more KV blocks than exist", "server_error");
+            json_decref(o);
+            assert_string_equal(f.data[2], "[DONE]");
+            frames_free(&f);
+        } else {
+            json_t *o = parse_json(out.data, out.len);
+            check_error_object(o, "needs more KV blocks than exist", "server_error");
+            json_decref(o);
+        }
+        size_t len = out.len;
+        feed(c, 0, ev_finish(0, FINISH_STOP, "", 2, 1, 0), &out); /* after the end: nothing */
+        assert_int_equal(out.len, len);
+        api_buf_free(&out);
+        api_completion_free(c);
+        api_request_free(r);
+    }
+}
+
+static void test_fail(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"stream\":true}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
+    assert_int_equal(api_completion_fail(c, 503, "server shutting down", &out), 0);
+    assert_true(api_completion_done(c));
+    assert_int_equal(api_completion_status(c), 503);
+    size_t len = out.len;
+    assert_int_equal(api_completion_fail(c, 500, "again", &out), 0);
+    assert_int_equal(out.len, len);
+    Frames f;
+    frames_parse(&out, &f);
+    assert_int_equal(f.n, 3);
+    json_t *o = frame_json(&f, 1);
+    check_error_object(o, "server shutting down", "server_error");
+    json_decref(o);
+    assert_string_equal(f.data[2], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
+    c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    api_buf_init(&out);
+    assert_int_equal(api_completion_fail(c, 429, "busy", &out), 0);
+    assert_int_equal(api_completion_status(c), 429);
+    o = parse_json(out.data, out.len);
+    check_error_object(o, "busy", "rate_limit_exceeded");
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* ---- latency metrics ---------------------------------------------------------------------- */
+
+static void test_latency_metrics(void **state) {
+    (void)state;
+    ApiMetrics m;
+    api_metrics_init(&m);
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"n\":2}");
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 10.0, &m);
+    ApiBuf out;
+    api_buf_init(&out);
+    EngineEvent a = ev_token(0, T('a'), "a", 0), b = ev_token(1, T('b'), "b", 0);
+    EngineEvent fa = ev_finish(0, FINISH_STOP, "", 2, 2, 0);
+    EngineEvent fb = ev_finish(1, FINISH_LENGTH, "", 2, 1, 0);
+    assert_int_equal(api_completion_feed(c, 0, &a, 10.5, &out), 0);
+    assert_int_equal(api_completion_feed(c, 0, &b, 10.75, &out), 0);
+    assert_int_equal(api_completion_feed(c, 0, &a, 11.0, &out), 0);
+    assert_int_equal(api_completion_feed(c, 0, &fa, 11.25, &out), 0);
+    assert_int_equal(api_completion_feed(c, 0, &fb, 11.5, &out), 0);
+    assert_int_equal(m.ttft.count, 1);   /* once per request: its first token */
+    assert_near(m.ttft.sum, 0.5);
+    assert_int_equal(m.itl.count, 1);    /* choice 0's second token only */
+    assert_near(m.itl.sum, 0.5);
+    assert_int_equal(m.e2e.count, 1);
+    assert_near(m.e2e.sum, 1.5);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_body_single),
+        cmocka_unit_test(test_body_n2_two_prompts),
+        cmocka_unit_test(test_body_logprobs),
+        cmocka_unit_test(test_body_echo_logprobs),
+        cmocka_unit_test(test_body_echo_token_prompt),
+        cmocka_unit_test(test_body_bad_utf8_and_leftover),
+        cmocka_unit_test(test_events_out_of_range_ignored),
+        cmocka_unit_test(test_stream_basic),
+        cmocka_unit_test(test_stream_usage),
+        cmocka_unit_test(test_stream_n2_echo_logprobs),
+        cmocka_unit_test(test_engine_error),
+        cmocka_unit_test(test_fail),
+        cmocka_unit_test(test_latency_metrics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,575 @@
+/* api: /v1/completions request parsing, validation, tokenising and the engine hand-over. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "api/api.h"
+
+/* ---- a fake vocabulary: 0 <unk>, 1 <s>, 2 </s> (control), 3 + b = the byte b -------------- */
+
+static int fake_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
+                       int max_out) {
+    (void)arg;
+    int n = 0;
+    if (add_bos) {
+        if (n < max_out) out[n] = 1;
+        n++;
+    }
+    for (size_t i = 0; i < len; i++, n++)
+        if (n < max_out) out[n] = 3 + (unsigned char)text[i];
+    return n;
+}
+
+static char *fake_decode(void *arg, const int32_t *ids, int32_t n, bool skip_special) {
+    (void)arg;
+    (void)skip_special;
+    char *s = malloc((size_t)n + 1);
+    size_t o = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] >= 3) s[o++] = (char)(ids[i] - 3);
+    s[o] = '\0';
+    return s;
+}
+
+static int fake_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
+    (void)arg;
+    static const char *const names[] = {"<unk>", "<s>", "</s>"};
+    *is_control = id < 3;
+    if (id < 3) return snprintf(out, cap, "%s", names[id]);
+    int b = id - 3;
+    if (b < 0x80) return snprintf(out, cap, "%c", b);
+    return snprintf(out, cap, "bytes:\\x%02x", b);
+}
+
+static ApiVocab fake_vocab(void) {
+    ApiVocab v = {NULL, 259, true, fake_encode, fake_decode, fake_token_text};
+    return v;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static ApiLimits limits(void) {
+    ApiLimits l;
+    api_limits_default(&l);
+    return l;
+}
+
+static ApiRequest *parse_ok(const char *body) {
+    ApiLimits l = limits();
+    ApiRequest *r = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    int rc = api_request_parse(body, strlen(body), &l, "m", &r, &e);
+    if (rc != 0) fprintf(stderr, "unexpected error for %s: %d %s\n", body, e.status, e.message);
+    assert_int_equal(rc, 0);
+    assert_non_null(r);
+    return r;
+}
+
+/* The request must fail with this status; param (NULL = JSON null) must be e.param and, for
+ * a field error, appear in the message; `words` must appear in the message. */
+static void expect_error(const char *body, int status, const char *param, const char *words) {
+    ApiLimits l = limits();
+    ApiRequest *r = (ApiRequest *)0x1;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    int rc = api_request_parse(body, strlen(body), &l, "m", &r, &e);
+    if (rc == 0 || e.status != status || strcmp(e.param, param ? param : "") != 0 ||
+        (param && !strstr(e.message, param)) || (words && !strstr(e.message, words)))
+        fprintf(stderr, "body %s -> rc %d status %d param '%s' message '%s'\n", body, rc,
+                e.status, e.param, e.message);
+    assert_int_equal(rc, -1);
+    assert_null(r);
+    assert_int_equal(e.status, status);
+    assert_string_equal(e.param, param ? param : "");
+    if (param) assert_non_null(strstr(e.message, param));
+    if (words) assert_non_null(strstr(e.message, words));
+}
+
+/* ---- defaults and every field ------------------------------------------------------------- */
+
+static void test_defaults(void **state) {
+    (void)state;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"hi\"}");
+    assert_string_equal(r->model, "m");
+    assert_int_equal(r->n_prompts, 1);
+    assert_string_equal(r->prompts[0].text, "hi");
+    assert_false(r->prompts[0].given_as_tokens);
+    assert_int_equal(r->max_tokens, 16);
+    assert_int_equal(r->n, 1);
+    assert_true(r->sampling.temperature == 1.0f);
+    assert_true(r->sampling.top_p == 1.0f);
+    assert_int_equal(r->sampling.top_k, 0);
+    assert_true(r->sampling.min_p == 0.0f);
+    assert_true(r->sampling.presence_penalty == 0.0f);
+    assert_true(r->sampling.frequency_penalty == 0.0f);
+    assert_true(r->sampling.repetition_penalty == 1.0f);
+    assert_int_equal(r->logprobs, -1);
+    assert_int_equal(r->n_stop, 0);
+    assert_false(r->echo);
+    assert_false(r->ignore_eos);
+    assert_false(r->stream);
+    assert_false(r->include_usage);
+    assert_false(r->has_seed);
+    assert_null(r->cache_salt);
+    assert_int_equal(r->cache_salt_hash, 0);
+    assert_false(r->tokenized);
+    api_request_free(r);
+}
+
+static void test_nulls_mean_defaults(void **state) {
+    (void)state;
+    ApiRequest *r = parse_ok(
+        "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":null,\"temperature\":null,"
+        "\"top_p\":null,\"top_k\":null,\"min_p\":null,\"n\":null,\"stop\":null,\"seed\":null,"
+        "\"presence_penalty\":null,\"frequency_penalty\":null,\"repetition_penalty\":null,"
+        "\"logprobs\":null,\"echo\":null,\"ignore_eos\":null,\"user\":null,\"stream\":null,"
+        "\"stream_options\":null,\"cache_salt\":null,\"best_of\":null,\"suffix\":null,"
+        "\"logit_bias\":null}");
+    assert_int_equal(r->max_tokens, 16);
+    assert_int_equal(r->n, 1);
+    assert_true(r->sampling.temperature == 1.0f);
+    assert_int_equal(r->logprobs, -1);
+    assert_false(r->has_seed);
+    api_request_free(r);
+}
+
+static void test_every_field(void **state) {
+    (void)state;
+    ApiRequest *r = parse_ok(
+        "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":7,\"temperature\":0.5,"
+        "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"n\":3,\"stop\":[\"\\n\",\"END\"],"
+        "\"seed\":42,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+        "\"repetition_penalty\":1.1,\"logprobs\":5,\"echo\":true,\"ignore_eos\":true,"
+        "\"user\":\"u\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"cache_salt\":\"tenant\",\"best_of\":1,\"suffix\":\"\",\"logit_bias\":{}}");
+    assert_int_equal(r->max_tokens, 7);
+    assert_true(r->sampling.temperature == 0.5f);
+    assert_true(r->sampling.top_p == 0.9f);
+    assert_int_equal(r->sampling.top_k, 40);
+    assert_true(r->sampling.min_p == 0.05f);
+    assert_int_equal(r->n, 3);
+    assert_int_equal(r->n_stop, 2);
+    assert_string_equal(r->stop[0], "\n");
+    assert_string_equal(r->stop[1], "END");
+    assert_true(r->has_seed);
+    assert_int_equal(r->seed, 42);
+    assert_true(r->sampling.presence_penalty == 0.5f);
+    assert_true(r->sampling.frequency_penalty == -0.5f);
+    assert_true(r->sampling.repetition_penalty == 1.1f);
+    assert_int_equal(r->logprobs, 5);
+    assert_true(r->echo);
+    assert_true(r->ignore_eos);
+    assert_true(r->stream);
+    assert_true(r->include_usage);
+    assert_string_equal(r->cache_salt, "tenant");
+    /* FNV-1a 64 of "tenant", computed independently here */
+    uint64_t h = 1469598103934665603ull;
+    for (const char *s = "tenant"; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    assert_int_equal(r->cache_salt_hash, h);
+    api_request_free(r);
+}
+
+/* Boundary values that must be accepted, one field at a time. */
+static void test_good_edges(void **state) {
+    (void)state;
+    static const char *const good[] = {
+        "\"max_tokens\":0", "\"max_tokens\":4096", "\"max_tokens\":16.0",
+        "\"temperature\":0", "\"temperature\":2", "\"temperature\":2.0",
+        "\"top_p\":1", "\"top_p\":0.000001", "\"top_k\":-1", "\"top_k\":0", "\"top_k\":1",
+        "\"min_p\":0", "\"min_p\":1", "\"n\":1", "\"n\":16",
+        "\"presence_penalty\":-2", "\"presence_penalty\":2", "\"frequency_penalty\":-2",
+        "\"frequency_penalty\":2", "\"repetition_penalty\":0.01", "\"repetition_penalty\":5",
+        "\"logprobs\":0", "\"logprobs\":20", "\"stop\":[]", "\"stop\":\"a\"",
+        "\"stop\":[\"a\",\"b\",\"c\",\"d\"]", "\"seed\":-1", "\"seed\":0",
+        "\"seed\":9223372036854775807", "\"echo\":false", "\"ignore_eos\":false",
+        "\"stream\":false", "\"stream\":true,\"stream_options\":{}",
+        "\"stream\":true,\"stream_options\":{\"include_usage\":null}", "\"user\":\"\"",
+        "\"best_of\":1.0", "\"suffix\":null", "\"logit_bias\":{}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",%s}", good[i]);
+        api_request_free(parse_ok(body));
+    }
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"top_k\":-1}");
+    assert_int_equal(r->sampling.top_k, 0); /* -1 means off, as 0 does */
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"seed\":-1}");
+    assert_int_equal(r->seed, UINT64_MAX);
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"x\",\"y\",\"z\",\"w\"]}");
+    assert_int_equal(r->n_stop, 4);
+    api_request_free(r);
+}
+
+static void test_bad_values(void **state) {
+    (void)state;
+    struct { const char *field; int status; const char *param; } bad[] = {
+        {"\"max_tokens\":-1", 400, "max_tokens"},
+        {"\"max_tokens\":4097", 400, "max_tokens"},
+        {"\"max_tokens\":1.5", 400, "max_tokens"},
+        {"\"max_tokens\":\"16\"", 400, "max_tokens"},
+        {"\"max_tokens\":true", 400, "max_tokens"},
+        {"\"temperature\":-0.1", 400, "temperature"},
+        {"\"temperature\":2.01", 400, "temperature"},
+        {"\"temperature\":\"1\"", 400, "temperature"},
+        {"\"top_p\":0", 400, "top_p"},
+        {"\"top_p\":1.01", 400, "top_p"},
+        {"\"top_p\":-1", 400, "top_p"},
+        {"\"top_k\":-2", 400, "top_k"},
+        {"\"top_k\":1.5", 400, "top_k"},
+        {"\"top_k\":\"5\"", 400, "top_k"},
+        {"\"min_p\":-0.1", 400, "min_p"},
+        {"\"min_p\":1.1", 400, "min_p"},
+        {"\"n\":0", 400, "n"},
+        {"\"n\":17", 400, "n"},
+        {"\"n\":\"2\"", 400, "n"},
+        {"\"presence_penalty\":2.5", 400, "presence_penalty"},
+        {"\"presence_penalty\":-2.1", 400, "presence_penalty"},
+        {"\"frequency_penalty\":3", 400, "frequency_penalty"},
+        {"\"frequency_penalty\":[]", 400, "frequency_penalty"},
+        {"\"repetition_penalty\":0", 400, "repetition_penalty"},
+        {"\"repetition_penalty\":-1", 400, "repetition_penalty"},
+        {"\"repetition_penalty\":\"x\"", 400, "repetition_penalty"},
+        {"\"logprobs\":21", 400, "logprobs"},
+        {"\"logprobs\":-1", 400, "logprobs"},
+        {"\"logprobs\":true", 400, "logprobs"},
+        {"\"logprobs\":\"5\"", 400, "logprobs"},
+        {"\"stop\":5", 400, "stop"},
+        {"\"stop\":\"\"", 400, "stop"},
+        {"\"stop\":[\"\"]", 400, "stop"},
+        {"\"stop\":[1]", 400, "stop"},
+        {"\"stop\":[\"a\",null]", 400, "stop"},
+        {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", 400, "stop"},
+        {"\"stop\":{}", 400, "stop"},
+        {"\"seed\":\"x\"", 400, "seed"},
+        {"\"seed\":1.5", 400, "seed"},
+        {"\"echo\":\"yes\"", 400, "echo"},
+        {"\"echo\":1", 400, "echo"},
+        {"\"ignore_eos\":0", 400, "ignore_eos"},
+        {"\"stream\":\"true\"", 400, "stream"},
+        {"\"stream_options\":{\"include_usage\":true}", 400, "stream_options"},
+        {"\"stream\":false,\"stream_options\":{}", 400, "stream_options"},
+        {"\"stream\":true,\"stream_options\":5", 400, "stream_options"},
+        {"\"stream\":true,\"stream_options\":{\"include_usage\":\"yes\"}", 400, "stream_options"},
+        {"\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":true}", 400,
+         "stream_options"},
+        {"\"user\":5", 400, "user"},
+        {"\"cache_salt\":5", 400, "cache_salt"},
+        {"\"cache_salt\":\"\"", 400, "cache_salt"},
+        {"\"best_of\":2", 400, "best_of"},
+        {"\"best_of\":\"x\"", 400, "best_of"},
+        {"\"suffix\":\"abc\"", 400, "suffix"},
+        {"\"suffix\":5", 400, "suffix"},
+        {"\"logit_bias\":{\"1\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":5", 400, "logit_bias"},
+        {"\"foo\":1", 400, "foo"},
+        {"\"functions\":[]", 400, "functions"},
+        {"\"Model\":\"m\"", 400, "Model"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",%s}", bad[i].field);
+        expect_error(body, bad[i].status, bad[i].param, NULL);
+    }
+    /* a long stop string: 257 bytes > 256 */
+    char body[600];
+    int o = snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"stop\":\"");
+    for (int i = 0; i < 257; i++) body[o++] = 's';
+    snprintf(body + o, sizeof body - o, "\"}");
+    expect_error(body, 400, "stop", "256");
+}
+
+static void test_messages_are_specific(void **state) {
+    (void)state;
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"temperature\":3}", 400, "temperature",
+                 "got 3");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"temperature\":\"hot\"}", 400,
+                 "temperature", "got a string");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"n\":99}", 400, "n", "99");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"best_of\":3}", 400, "best_of",
+                 "not supported");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"foo\":1}", 400, "foo", "Unrecognized");
+}
+
+static void test_model_field(void **state) {
+    (void)state;
+    expect_error("{\"prompt\":\"x\"}", 400, "model", "required");
+    expect_error("{\"model\":null,\"prompt\":\"x\"}", 400, "model", "required");
+    expect_error("{\"model\":5,\"prompt\":\"x\"}", 400, "model", NULL);
+    expect_error("{\"model\":\"\",\"prompt\":\"x\"}", 400, "model", NULL);
+    expect_error("{\"model\":\"other\",\"prompt\":\"x\"}", 404, "model", "other");
+    ApiLimits l = limits();
+    ApiRequest *r = NULL;
+    ApiError e;
+    const char *body = "{\"model\":\"other\",\"prompt\":\"x\"}";
+    assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), -1);
+    assert_string_equal(e.code, "model_not_found");
+    /* served_model NULL accepts any */
+    assert_int_equal(api_request_parse(body, strlen(body), &l, NULL, &r, &e), 0);
+    assert_string_equal(r->model, "other");
+    api_request_free(r);
+}
+
+static void test_invalid_json_and_body(void **state) {
+    (void)state;
+    expect_error("{", 400, NULL, "Invalid JSON");
+    expect_error("", 400, NULL, "Invalid JSON");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\"} trailing", 400, NULL, "Invalid JSON");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",}", 400, NULL, "Invalid JSON");
+    expect_error("[1,2]", 400, NULL, "object");
+    expect_error("\"str\"", 400, NULL, "object");
+    expect_error("null", 400, NULL, "object");
+    expect_error("{\"model\":\"m\",\"model\":\"m\",\"prompt\":\"x\"}", 400, NULL, "duplicate");
+    expect_error("{\"model\":\"m\",\"prompt\":\"\\u0000\"}", 400, NULL, "Invalid JSON");
+    /* invalid UTF-8 in a string */
+    expect_error("{\"model\":\"m\",\"prompt\":\"\xff\"}", 400, NULL, "Invalid JSON");
+
+    /* a body exactly at the limit passes; one byte more is 413, before any parsing */
+    ApiLimits l = limits();
+    const char *ok = "{\"model\":\"m\",\"prompt\":\"0123456789abc\"}";
+    const char *over = "{\"model\":\"m\",\"prompt\":\"0123456789abcd\"}";
+    l.max_body_bytes = strlen(ok);
+    assert_int_equal(strlen(over), l.max_body_bytes + 1);
+    ApiRequest *r = NULL;
+    ApiError e;
+    assert_int_equal(api_request_parse(ok, strlen(ok), &l, "m", &r, &e), 0);
+    api_request_free(r);
+    assert_int_equal(api_request_parse(over, strlen(over), &l, "m", &r, &e), -1);
+    assert_int_equal(e.status, 413);
+    assert_string_equal(e.param, "");
+    assert_null(r);
+    /* 413 even when the oversized body is not JSON at all */
+    assert_int_equal(api_request_parse("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 50,
+                                       &l, "m", &r, &e), -1);
+    assert_int_equal(e.status, 413);
+    /* the length given counts, not the NUL: a body cut short is invalid JSON */
+    assert_int_equal(api_request_parse(ok, 20, &l, "m", &r, &e), -1);
+    assert_int_equal(e.status, 400);
+}
+
+/* ---- prompt forms ------------------------------------------------------------------------- */
+
+static void test_prompt_forms(void **state) {
+    (void)state;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":[\"a\",\"bc\",\"d\"]}");
+    assert_int_equal(r->n_prompts, 3);
+    assert_string_equal(r->prompts[1].text, "bc");
+    assert_false(r->prompts[2].given_as_tokens);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[5,6,7]}");
+    assert_int_equal(r->n_prompts, 1);
+    assert_true(r->prompts[0].given_as_tokens);
+    assert_int_equal(r->prompts[0].n_tokens, 3);
+    assert_int_equal(r->prompts[0].tokens[0], 5);
+    assert_int_equal(r->prompts[0].tokens[2], 7);
+    assert_null(r->prompts[0].text);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[[1,2],[3],[4,5,6]]}");
+    assert_int_equal(r->n_prompts, 3);
+    assert_int_equal(r->prompts[0].n_tokens, 2);
+    assert_int_equal(r->prompts[1].tokens[0], 3);
+    assert_int_equal(r->prompts[2].n_tokens, 3);
+    assert_int_equal(r->prompts[2].tokens[2], 6);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"caf\\u00e9 \\ud83d\\ude00\"}");
+    assert_string_equal(r->prompts[0].text, "caf\xc3\xa9 \xf0\x9f\x98\x80");
+    api_request_free(r);
+}
+
+static void test_prompt_bad_forms(void **state) {
+    (void)state;
+    static const char *const bad[] = {
+        "\"\"", "[]", "[\"\"]", "[\"a\",\"\"]", "[[]]", "[[1],[]]", "[1,\"a\"]", "[\"a\",1]",
+        "[[1],2]", "[1,[2]]", "[-1]", "[[0,-5]]", "[1.5]", "[4294967296]", "{}", "true", "5",
+        "[null]", "[{}]", "[[\"a\"]]", "[true]",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":%s}", bad[i]);
+        expect_error(body, 400, "prompt", NULL);
+    }
+    expect_error("{\"model\":\"m\"}", 400, "prompt", "required");
+    expect_error("{\"model\":\"m\",\"prompt\":null}", 400, "prompt", "required");
+    /* more prompts than max_prompts (64) */
+    char body[1024];
+    int o = snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":[");
+    for (int i = 0; i < 65; i++) o += snprintf(body + o, sizeof body - o, "%s\"p\"", i ? "," : "");
+    snprintf(body + o, sizeof body - o, "]}");
+    expect_error(body, 400, "prompt", "64");
+}
+
+/* ---- tokenising and context checks ---------------------------------------------------------- */
+
+static void test_tokenize_strings(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":[\"hi\",\"abc\"],\"max_tokens\":4}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    assert_true(r->tokenized);
+    assert_int_equal(r->prompts[0].n_tokens, 3);
+    assert_int_equal(r->prompts[0].tokens[0], 1); /* BOS */
+    assert_int_equal(r->prompts[0].tokens[1], 3 + 'h');
+    assert_int_equal(r->prompts[0].tokens[2], 3 + 'i');
+    assert_int_equal(r->prompts[1].n_tokens, 4);
+    assert_string_equal(r->prompts[1].text, "abc"); /* kept for echo */
+    api_request_free(r);
+
+    v.add_bos = false;
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"hi\"}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    assert_int_equal(r->prompts[0].n_tokens, 2);
+    assert_int_equal(r->prompts[0].tokens[0], 3 + 'h');
+    api_request_free(r);
+}
+
+static void test_tokenize_token_prompts(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    char body[128];
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":[1,%d,%d]}", 3 + 'o', 3 + 'k');
+    ApiRequest *r = parse_ok(body);
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    assert_int_equal(r->prompts[0].n_tokens, 3); /* ids given are used as they are: no BOS added */
+    assert_string_equal(r->prompts[0].text, "ok");
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[[5],[1,259]]}"); /* 259 = n_vocab: one too far */
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "prompt");
+    assert_non_null(strstr(e.message, "259"));
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[258]}"); /* the last id is fine */
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    api_request_free(r);
+}
+
+static void test_context_length(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    /* 1 BOS + 9 bytes = 10 prompt tokens */
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"123456789\",\"max_tokens\":22}");
+    assert_int_equal(api_request_tokenize(r, &v, 32, &l, &e), 0); /* 10 + 22 = 32: fits */
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"123456789\",\"max_tokens\":23}");
+    assert_int_equal(api_request_tokenize(r, &v, 32, &l, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_string_equal(e.message,
+                        "This model's maximum context length is 32 tokens, however you requested "
+                        "33 tokens (10 in your prompt; 23 for the completion). Please reduce your "
+                        "prompt or completion length.");
+    api_request_free(r);
+    /* the second prompt is the long one: BOS + 32 bytes = 33 tokens */
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[\"a\",\"12345678901234567890123456789012\"],"
+                 "\"max_tokens\":0}");
+    assert_int_equal(api_request_tokenize(r, &v, 32, &l, &e), -1);
+    assert_non_null(strstr(e.message, "(33 in your prompt; 0 for the completion)"));
+    api_request_free(r);
+    /* the server's own prompt limit */
+    l.max_prompt_tokens = 5;
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"1234\"}"); /* 5 tokens */
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"12345\"}"); /* 6 tokens */
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "prompt");
+    assert_non_null(strstr(e.message, "6 tokens"));
+    api_request_free(r);
+}
+
+static void test_engine_request(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    ApiRequest *r = parse_ok(
+        "{\"model\":\"m\",\"prompt\":[\"ab\",\"c\"],\"max_tokens\":5,\"n\":2,\"temperature\":0.7,"
+        "\"top_k\":3,\"top_p\":0.8,\"min_p\":0.1,\"seed\":9,\"stop\":[\"x\",\"yz\"],"
+        "\"logprobs\":2,\"echo\":true,\"ignore_eos\":true,\"cache_salt\":\"s\","
+        "\"repetition_penalty\":1.2,\"presence_penalty\":0.3,\"frequency_penalty\":0.4}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    EngineRequest er;
+    int tag = 0;
+    api_request_engine(r, 1, &tag, &er);
+    assert_ptr_equal(er.prompt, r->prompts[1].tokens);
+    assert_int_equal(er.n_prompt, 2);
+    assert_int_equal(er.max_tokens, 5);
+    assert_int_equal(er.n, 2);
+    assert_true(er.sampling.temperature == 0.7f);
+    assert_int_equal(er.sampling.top_k, 3);
+    assert_true(er.sampling.top_p == 0.8f);
+    assert_true(er.sampling.min_p == 0.1f);
+    assert_true(er.sampling.repetition_penalty == 1.2f);
+    assert_true(er.sampling.presence_penalty == 0.3f);
+    assert_true(er.sampling.frequency_penalty == 0.4f);
+    assert_int_equal(er.seed, 9);
+    assert_true(er.ignore_eos);
+    assert_int_equal(er.n_stop, 2);
+    assert_string_equal(er.stop[1], "yz");
+    assert_int_equal(er.logprobs, 2);
+    assert_true(er.prompt_logprobs);
+    assert_int_equal(er.cache_salt, r->cache_salt_hash);
+    assert_ptr_equal(er.user, &tag);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"q\",\"echo\":true}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0);
+    api_request_engine(r, 0, NULL, &er);
+    assert_false(er.prompt_logprobs); /* echo without logprobs needs no prompt logprobs */
+    assert_int_equal(er.logprobs, -1);
+    assert_int_equal(er.cache_salt, 0);
+    assert_int_equal(er.n_stop, 0);
+    api_request_free(r);
+}
+
+static void test_random_seed(void **state) {
+    (void)state;
+    ApiRequest *a = parse_ok("{\"model\":\"m\",\"prompt\":\"x\"}");
+    ApiRequest *b = parse_ok("{\"model\":\"m\",\"prompt\":\"x\"}");
+    assert_false(a->has_seed);
+    assert_true(a->seed != b->seed); /* 64 random bits: equal with probability 2^-64 */
+    api_request_free(a);
+    api_request_free(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_nulls_mean_defaults),
+        cmocka_unit_test(test_every_field),
+        cmocka_unit_test(test_good_edges),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_messages_are_specific),
+        cmocka_unit_test(test_model_field),
+        cmocka_unit_test(test_invalid_json_and_body),
+        cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_prompt_bad_forms),
+        cmocka_unit_test(test_tokenize_strings),
+        cmocka_unit_test(test_tokenize_token_prompts),
+        cmocka_unit_test(test_context_length),
+        cmocka_unit_test(test_engine_request),
+        cmocka_unit_test(test_random_seed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

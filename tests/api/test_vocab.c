@@ -1,0 +1,155 @@
+/* api: ApiVocab over the real SentencePiece tokenizer (stories260K's 512-token vocabulary).
+ * Needs PAGEDSERVE_SHARED_DIR; without it every test says why it skipped and passes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/api.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+static Tokenizer *tok;
+static ApiVocab vocab;
+
+static int setup(void **state) {
+    (void)state;
+    const char *dir = getenv("PAGEDSERVE_SHARED_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : "");
+    FILE *probe = dir ? fopen(path, "rb") : NULL;
+    if (!probe) {
+        printf("SKIP: %s not found (PAGEDSERVE_SHARED_DIR=%s); real-tokenizer tests skipped\n",
+               path, dir ? dir : "(unset)");
+        return 0;
+    }
+    fclose(probe);
+    GgufFile *f;
+    char err[256];
+    if (gguf_open(path, &f, err, sizeof err) != 0) fail_msg("gguf_open: %s", err);
+    if (tokenizer_load(f, &tok, err, sizeof err) != 0) fail_msg("tokenizer_load: %s", err);
+    gguf_close(f);
+    api_vocab_from_tokenizer(&vocab, tok);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tokenizer_free(tok);
+    return 0;
+}
+
+static int32_t find_piece(const char *piece) {
+    for (int32_t id = 0; id < tokenizer_n_vocab(tok); id++) {
+        GgufStr p = tokenizer_piece(tok, id);
+        if (p.len == strlen(piece) && memcmp(p.ptr, piece, p.len) == 0) return id;
+    }
+    return -1;
+}
+
+static void test_wrapper_basics(void **state) {
+    (void)state;
+    if (!tok) return;
+    assert_int_equal(vocab.n_vocab, 512);
+    assert_true(vocab.add_bos);
+    char buf[64];
+    bool control;
+    assert_int_equal(vocab.token_text(vocab.arg, 1, buf, sizeof buf, &control), 3);
+    assert_string_equal(buf, "<s>");
+    assert_true(control);
+    int32_t nl = find_piece("<0x0A>"), c3 = find_piece("<0xC3>");
+    assert_true(nl >= 0 && c3 >= 0);
+    vocab.token_text(vocab.arg, nl, buf, sizeof buf, &control);
+    assert_string_equal(buf, "\n");
+    assert_false(control);
+    vocab.token_text(vocab.arg, c3, buf, sizeof buf, &control);
+    assert_string_equal(buf, "bytes:\\xc3"); /* half a character: OpenAI's bytes form */
+    /* a word piece: U+2581 shown as a space */
+    int32_t ids[16];
+    int n = vocab.encode(vocab.arg, "a", 1, false, ids, 16);
+    assert_int_equal(n, 1);
+    GgufStr raw = tokenizer_piece(tok, ids[0]);
+    assert_true(raw.len == 4 && memcmp(raw.ptr, "\xE2\x96\x81" "a", 4) == 0);
+    vocab.token_text(vocab.arg, ids[0], buf, sizeof buf, &control);
+    assert_string_equal(buf, " a");
+    assert_false(control);
+    assert_int_equal(vocab.token_text(vocab.arg, 512, buf, sizeof buf, &control), -1);
+}
+
+static void test_request_round_trip(void **state) {
+    (void)state;
+    if (!tok) return;
+    const char *text = "Once upon a time, there was a little girl named Lily.";
+    char body[256];
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"%s\",\"max_tokens\":8}", text);
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiRequest *r;
+    ApiError e;
+    assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
+    assert_int_equal(api_request_tokenize(r, &vocab, 2048, &l, &e), 0);
+    int32_t want[128];
+    int n = tokenizer_encode(tok, text, strlen(text), true, want, 128);
+    assert_int_equal(r->prompts[0].n_tokens, n);
+    assert_memory_equal(r->prompts[0].tokens, want, (size_t)n * sizeof want[0]);
+    assert_int_equal(r->prompts[0].tokens[0], tokenizer_bos(tok));
+    char *back = vocab.decode(vocab.arg, r->prompts[0].tokens, r->prompts[0].n_tokens, true);
+    assert_string_equal(back, text); /* BOS silent, leading space stripped */
+    free(back);
+    api_request_free(r);
+
+    /* the same ids given as a token prompt decode back to the text, for echo */
+    int o = snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":[");
+    for (int i = 0; i < n; i++) o += snprintf(body + o, sizeof body - o, "%s%d", i ? "," : "", want[i]);
+    snprintf(body + o, sizeof body - o, "]}");
+    assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
+    assert_int_equal(api_request_tokenize(r, &vocab, 2048, &l, &e), 0);
+    assert_string_equal(r->prompts[0].text, text);
+    api_request_free(r);
+}
+
+static void test_tokenize_detokenize(void **state) {
+    (void)state;
+    if (!tok) return;
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiError e;
+    char *out;
+    size_t len;
+    const char *body = "{\"prompt\":\"caf\\u00e9 \\ud83d\\ude00 ok\",\"return_token_strs\":true}";
+    assert_int_equal(api_tokenize_handle(body, strlen(body), &l, &vocab, "m", 2048, &out, &len, &e), 0);
+    json_error_t jerr;
+    json_t *o = json_loadb(out, len, 0, &jerr);
+    free(out);
+    assert_non_null(o);
+    json_t *tokens = json_object_get(o, "tokens");
+    assert_int_equal(json_integer_value(json_array_get(tokens, 0)), 1);
+    assert_int_equal(json_array_size(json_object_get(o, "token_strs")), json_array_size(tokens));
+    json_t *req = json_object();
+    json_object_set(req, "tokens", tokens);
+    char *dbody = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    json_decref(o);
+    assert_int_equal(api_detokenize_handle(dbody, strlen(dbody), &l, &vocab, "m", &out, &len, &e), 0);
+    free(dbody);
+    o = json_loadb(out, len, 0, &jerr);
+    free(out);
+    assert_string_equal(json_string_value(json_object_get(o, "prompt")),
+                        "caf\xc3\xa9 \xf0\x9f\x98\x80 ok"); /* byte fallback and back */
+    json_decref(o);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wrapper_basics),
+        cmocka_unit_test(test_request_round_trip),
+        cmocka_unit_test(test_tokenize_detokenize),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
