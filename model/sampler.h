@@ -75,7 +75,9 @@ int32_t sampler_candidates(Sampler *s, const SamplerParams *p, float *logits,
  * n go to the lower id; n is capped at n_vocab; n <= 0 or NULL top_ids/top_logprobs write
  * nothing. token_logprob may be NULL (token is then ignored); otherwise a token outside
  * [0, n_vocab) returns -1. NaN counts as -inf (logprob -inf), +inf as the largest float; a
- * row with nothing above -inf is treated as uniform (-log n_vocab each). */
+ * row with nothing above -inf is treated as uniform (-log n_vocab each). These are the raw
+ * model's log-probabilities (vLLM's default): take them before sampler_sample changes the
+ * row in place, or from a copy. */
 int sampler_logprobs(Sampler *s, const float *logits, int32_t token, float *token_logprob,
                      int32_t n, int32_t *top_ids, float *top_logprobs);
 

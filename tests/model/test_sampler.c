@@ -417,8 +417,8 @@ static void test_distribution_matches_softmax(void **state) {
 
 static void test_distribution_large_vocab_unfiltered(void **state) {
     (void)state;
-    /* several blocks of the unfiltered draw: every token at its softmax frequency */
-    enum { V = 1000 };
+    /* three blocks of the unfiltered draw: every token at its softmax frequency */
+    enum { V = 520 };
     float l[V];
     Rng data;
     rng_seed(&data, 25);
@@ -427,7 +427,7 @@ static void test_distribution_large_vocab_unfiltered(void **state) {
     for (int i = 0; i < V; i++) z += exp((double)l[i] / 0.9);
     for (int i = 0; i < V; i++) e[i] = exp((double)l[i] / 0.9) / z;
     SamplerParams p = params_t(0.9f);
-    check_distribution_n(l, V, &p, e, 26, 200000);
+    check_distribution_n(l, V, &p, e, 26, 60000);
 }
 
 static void test_distribution_after_filters_is_renormalised(void **state) {
@@ -453,7 +453,7 @@ static void test_distribution_after_filters_is_renormalised(void **state) {
  * probability (so the nucleus is neither too small nor too large), nothing else at all. */
 static void test_top_p_exact_nucleus_in_long_tail(void **state) {
     (void)state;
-    enum { V = 600 };
+    enum { V = 300 };
     float l[V];
     Rng data;
     rng_seed(&data, 23);
@@ -464,8 +464,8 @@ static void test_top_p_exact_nucleus_in_long_tail(void **state) {
         perm[i] = perm[j];
         perm[j] = t;
     }
-    l[perm[0]] = 6.5f; /* about half the mass */
-    for (int r = 1; r < V; r++) l[perm[r]] = -0.002f * (float)r;
+    l[perm[0]] = 5.2f; /* about half the mass */
+    for (int r = 1; r < V; r++) l[perm[r]] = -0.004f * (float)r;
     SamplerParams p = params_t(1.0f);
     p.top_p = 0.75f;
     char allowed[V];
@@ -477,8 +477,8 @@ static void test_top_p_exact_nucleus_in_long_tail(void **state) {
         e[i] = allowed[i] ? exp((double)l[i]) / z : 0.0;
         in += allowed[i];
     }
-    assert_true(in > 100 && in < V - 100); /* the cut really is inside the tail */
-    check_distribution_n(l, V, &p, e, 24, 100000);
+    assert_true(in > 50 && in < V - 50); /* the cut really is inside the tail */
+    check_distribution_n(l, V, &p, e, 24, 40000);
 }
 
 static double entropy_of_draws(const float *l, int n, float temperature, uint64_t seed) {
