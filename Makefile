@@ -34,6 +34,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 # MODEL=path.gguf, else the shared TinyStories model, else a random-weight demo model.
+# ARGS="--kv-cache-mb 512 ..." passes more server flags.
 run: build
 	@model="$(MODEL)"; \
 	if [ -z "$$model" ] && [ -f "$(SHARED)/models/stories260K.gguf" ]; then model="$(SHARED)/models/stories260K.gguf"; fi; \
@@ -45,7 +46,10 @@ run: build
 	fi; \
 	$(RUN_CMD)
 
-RUN_CMD = $(BUILD)/bin/generate -m "$$model" -p "$(or $(PROMPT),Once upon a time)" -n 64
+# The server in the foreground on 127.0.0.1:$(PORT); Ctrl-C drains and stops it.
+PORT ?= 8080
+RUN_CMD = echo "Try: curl -s http://127.0.0.1:$(PORT)/v1/completions -d '{\"model\": \"'$$(basename "$$model" .gguf)'\", \"prompt\": \"Once upon a time\", \"max_tokens\": 48}'"; \
+	exec $(BUILD)/bin/pagedserve -m "$$model" --port $(PORT) $(ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -1,0 +1,89 @@
+/* server — the pagedserve process: flags, the libuv loop, libmicrohttpd glue, signals.
+ *
+ * One libuv loop owns every socket. libmicrohttpd runs without threads of its own (epoll,
+ * external polling): the loop watches MHD's epoll fd and a timer from MHD_get_timeout, and
+ * calls MHD_run after each wake. The engine (scheduler/) runs on its own thread; its notify
+ * callback does uv_async_send, and the loop drains engine_poll, feeds each event to its
+ * request's ApiCompletion (api/), and resumes the suspended connections that have bytes.
+ *
+ * A request's life on the loop:
+ *   access handler (first call) -> route, auth, early 413 by Content-Length
+ *   upload calls                -> body kept up to --max-body-bytes, the rest discarded
+ *   final call                  -> api parse / admission / tokenise / engine_submit;
+ *                                  streamed: SSE response from a callback (suspends when it
+ *                                  has nothing to send); non-streamed: suspend until done
+ *   engine events (async)       -> api_completion_feed, resume
+ *   NOTIFY_COMPLETED            -> cancel engine work still running, free (exactly once)
+ *
+ * Engine events name their request by a serial number (EngineEvent.user), never by a
+ * pointer: a table maps live serials to requests, and events of a request that is gone
+ * are dropped. While a connection is suspended, MHD does not notice a client that hangs
+ * up, so the loop also watches the socket for a peer hang-up (EPOLLRDHUP) then.
+ *
+ * Exit codes of server_run / the binary: 0 after a clean shutdown (SIGTERM/SIGINT),
+ * 1 when start-up fails (model, port), 2 for bad flags.
+ */
+#ifndef PAGEDSERVE_SERVER_H
+#define PAGEDSERVE_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "api/api.h"
+#include "scheduler/scheduler.h"
+
+typedef enum {
+    LOG_ERROR = 0,
+    LOG_WARN = 1,
+    LOG_INFO = 2,
+    LOG_DEBUG = 3,
+} LogLevel;
+
+typedef struct {
+    char *model_path;        /* -m/--model, required */
+    char *host;              /* --host, 127.0.0.1 */
+    int port;                /* --port, 8080; 0 = any free port (logged) */
+    char *model_name;        /* --model-name; NULL = model file's base name without .gguf */
+
+    EngineConfig engine;     /* --kv-cache-mb --kv-dtype --block-size --max-seqs
+                              * --max-batch-tokens --max-queue --no-prefix-cache */
+    ApiLimits limits;        /* --max-body-bytes --max-tokens-cap --max-n --max-logprobs
+                              * --max-prompt-tokens */
+
+    char **api_keys;         /* --api-key and the lines of --api-key-file; empty = no auth */
+    int n_api_keys;
+    bool metrics_no_auth;    /* --metrics-no-auth: /metrics open even with keys */
+
+    int max_connections;     /* --max-connections (MHD_OPTION_CONNECTION_LIMIT), 512 */
+    int request_timeout_s;   /* --request-timeout-s, 600; 0 = none */
+    int idle_timeout_s;      /* --idle-timeout-s (MHD_OPTION_CONNECTION_TIMEOUT), 60; 0 = none */
+    int drain_timeout_s;     /* --drain-timeout-s, 30 */
+    int ping_interval_s;     /* --ping-interval-s, 15; 0 = no pings */
+    bool force_usage;        /* --force-usage */
+    int health_stall_s;      /* --health-stall-s, 60 */
+    int threads;             /* --threads, number of cores */
+    LogLevel log_level;      /* --log-level, info */
+} ServerConfig;
+
+/* Parse argv with PAGEDSERVE_<NAME> environment variables underneath (a flag wins over its
+ * variable). Returns 0 ready to run; 1 when --help was asked for (usage already printed to
+ * stdout); -1 with a message in err for anything wrong (unknown flag, missing or bad value,
+ * no model). The config is initialised either way: free it with server_config_free. */
+int server_config_parse(ServerConfig *c, int argc, char **argv, char *err, size_t err_len);
+void server_config_free(ServerConfig *c);
+/* The --help text: every flag, its variable and its default. */
+void server_config_usage(FILE *f);
+
+/* Load the model, start the engine and the HTTP listener, serve until SIGTERM/SIGINT, drain,
+ * free everything. Returns the process exit code (0 clean, 1 start-up failure). */
+int server_run(const ServerConfig *c);
+
+/* ---- logging (stderr) ----------------------------------------------------------------------- */
+
+void server_log_set_level(LogLevel level);
+bool server_log_enabled(LogLevel level);
+void server_log(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,173 @@
+/* server_internal — what the files of server/ share: the Server, one request's state, and
+ * the few functions that cross files. Not a contract for anyone outside server/. */
+#ifndef PAGEDSERVE_SERVER_INTERNAL_H
+#define PAGEDSERVE_SERVER_INTERNAL_H
+
+#include <microhttpd.h>
+#include <uv.h>
+
+#include "api/api.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+
+typedef struct Server Server;
+typedef struct ServerReq ServerReq;
+
+/* ---- live table: serial -> request with engine work ------------------------------------------ */
+
+/* Open addressing with linear probing; serials are never 0 (0 marks an empty slot). */
+typedef struct {
+    uint64_t *keys;
+    ServerReq **vals;
+    size_t cap;   /* power of two */
+    size_t count;
+} LiveTable;
+
+int live_table_init(LiveTable *t, size_t cap);
+void live_table_free(LiveTable *t);
+int live_table_put(LiveTable *t, uint64_t serial, ServerReq *r); /* 0, or -1 out of memory */
+ServerReq *live_table_get(const LiveTable *t, uint64_t serial);
+void live_table_del(LiveTable *t, uint64_t serial);
+
+/* ---- one HTTP request ------------------------------------------------------------------------ */
+
+typedef enum {
+    ROUTE_NOT_FOUND = 0,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_HEALTH,
+    ROUTE_READY,
+    ROUTE_METRICS,
+} Route;
+
+typedef enum {
+    PHASE_RECEIVING, /* the body is arriving */
+    PHASE_WAITING,   /* non-streamed completion: suspended in the access handler until done */
+    PHASE_STREAMING, /* SSE response queued; its reader hands out r->out */
+    PHASE_RESPONDED, /* a whole response is queued */
+} Phase;
+
+struct ServerReq {
+    Server *srv;
+    struct MHD_Connection *conn; /* NULL once MHD has said the request is over */
+    int refs;                    /* MHD's, the stream response's, the hang-up watcher's */
+    Route route;
+    Phase phase;
+    char method[16];
+    char path[160];
+    char request_id[72];         /* X-Request-Id: the client's, or generated */
+    double arrival;              /* monotonic seconds */
+    int status;                  /* HTTP status sent (for the log) */
+
+    bool has_early_error;        /* decided from the headers; the body is read and dropped */
+    ApiError early_error;
+    ApiBuf body;
+    bool body_too_large;
+
+    /* completions */
+    uint64_t serial;             /* 0 = not in the live table; else EngineEvent.user */
+    ApiRequest *req;
+    ApiCompletion *comp;
+    bool stream;
+    uint64_t *engine_ids;        /* per prompt; 0 = not submitted */
+    int32_t *engine_finished;    /* per prompt: how many of its choices have FINISHed */
+    int32_t n_engine;
+    ApiBuf out;                  /* bytes ready for the client */
+    size_t out_off;              /* streamed: how many of out.len are handed to MHD */
+    double last_output;          /* when bytes were last added to out (pings) */
+    bool suspended;
+    bool client_gone;            /* peer hung up while suspended */
+    uv_poll_t *hup;              /* hang-up watcher while suspended; NULL until needed */
+    bool hup_started;
+
+    bool resume_queued;          /* in srv->resume list */
+    ServerReq *resume_next;
+    ServerReq *prev, *next;      /* srv->active list */
+};
+
+/* ---- the server ------------------------------------------------------------------------------ */
+
+struct Server {
+    const ServerConfig *cfg;
+    uv_loop_t loop;
+    uv_poll_t mhd_poll;          /* MHD's epoll fd */
+    uv_timer_t mhd_timer;        /* MHD_get_timeout */
+    uv_async_t wake;             /* the engine's notify */
+    uv_signal_t sig_term, sig_int;
+    uv_timer_t tick;             /* every 250 ms while requests are active: pings, timeouts,
+                                  * the drain deadline */
+    struct MHD_Daemon *mhd;
+    int port;                    /* bound port */
+
+    Model *model;
+    Engine *engine;
+    ApiVocab vocab;
+    ApiMetrics metrics;
+    int32_t ctx_len;
+    int64_t created;             /* unix seconds at start, the model object's "created" */
+    double engine_started;       /* monotonic */
+    double last_submit;          /* monotonic; for the /health watchdog */
+
+    LiveTable live;
+    uint64_t next_serial;
+    ServerReq *active;           /* every request between its first access call and
+                                  * NOTIFY_COMPLETED */
+    int n_active;
+    ServerReq *resume;           /* requests to resume after the current batch of work */
+
+    bool in_mhd;                 /* inside MHD_run: never re-enter it */
+    bool connection_closed;      /* during the last MHD_run: run it once more */
+    bool draining;
+    bool drain_cancelled;        /* the drain deadline passed and in-flight work was ended */
+    double drain_deadline;       /* monotonic; then cancel */
+    double stop_deadline;        /* monotonic; after cancelling, stop regardless */
+    bool stopping;               /* shut down in progress: no MHD, no new work */
+};
+
+double server_now(void); /* monotonic seconds */
+
+/* http.c */
+enum MHD_Result server_on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls);
+void server_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe);
+/* Queue a response with the common headers; takes ownership of body (malloc'd, may be
+ * NULL only with len 0 or when memory ran out: then a fixed 503 body is sent). */
+enum MHD_Result server_send(ServerReq *r, int status, const char *content_type, char *body,
+                            size_t len);
+enum MHD_Result server_send_error(ServerReq *r, const ApiError *e);
+void server_add_common_headers(ServerReq *r, struct MHD_Response *resp);
+void server_req_release(ServerReq *r);
+
+/* completion.c */
+enum MHD_Result completion_start(ServerReq *r);
+enum MHD_Result completion_resumed(ServerReq *r);
+void completion_on_event(Server *s, EngineEvent *ev);
+/* End a completion early (timeout, drain): cancel its engine work, let api write the error
+ * (frame), resume it. */
+void completion_fail(ServerReq *r, int status, const char *message);
+void completion_cancel_engine(ServerReq *r);
+void completion_tick(ServerReq *r, double now);
+/* The request has nothing more to do with the engine: out of the live table. */
+void completion_forget(ServerReq *r);
+
+/* suspend.c */
+void req_suspend(ServerReq *r);
+void req_resume_later(ServerReq *r); /* queued; done by server_resume_all */
+void server_resume_all(Server *s);
+void req_hup_close(ServerReq *r);
+
+/* loop.c */
+void server_kick(Server *s); /* run MHD and re-arm its timer (not from inside MHD) */
+void server_tick_update(Server *s);
+void server_maybe_finish_drain(Server *s);
+
+/* auth.c */
+bool auth_check(const ServerConfig *c, const char *authorization_header);
+
+#endif

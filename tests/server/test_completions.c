@@ -1,0 +1,444 @@
+/* End to end completions on a random-weight model: non-streamed and streamed (every SSE
+ * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
+ * usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
+ * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
+ * blocks come back. */
+#include "tests/server/server_test.h"
+
+static ServerProc srv;
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--kv-dtype", "f32", "--max-n", "16", NULL};
+    return start_random_server(&srv, extra);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return server_proc_stop(&srv, 20.0) == 0 ? 0 : -1;
+}
+
+/* {"model":"random","prompt":<prompt>,<extra>} as a string (caller frees). */
+static char *completion_body(const char *prompt, const char *extra)
+{
+    json_t *p = json_string(prompt);
+    char *ps = json_dumps(p, JSON_ENCODE_ANY);
+    json_decref(p);
+    size_t n = strlen(ps) + strlen(extra) + 64;
+    char *body = malloc(n);
+    snprintf(body, n, "{\"model\":\"random\",\"prompt\":%s%s%s}", ps, *extra ? "," : "", extra);
+    free(ps);
+    return body;
+}
+
+static json_t *complete(const char *prompt, const char *extra)
+{
+    char *body = completion_body(prompt, extra);
+    int status = 0;
+    json_t *j = post_json(srv.port, "/v1/completions", body, &status);
+    if (status != 200)
+        fprintf(stderr, "%s -> %d\n", body, status);
+    free(body);
+    assert_int_equal(status, 200);
+    return j;
+}
+
+static const char *choice_text(json_t *j, size_t i)
+{
+    return json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), i),
+                                             "text"));
+}
+
+static const char *choice_finish(json_t *j, size_t i)
+{
+    return json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "choices"), i), "finish_reason"));
+}
+
+static int usage_field(json_t *j, const char *name)
+{
+    return (int)json_integer_value(json_object_get(json_object_get(j, "usage"), name));
+}
+
+static void stream_complete(const char *prompt, const char *extra, StreamResult *s)
+{
+    char *body = completion_body(prompt, extra);
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, srv.port, 0, T_IO), 0);
+    stream_send(&c, body);
+    free(body);
+    assert_int_equal(read_stream(&c, s), 0);
+    http_conn_close(&c);
+}
+
+static void test_nonstream(void **state)
+{
+    (void)state;
+    const char *prompt = "The quick brown fox";
+    json_t *j = complete(prompt, "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_true(strncmp(json_string_value(json_object_get(j, "id")), "cmpl-", 5) == 0);
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "random");
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 1);
+    assert_non_null(choice_text(j, 0));
+    assert_string_equal(choice_finish(j, 0), "length");
+    assert_int_equal(usage_field(j, "completion_tokens"), 12);
+    assert_int_equal(usage_field(j, "prompt_tokens"), tokenize_count(srv.port, prompt));
+    assert_int_equal(usage_field(j, "total_tokens"),
+                     usage_field(j, "prompt_tokens") + usage_field(j, "completion_tokens"));
+    json_decref(j);
+}
+
+static void test_stream_matches_nonstream(void **state)
+{
+    (void)state;
+    const char *prompt = "Once upon a time";
+    const char *opts = "\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true";
+    json_t *j = complete(prompt, opts);
+    char extra[256];
+    snprintf(extra, sizeof extra, "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}",
+             opts);
+    StreamResult s;
+    stream_complete(prompt, extra, &s);
+    assert_true(s.done);
+    assert_true(s.n_frames >= 2);
+    assert_int_equal(s.n_choices, 1);
+    assert_true(strncmp(s.id, "cmpl-", 5) == 0);
+    assert_string_equal(s.text[0] ? s.text[0] : "", choice_text(j, 0));
+    assert_string_equal(s.finish[0], "length");
+    assert_non_null(s.usage);
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 20);
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "prompt_tokens")),
+                     tokenize_count(srv.port, prompt));
+    stream_result_free(&s);
+    json_decref(j);
+}
+
+static void test_stream_headers(void **state)
+{
+    (void)state;
+    char *body = completion_body("hi", "\"max_tokens\":3,\"stream\":true");
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, srv.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_send(&c, "POST", "/v1/completions", "X-Request-Id: abc\r\n", body,
+                                    strlen(body), T_IO), 0);
+    free(body);
+    HttpResponse r;
+    assert_int_equal(http_conn_read_head(&c, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    char v[128];
+    assert_non_null(http_header(&r, "Content-Type", v, sizeof v));
+    assert_string_equal(v, "text/event-stream");
+    assert_non_null(http_header(&r, "Cache-Control", v, sizeof v));
+    assert_string_equal(v, "no-cache");
+    assert_non_null(http_header(&r, "X-Accel-Buffering", v, sizeof v));
+    assert_string_equal(v, "no");
+    assert_non_null(http_header(&r, "X-Request-Id", v, sizeof v));
+    assert_string_equal(v, "abc");
+    assert_non_null(http_header(&r, "Transfer-Encoding", v, sizeof v));
+    assert_string_equal(v, "chunked");
+    StreamResult s;
+    assert_int_equal(read_stream(&c, &s), 0);
+    assert_null(s.usage); /* not asked for */
+    stream_result_free(&s);
+    http_response_free(&r);
+    /* keep-alive: the same connection serves the next request */
+    assert_int_equal(http_conn_send(&c, "GET", "/health", NULL, NULL, 0, T_IO), 0);
+    assert_int_equal(http_conn_read_response(&c, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    http_response_free(&r);
+    http_conn_close(&c);
+}
+
+static void test_n2(void **state)
+{
+    (void)state;
+    const char *opts = "\"max_tokens\":8,\"n\":2,\"temperature\":1.0,\"seed\":7,\"ignore_eos\":true";
+    json_t *j = complete("Hello there", opts);
+    json_t *choices = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(choices), 2);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(choices, i), "index")),
+                         (json_int_t)i);
+        assert_string_equal(choice_finish(j, i), "length");
+    }
+    assert_int_equal(usage_field(j, "completion_tokens"), 16);
+    /* the same seed streamed gives the same two texts */
+    char extra[256];
+    snprintf(extra, sizeof extra, "%s,\"stream\":true", opts);
+    StreamResult s;
+    stream_complete("Hello there", extra, &s);
+    assert_int_equal(s.n_choices, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(s.text[i] ? s.text[i] : "", choice_text(j, (size_t)i));
+        assert_string_equal(s.finish[i], "length");
+    }
+    stream_result_free(&s);
+    json_decref(j);
+}
+
+/* A stop string taken from the text greedy decoding produces: the output ends right before
+ * its first occurrence, finish_reason "stop", streamed or not. */
+static void test_stop_string(void **state)
+{
+    (void)state;
+    const char *prompt = "Stop me if you can";
+    json_t *full = complete(prompt, "\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true");
+    const char *text = choice_text(full, 0);
+    /* two ASCII letters/digits in a row, not at the very start */
+    char stop[3] = "";
+    for (size_t i = 1; text[i] && text[i + 1]; i++) {
+        unsigned char a = (unsigned char)text[i], b = (unsigned char)text[i + 1];
+        if (a < 0x80 && b < 0x80 && a > ' ' && b > ' ' && a != '"' && b != '"' && a != '\\' &&
+            b != '\\') {
+            stop[0] = (char)a;
+            stop[1] = (char)b;
+            break;
+        }
+    }
+    if (stop[0] == '\0') {
+        fprintf(stderr, "no ASCII pair in the output to stop on: %s\n", text);
+        fail();
+    }
+    size_t cut = (size_t)(strstr(text, stop) - text);
+    char *want = strndup(text, cut);
+    char extra[256];
+    snprintf(extra, sizeof extra,
+             "\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true,\"stop\":[\"%s\"]", stop);
+    json_t *j = complete(prompt, extra);
+    assert_string_equal(choice_text(j, 0), want);
+    assert_string_equal(choice_finish(j, 0), "stop");
+    json_decref(j);
+    strcat(extra, ",\"stream\":true");
+    StreamResult s;
+    stream_complete(prompt, extra, &s);
+    assert_string_equal(s.text[0] ? s.text[0] : "", want);
+    assert_string_equal(s.finish[0], "stop");
+    stream_result_free(&s);
+    free(want);
+    json_decref(full);
+}
+
+/* Greedy: each chosen token's logprob is the largest of its top alternatives. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    json_t *j = complete("Numbers", "\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,"
+                                    "\"logprobs\":3");
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_true(json_is_object(lp));
+    json_t *tokens = json_object_get(lp, "tokens");
+    json_t *values = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    json_t *offsets = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(tokens), 5);
+    assert_int_equal(json_array_size(values), 5);
+    assert_int_equal(json_array_size(tops), 5);
+    assert_int_equal(json_array_size(offsets), 5);
+    for (size_t i = 0; i < 5; i++) {
+        double v = json_number_value(json_array_get(values, i));
+        assert_true(v <= 0.0);
+        json_t *top = json_array_get(tops, i);
+        assert_true(json_object_size(top) >= 1 && json_object_size(top) <= 3);
+        double best = -INFINITY;
+        const char *k;
+        json_t *x;
+        json_object_foreach(top, k, x)
+        {
+            assert_true(json_number_value(x) <= 0.0);
+            if (json_number_value(x) > best)
+                best = json_number_value(x);
+        }
+        assert_true(fabs(best - v) < 1e-4);
+    }
+    json_decref(j);
+}
+
+static void test_echo(void **state)
+{
+    (void)state;
+    const char *prompt = "Echo this prompt";
+    json_t *plain = complete(prompt, "\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true");
+    json_t *j = complete(prompt, "\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,"
+                                 "\"echo\":true,\"logprobs\":1");
+    const char *text = choice_text(j, 0);
+    size_t pl = strlen(prompt);
+    assert_true(strncmp(text, prompt, pl) == 0);
+    assert_string_equal(text + pl, choice_text(plain, 0));
+    /* logprobs cover the prompt tokens too; the first prompt token has none */
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *values = json_object_get(lp, "token_logprobs");
+    int n_prompt = tokenize_count(srv.port, prompt);
+    assert_int_equal((int)json_array_size(values), n_prompt + 6);
+    assert_true(json_is_null(json_array_get(values, 0)));
+    assert_true(json_is_number(json_array_get(values, 1)));
+    assert_int_equal(usage_field(j, "prompt_tokens"), n_prompt);
+    json_decref(j);
+    json_decref(plain);
+}
+
+/* Several prompts in one request: one choice each, usage summed over them. */
+static void test_usage_counts(void **state)
+{
+    (void)state;
+    const char *prompts[] = {"a", "two words", "a somewhat longer prompt with several tokens"};
+    int want = 0;
+    for (int i = 0; i < 3; i++) {
+        json_t *j = complete(prompts[i], "\"max_tokens\":3,\"ignore_eos\":true");
+        int count = tokenize_count(srv.port, prompts[i]);
+        assert_int_equal(usage_field(j, "prompt_tokens"), count);
+        want += count;
+        json_decref(j);
+    }
+    int status = 0;
+    json_t *j = post_json(srv.port, "/v1/completions",
+                          "{\"model\":\"random\",\"prompt\":[\"a\",\"two words\",\"a somewhat "
+                          "longer prompt with several tokens\"],\"max_tokens\":3,"
+                          "\"ignore_eos\":true}",
+                          &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 3);
+    assert_int_equal(usage_field(j, "prompt_tokens"), want);
+    assert_int_equal(usage_field(j, "completion_tokens"), 9);
+    json_decref(j);
+}
+
+/* 32 streams at once, each read to its end; every one equals its prompt run alone. */
+static void test_concurrent_streams(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    HttpConn conns[N];
+    char prompts[N][64];
+    const char *opts = "\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true,\"stream\":true";
+    for (int i = 0; i < N; i++) {
+        snprintf(prompts[i], sizeof prompts[i], "Request number %d says", i);
+        assert_int_equal(http_conn_open(&conns[i], srv.port, 0, T_IO), 0);
+        char *body = completion_body(prompts[i], opts);
+        assert_int_equal(http_conn_send(&conns[i], "POST", "/v1/completions", NULL, body,
+                                        strlen(body), T_IO), 0);
+        free(body);
+    }
+    StreamResult res[N];
+    for (int i = 0; i < N; i++) {
+        HttpResponse head;
+        assert_int_equal(http_conn_read_head(&conns[i], &head, T_IO), 0);
+        assert_int_equal(head.status, 200);
+        http_response_free(&head);
+        assert_int_equal(read_stream(&conns[i], &res[i]), 0);
+        http_conn_close(&conns[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        json_t *alone = complete(prompts[i], "\"max_tokens\":16,\"temperature\":0,"
+                                             "\"ignore_eos\":true");
+        assert_string_equal(res[i].finish[0], "length");
+        assert_string_equal(res[i].text[0] ? res[i].text[0] : "", choice_text(alone, 0));
+        for (int k = 0; k < i; k++)
+            assert_string_not_equal(res[i].id, res[k].id);
+        json_decref(alone);
+        stream_result_free(&res[i]);
+    }
+}
+
+/* Drop a long stream after two frames: the server cancels its engine work (far fewer
+ * tokens generated than asked for) and every KV block it held is free again. */
+static void test_client_drop_mid_stream(void **state)
+{
+    (void)state;
+    double gen_before = metric_value(srv.port, "pagedserve_generation_tokens_total");
+    assert_false(isnan(gen_before));
+    const int n = 16, max_tokens = 490;
+    char extra[160];
+    snprintf(extra, sizeof extra,
+             "\"max_tokens\":%d,\"n\":%d,\"temperature\":1,\"ignore_eos\":true,\"stream\":true",
+             max_tokens, n);
+    char *body = completion_body("hi", extra);
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, srv.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_send(&c, "POST", "/v1/completions", "X-Request-Id: drop-me\r\n",
+                                    body, strlen(body), T_IO), 0);
+    free(body);
+    HttpResponse head;
+    assert_int_equal(http_conn_read_head(&c, &head, T_IO), 0);
+    assert_int_equal(head.status, 200);
+    http_response_free(&head);
+    for (int i = 0; i < 2; i++) {
+        char *frame;
+        assert_int_equal(http_conn_read_event(&c, &frame, T_IO), 1);
+        free(frame);
+    }
+    http_conn_close(&c);
+    /* The server logs the request when MHD is done with it; the cancel goes to the engine
+     * right then, and the blocks return at its next step. */
+    assert_true(server_proc_wait_log(&srv, "id=drop-me", T_IO));
+    double used = -1, running = -1;
+    for (int i = 0; i < 5000; i++) {
+        used = metric_value(srv.port, "pagedserve_kv_blocks_used");
+        running = metric_value(srv.port, "pagedserve_num_requests_running");
+        if (used == 0 && running == 0)
+            break;
+    }
+    assert_true(used == 0);
+    assert_true(running == 0);
+    double gen_after = metric_value(srv.port, "pagedserve_generation_tokens_total");
+    if (!(gen_after - gen_before < 0.5 * n * max_tokens))
+        fprintf(stderr, "generated %.0f of %d tokens after the drop\n", gen_after - gen_before,
+                n * max_tokens);
+    assert_true(gen_after - gen_before < 0.5 * n * max_tokens);
+    char *log = server_proc_log(&srv);
+    const char *line = strstr(log, "id=drop-me");
+    assert_non_null(line);
+    assert_non_null(strstr(line, "client gone"));
+    free(log);
+}
+
+/* A non-streamed request whose client hangs up while it waits: the server notices at once
+ * (the connection is parked, so MHD would not), cancels the work and frees its blocks. */
+static void test_client_drop_waiting(void **state)
+{
+    (void)state;
+    double gen_before = metric_value(srv.port, "pagedserve_generation_tokens_total");
+    char *body = completion_body("hi", "\"max_tokens\":490,\"n\":16,\"temperature\":1,"
+                                       "\"ignore_eos\":true");
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, srv.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_send(&c, "POST", "/v1/completions", "X-Request-Id: drop-wait\r\n",
+                                    body, strlen(body), T_IO), 0);
+    free(body);
+    /* once the engine has produced something, the request is surely parked and running */
+    for (int i = 0; i < 5000; i++)
+        if (metric_value(srv.port, "pagedserve_generation_tokens_total") > gen_before)
+            break;
+    http_conn_close(&c);
+    assert_true(server_proc_wait_log(&srv, "id=drop-wait", T_IO));
+    double used = -1;
+    for (int i = 0; i < 5000 && used != 0; i++)
+        used = metric_value(srv.port, "pagedserve_kv_blocks_used");
+    assert_true(used == 0);
+    double gen_after = metric_value(srv.port, "pagedserve_generation_tokens_total");
+    assert_true(gen_after - gen_before < 0.5 * 16 * 490);
+    char *log = server_proc_log(&srv);
+    const char *line = strstr(log, "id=drop-wait");
+    assert_non_null(strstr(line, "client gone"));
+    free(log);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nonstream),
+        cmocka_unit_test(test_stream_matches_nonstream),
+        cmocka_unit_test(test_stream_headers),
+        cmocka_unit_test(test_n2),
+        cmocka_unit_test(test_stop_string),
+        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_echo),
+        cmocka_unit_test(test_usage_counts),
+        cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_client_drop_mid_stream),
+        cmocka_unit_test(test_client_drop_waiting),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,438 @@
+/* The process: --help, bad flags (exit 2), a bad model (exit 1), environment variables, the
+ * start-up log, 429 and the KV-size refusal, and shutdown: SIGTERM with a stream in flight
+ * (it completes, /ready turns 503, new connections are refused, exit 0), the drain timeout,
+ * SIGINT. */
+#include "tests/server/server_test.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+static char *bin_path(const char *name)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_bin_dir(), name);
+    return path;
+}
+
+/* A random model like the usual one but with a 65536-token context: its requests can run
+ * for seconds (tens of thousands of decode steps), long enough to meet every deadline. */
+static const char *long_model(void)
+{
+    static char path[512];
+    if (path[0])
+        return path;
+    snprintf(path, sizeof path, "%s.ctx65536.gguf", test_random_model());
+    const char *mk[] = {bin_path("mkmodel"), "-o", path, "--demo", "--ctx", "65536", NULL};
+    if (proc_run(mk, NULL, NULL, 60.0) != 0)
+        return NULL;
+    return path;
+}
+
+static int start_long_server(ServerProc *sp, const char *const *extra)
+{
+    const char *model = long_model();
+    if (model == NULL)
+        return -1;
+    const char *args[40] = {"-m", model, "--threads", "1", "--kv-cache-mb", "64",
+                            "--model-name", "long", "--max-tokens-cap", "65536"};
+    int n = 10;
+    for (int i = 0; extra && extra[i] && n < 39; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    return server_proc_start(sp, args, 30.0);
+}
+
+static const char long_stream[] = "{\"model\":\"long\",\"prompt\":\"go\",\"max_tokens\":65000,"
+                                  "\"ignore_eos\":true,\"stream\":true}";
+
+static void test_help(void **state)
+{
+    (void)state;
+    const char *argv[] = {bin_path("pagedserve"), "--help", NULL};
+    char *out = NULL, *err = NULL;
+    assert_int_equal(proc_run(argv, &out, &err, 30.0), 0);
+    static const char *flags[] = {
+        "--model", "--host", "--port", "--model-name", "--kv-cache-mb", "--kv-dtype",
+        "--block-size", "--max-seqs", "--max-batch-tokens", "--max-queue", "--no-prefix-cache",
+        "--api-key", "--api-key-file", "--metrics-no-auth", "--max-body-bytes",
+        "--max-tokens-cap", "--max-n", "--max-logprobs", "--max-prompt-tokens",
+        "--max-connections", "--request-timeout-s", "--idle-timeout-s", "--drain-timeout-s",
+        "--ping-interval-s", "--force-usage", "--health-stall-s", "--threads", "--log-level",
+        "PAGEDSERVE_KV_CACHE_MB", "PAGEDSERVE_API_KEY",
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (!strstr(out, flags[i]))
+            fprintf(stderr, "--help does not mention %s\n", flags[i]);
+        assert_non_null(strstr(out, flags[i]));
+    }
+    free(out);
+    free(err);
+}
+
+/* Each bad command line ends with exit 2 and a message naming the problem. */
+static void test_bad_flags(void **state)
+{
+    (void)state;
+    const char *model = test_random_model();
+    assert_non_null(model);
+    struct {
+        const char *args[4];
+        const char *says;
+    } cases[] = {
+        {{"--port", "8080", NULL}, "no model"},
+        {{"-m", model, "--port", "70000"}, "--port"},
+        {{"-m", model, "--port", "eighty"}, "--port"},
+        {{"-m", model, "--kv-dtype", "f8"}, "--kv-dtype"},
+        {{"-m", model, "--block-size", "0"}, "--block-size"},
+        {{"-m", model, "--log-level", "loud"}, "--log-level"},
+        {{"-m", model, "--max-logprobs", "50"}, "--max-logprobs"},
+        {{"-m", model, "--host", "not-an-ip"}, "--host"},
+        {{"-m", model, "--api-key-file", "/nonexistent/keys"}, "--api-key-file"},
+        {{"-m", model, "--frobnicate", NULL}, "--frobnicate"},
+        {{"-m", model, "stray", NULL}, "stray"},
+        {{"-m", model, "--threads", NULL}, "--threads"},
+        {{"-m", model, "--kv-cache-mb", "0"}, "--kv-cache-mb"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *argv[8] = {bin_path("pagedserve")};
+        int n = 1;
+        for (int k = 0; k < 4 && cases[i].args[k]; k++)
+            argv[n++] = cases[i].args[k];
+        argv[n] = NULL;
+        char *err = NULL;
+        int code = proc_run(argv, NULL, &err, 30.0);
+        if (code != 2 || !strstr(err, cases[i].says))
+            fprintf(stderr, "case %zu: exit %d, stderr: %s\n", i, code, err);
+        assert_int_equal(code, 2);
+        assert_non_null(strstr(err, cases[i].says));
+        free(err);
+    }
+    /* a bad value from the environment is just as fatal */
+    setenv("PAGEDSERVE_MAX_SEQS", "many", 1);
+    const char *argv[] = {bin_path("pagedserve"), "-m", model, NULL};
+    char *err = NULL;
+    assert_int_equal(proc_run(argv, NULL, &err, 30.0), 2);
+    assert_non_null(strstr(err, "PAGEDSERVE_MAX_SEQS"));
+    free(err);
+    unsetenv("PAGEDSERVE_MAX_SEQS");
+}
+
+static void test_bad_model(void **state)
+{
+    (void)state;
+    const char *argv[] = {bin_path("pagedserve"), "-m", "/nonexistent/model.gguf", "--port", "0",
+                          NULL};
+    char *err = NULL;
+    assert_int_equal(proc_run(argv, NULL, &err, 30.0), 1);
+    assert_non_null(strstr(err, "cannot load model"));
+    free(err);
+}
+
+static char *served_model_id(int port)
+{
+    int status = 0;
+    json_t *j = request_json(port, "GET", "/v1/models", NULL, NULL, &status);
+    assert_int_equal(status, 200);
+    char *id = strdup(
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")));
+    json_decref(j);
+    return id;
+}
+
+/* Variables set what flags do not; a flag wins over its variable. The start-up log says
+ * what was loaded. */
+static void test_env_and_startup_log(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    setenv("PAGEDSERVE_MODEL_NAME", "from-env", 1);
+    setenv("PAGEDSERVE_BLOCK_SIZE", "32", 1);
+    assert_int_equal(start_random_server(&sp, NULL), 0);
+    char *id = served_model_id(sp.port);
+    assert_string_equal(id, "from-env");
+    free(id);
+    char *log = server_proc_log(&sp);
+    static const char *says[] = {"loaded in", "dim 64", "2 layers", "vocab 512", "context 512",
+                                 "weights f32", "KV cache:", "blocks of 32 tokens",
+                                 "listening on http://127.0.0.1:"};
+    for (size_t i = 0; i < sizeof says / sizeof says[0]; i++) {
+        if (!strstr(log, says[i]))
+            fprintf(stderr, "start-up log lacks '%s':\n%s\n", says[i], log);
+        assert_non_null(strstr(log, says[i]));
+    }
+    free(log);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+
+    const char *extra[] = {"--model-name", "from-flag", NULL};
+    assert_int_equal(start_random_server(&sp, extra), 0);
+    id = served_model_id(sp.port);
+    assert_string_equal(id, "from-flag");
+    free(id);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+    unsetenv("PAGEDSERVE_MODEL_NAME");
+    unsetenv("PAGEDSERVE_BLOCK_SIZE");
+}
+
+/* --max-queue 0 refuses every completion: 429 with Retry-After. A request needing more KV
+ * than the whole cache: 400 before it reaches the engine. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    const char *extra[] = {"--max-queue", "0", NULL};
+    assert_int_equal(start_random_server(&sp, extra), 0);
+    const char *body = "{\"model\":\"random\",\"prompt\":\"hi\",\"max_tokens\":4}";
+    HttpResponse r;
+    assert_int_equal(http_request(sp.port, "POST", "/v1/completions", NULL, body, strlen(body),
+                                  T_IO, &r), 0);
+    assert_int_equal(r.status, 429);
+    char v[32];
+    assert_non_null(http_header(&r, "Retry-After", v, sizeof v));
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    assert_error_body(j, "rate_limit_exceeded");
+    json_decref(j);
+    http_response_free(&r);
+    assert_true(metric_value(sp.port, "pagedserve_http_requests_total{code=\"429\"}") >= 1);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+
+    /* The long model's KV takes 512 bytes a token in f32: 1 MiB holds 2048 tokens, so
+     * prompt + max_tokens of 3000 fits the context but not the cache. */
+    const char *small[] = {"--kv-cache-mb", "1", "--kv-dtype", "f32", NULL};
+    assert_int_equal(start_long_server(&sp, small), 0);
+    int status = 0;
+    j = post_json(sp.port, "/v1/completions",
+                  "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":3000}", &status);
+    assert_int_equal(status, 400);
+    assert_error_body(j, "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "kv_cache_exceeded");
+    json_decref(j);
+    /* what fits is served */
+    j = post_json(sp.port, "/v1/completions",
+                  "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":8}", &status);
+    assert_int_equal(status, 200);
+    json_decref(j);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+}
+
+/* --max-connections: a connection over the limit waits unanswered; it is served as soon as
+ * one of the others closes (no stall until some unrelated event). */
+static void test_max_connections(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    const char *extra[] = {"--max-connections", "2", NULL};
+    assert_int_equal(start_random_server(&sp, extra), 0);
+    HttpConn a, b, c;
+    HttpResponse r;
+    assert_int_equal(http_conn_open(&a, sp.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_open(&b, sp.port, 0, T_IO), 0);
+    HttpConn *both[] = {&a, &b};
+    const char *ids[] = {"X-Request-Id: conn-a\r\n", "X-Request-Id: conn-b\r\n"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(http_conn_send(both[i], "GET", "/health", ids[i], NULL, 0, T_IO), 0);
+        assert_int_equal(http_conn_read_response(both[i], &r, T_IO), 0);
+        assert_int_equal(r.status, 200);
+        http_response_free(&r);
+    }
+    assert_int_equal(http_conn_open(&c, sp.port, 0, T_IO), 0); /* the kernel's backlog */
+    assert_int_equal(http_conn_send(&c, "GET", "/health", "X-Request-Id: conn-c\r\n", NULL, 0,
+                                    T_IO), 0);
+    assert_true(server_proc_wait_log(&sp, "id=conn-b", T_IO));
+    char *log = server_proc_log(&sp);
+    assert_null(strstr(log, "id=conn-c")); /* not served while both slots are taken */
+    free(log);
+    http_conn_close(&a);
+    assert_int_equal(http_conn_read_response(&c, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    http_response_free(&r);
+    http_conn_close(&b);
+    http_conn_close(&c);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+}
+
+/* SIGTERM while a stream is in flight (held back by a client that does not read yet): the
+ * server stops accepting, /ready says 503 on a kept-alive connection, the stream still
+ * completes whole, and the process exits 0. */
+static void test_sigterm_drains_in_flight(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    assert_int_equal(start_random_server(&sp, NULL), 0);
+    HttpConn keep;
+    assert_int_equal(http_conn_open(&keep, sp.port, 0, T_IO), 0);
+    HttpResponse r;
+    assert_int_equal(http_conn_send(&keep, "GET", "/ready", NULL, NULL, 0, T_IO), 0);
+    assert_int_equal(http_conn_read_response(&keep, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    http_response_free(&r);
+    HttpConn keep2;
+    assert_int_equal(http_conn_open(&keep2, sp.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_send(&keep2, "GET", "/health", NULL, NULL, 0, T_IO), 0);
+    assert_int_equal(http_conn_read_response(&keep2, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    http_response_free(&r);
+
+    /* A small receive window: the server cannot push 300 tokens of SSE ahead of us. */
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, sp.port, 2048, T_IO), 0);
+    stream_send(&c, "{\"model\":\"random\",\"prompt\":\"drain\",\"max_tokens\":300,"
+                    "\"ignore_eos\":true,\"stream\":true,\"stream_options\":"
+                    "{\"include_usage\":true}}");
+    char *frame;
+    assert_int_equal(http_conn_read_event(&c, &frame, T_IO), 1);
+    free(frame);
+
+    assert_int_equal(server_proc_signal(&sp, SIGTERM), 0);
+    assert_true(server_proc_wait_log(&sp, "draining", T_IO));
+    char *log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "1 request(s) in flight"));
+    free(log);
+
+    assert_int_equal(http_conn_send(&keep, "GET", "/ready", NULL, NULL, 0, T_IO), 0);
+    assert_int_equal(http_conn_read_response(&keep, &r, T_IO), 0);
+    assert_int_equal(r.status, 503);
+    char v[32];
+    assert_non_null(http_header(&r, "Connection", v, sizeof v)); /* keep-alive ends */
+    assert_string_equal(v, "close");
+    http_response_free(&r);
+    http_conn_close(&keep);
+    /* a new completion on a connection opened before the signal: 503 */
+    int status = 0;
+    assert_int_equal(http_conn_send(&keep2, "POST", "/v1/completions", NULL, "{}", 2, T_IO), 0);
+    assert_int_equal(http_conn_read_response(&keep2, &r, T_IO), 0);
+    status = r.status;
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    assert_int_equal(status, 503);
+    assert_error_body(j, "server_error");
+    json_decref(j);
+    http_response_free(&r);
+    http_conn_close(&keep2);
+    HttpConn refused;
+    assert_int_not_equal(http_conn_open(&refused, sp.port, 0, T_IO), 0);
+
+    StreamResult s;
+    assert_int_equal(read_stream(&c, &s), 0);
+    assert_string_equal(s.finish[0], "length");
+    assert_null(s.error);
+    assert_non_null(s.usage);
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 300);
+    stream_result_free(&s);
+    http_conn_close(&c);
+    assert_int_equal(server_proc_wait_exit(&sp, T_IO), 0);
+    log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "stopped"));
+    free(log);
+    server_proc_stop(&sp, 5.0);
+}
+
+/* A request still generating at --drain-timeout-s is ended with an error frame and
+ * [DONE]; then the process exits 0. */
+static void test_drain_timeout(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    const char *extra[] = {"--drain-timeout-s", "1", NULL};
+    assert_int_equal(start_long_server(&sp, extra), 0);
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, sp.port, 0, T_IO), 0);
+    stream_send(&c, long_stream);
+    char *frame;
+    assert_int_equal(http_conn_read_event(&c, &frame, T_IO), 1);
+    free(frame);
+    assert_int_equal(server_proc_signal(&sp, SIGTERM), 0);
+    StreamResult s;
+    assert_int_equal(read_stream(&c, &s), 0);
+    assert_non_null(s.error);
+    assert_string_equal(json_string_value(json_object_get(s.error, "type")), "server_error");
+    stream_result_free(&s);
+    http_conn_close(&c);
+    assert_int_equal(server_proc_wait_exit(&sp, T_IO), 0);
+    char *log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "drain: ended 1 request(s)"));
+    free(log);
+    server_proc_stop(&sp, 5.0);
+}
+
+/* --request-timeout-s ends a long request with a 504 error (an error frame when streamed,
+ * the error body otherwise), and a stream waiting its turn gets ': ping' comments. */
+static void test_request_timeout_and_pings(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    const char *extra[] = {"--max-seqs", "1", "--request-timeout-s", "2", "--ping-interval-s", "1",
+                           NULL};
+    assert_int_equal(start_long_server(&sp, extra), 0);
+    HttpConn running, queued, plain;
+    assert_int_equal(http_conn_open(&running, sp.port, 0, T_IO), 0);
+    stream_send(&running, long_stream);
+    char *frame;
+    assert_int_equal(http_conn_read_event(&running, &frame, T_IO), 1);
+    free(frame);
+    /* with one sequence at a time, this one waits behind the first: silent but for pings */
+    assert_int_equal(http_conn_open(&queued, sp.port, 0, T_IO), 0);
+    stream_send(&queued, long_stream);
+    const char *body = "{\"model\":\"long\",\"prompt\":\"go\",\"max_tokens\":65000,"
+                       "\"ignore_eos\":true}";
+    assert_int_equal(http_conn_open(&plain, sp.port, 0, T_IO), 0);
+    assert_int_equal(http_conn_send(&plain, "POST", "/v1/completions", NULL, body, strlen(body),
+                                    T_IO), 0);
+
+    StreamResult s;
+    assert_int_equal(read_stream(&queued, &s), 0);
+    assert_true(s.pings >= 1);
+    assert_non_null(s.error);
+    assert_non_null(strstr(json_string_value(json_object_get(s.error, "message")),
+                           "--request-timeout-s"));
+    stream_result_free(&s);
+    assert_int_equal(read_stream(&running, &s), 0);
+    assert_non_null(s.error);
+    stream_result_free(&s);
+    HttpResponse r;
+    assert_int_equal(http_conn_read_response(&plain, &r, T_IO), 0);
+    assert_int_equal(r.status, 504);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    assert_error_body(j, "server_error");
+    json_decref(j);
+    http_response_free(&r);
+    http_conn_close(&running);
+    http_conn_close(&queued);
+    http_conn_close(&plain);
+    /* everything was cancelled: no blocks left in use */
+    assert_true(server_proc_wait_log(&sp, "POST /v1/completions 504", T_IO));
+    double used = -1;
+    for (int i = 0; i < 5000 && used != 0; i++)
+        used = metric_value(sp.port, "pagedserve_kv_blocks_used");
+    assert_true(used == 0);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+}
+
+static void test_sigint_idle(void **state)
+{
+    (void)state;
+    static ServerProc sp; /* static: its log reader thread may outlive a failed test */
+    assert_int_equal(start_random_server(&sp, NULL), 0);
+    assert_int_equal(server_proc_signal(&sp, SIGINT), 0);
+    assert_int_equal(server_proc_wait_exit(&sp, T_IO), 0);
+    server_proc_stop(&sp, 5.0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_bad_model),
+        cmocka_unit_test(test_env_and_startup_log),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_max_connections),
+        cmocka_unit_test(test_sigterm_drains_in_flight),
+        cmocka_unit_test(test_drain_timeout),
+        cmocka_unit_test(test_request_timeout_and_pings),
+        cmocka_unit_test(test_sigint_idle),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (long_model() != NULL)
+        unlink(long_model());
+    return failed;
+}
