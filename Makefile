@@ -48,7 +48,8 @@ run: build
 
 # The server in the foreground on 127.0.0.1:$(PORT); Ctrl-C drains and stops it.
 PORT ?= 8080
-RUN_CMD = echo "Try: curl -s http://127.0.0.1:$(PORT)/v1/completions -d '{\"model\": \"'$$(basename "$$model" .gguf)'\", \"prompt\": \"Once upon a time\", \"max_tokens\": 48}'"; \
+RUN_CMD = name=$$(basename "$$model" .gguf); \
+	echo "Try: curl -s http://127.0.0.1:$(PORT)/v1/completions -d '{\"model\": \"$$name\", \"prompt\": \"Once upon a time\", \"max_tokens\": 48}'"; \
 	exec $(BUILD)/bin/pagedserve -m "$$model" --port $(PORT) $(ARGS)
 
 test: build
