@@ -6,6 +6,7 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 struct ModelRunner {
     const Model *model;
     int max_rows;
+    int n_threads;  /* 0: OpenMP's default for the calling thread */
     float *x;       /* [max_rows][dim] residual stream */
     float *xb;      /* [max_rows][dim] normalised input of a sub-layer */
     float *qkv;     /* [max_rows][qkv_dim] fused Q, K, V */
@@ -59,6 +61,11 @@ oom:
     model_runner_free(r);
     snprintf(err, err_len, "out of memory for a %d-row model runner", max_rows);
     return -1;
+}
+
+void model_runner_set_threads(ModelRunner *r, int n_threads)
+{
+    r->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
 }
 
 void model_runner_free(ModelRunner *r)
@@ -249,6 +256,8 @@ const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch
     int rows = batch_rows(r, seqs, n_seqs, &logit_rows);
     if (rows < 1 || ensure_logits(r, logit_rows) != 0)
         return NULL;
+    if (r->n_threads > 0)
+        omp_set_num_threads(r->n_threads);
     embed_rows(r, seqs, n_seqs);
     for (int l = 0; l < r->model->config.n_layers; l++)
         transformer_layer(r, kv, l, seqs, n_seqs, rows);

@@ -71,6 +71,9 @@ typedef struct ModelRunner ModelRunner;
 int model_runner_create(const Model *m, int max_rows, ModelRunner **out,
                         char *err, size_t err_len);
 void model_runner_free(ModelRunner *r);
+/* Compute threads for this runner's passes (<= 0: every core). OpenMP's thread count
+ * belongs to the calling thread, so model_forward applies it on whichever thread runs it. */
+void model_runner_set_threads(ModelRunner *r, int n_threads);
 
 /* Run one pass. Returns the logits rows (vocab_size floats each), in sequence order:
  * one row for LOGITS_LAST, n_rows rows for LOGITS_ALL, none for LOGITS_NONE. The memory

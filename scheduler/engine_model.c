@@ -15,6 +15,7 @@ void engine_config_default(EngineConfig *c)
     c->max_batch_tokens = 512;
     c->max_queue = 1024;
     c->prefix_cache = true;
+    c->threads = 0;
 }
 
 typedef struct {
@@ -79,6 +80,7 @@ int engine_create(const Model *model, const EngineConfig *cfg,
         free(m);
         return -1;
     }
+    model_runner_set_threads(m->runner, cfg->threads);
     const ModelConfig *mc = model_config(model);
     const Tokenizer *tok = model_tokenizer(model);
     size_t detok_max = tokenizer_detok_max_bytes(tok);

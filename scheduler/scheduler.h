@@ -29,6 +29,7 @@ typedef struct {
     int max_batch_tokens;     /* --max-batch-tokens: rows per forward pass */
     int max_queue;            /* --max-queue: waiting requests before submit says "full" */
     bool prefix_cache;        /* --no-prefix-cache turns it off */
+    int threads;              /* --threads: compute threads of the forward pass (0: all cores) */
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);

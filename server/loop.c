@@ -91,18 +91,10 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- the engine's events ------------------------------------------------------------------- */
 
-/* Engine thread: wakes the loop. It also applies --threads to OpenMP there: OpenMP's thread
- * count is per calling thread, so omp_set_num_threads on the loop thread does not reach
- * the engine thread (the engine has no such setting of its own). The first step before
- * this call may still use OpenMP's default. */
+/* Engine thread: wakes the loop. */
 static void on_engine_notify(void *arg)
 {
-    static __thread bool omp_threads_set;
     Server *s = arg;
-    if (!omp_threads_set) {
-        omp_set_num_threads(s->cfg->threads);
-        omp_threads_set = true;
-    }
     uv_async_send(&s->wake);
 }
 
@@ -346,8 +338,9 @@ static int server_open(Server *s)
         server_log(LOG_ERROR, "out of memory");
         return -1;
     }
-    if (engine_create(s->model, &s->cfg->engine, on_engine_notify, s, &s->engine, err,
-                      sizeof err) != 0) {
+    EngineConfig ecfg = s->cfg->engine;
+    ecfg.threads = s->cfg->threads;
+    if (engine_create(s->model, &ecfg, on_engine_notify, s, &s->engine, err, sizeof err) != 0) {
         server_log(LOG_ERROR, "cannot create the engine: %s", err);
         return -1;
     }
