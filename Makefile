@@ -60,5 +60,10 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# Builds the ~110M-parameter random model and runs every workload against a server it starts
+# and stops; results in $(BUILD)/bench/ (docs/benchmarks.md keeps the latest).
+bench: build
+	BUILD=$(BUILD) SHARED=$(SHARED) tools/bench.sh
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# bench.sh — what `make bench` runs: pagedserve's serving benchmarks on this machine.
+#
+# 1. makes the 110M-parameter benchmark model once (random weights; the Llama vocabulary
+#    from ../shared when present), 2. measures the machine's sgemm GFLOP/s and memory
+#    bandwidth when `bench matmul` / `bench membw` exist, 3. starts pagedserve on a free
+#    loopback port and runs the `bench serve` workloads against it (a second server without
+#    the prefix cache, a third with a small KV cache for the capacity workload), 4. writes
+#    build/bench/: one JSON per run, results.md, results.tsv and, with gnuplot, PNG plots.
+# Every server it starts is stopped on exit, whatever happens (trap).
+#
+# Environment (all optional):
+#   BUILD=build                build directory holding bin/ (pagedserve, bench, mkmodel)
+#   SHARED=../shared           shared data folder (for the Llama vocabulary)
+#   BENCH_OUT=$BUILD/bench     where results go (emptied of old results first)
+#   BENCH_MODEL=$BUILD/bench-model-110m.gguf
+#   BENCH_WORKLOADS="chat decode prefix capacity"
+#   BENCH_KV_MB=1024           KV cache of the main servers
+#   BENCH_CAPACITY_KV_MB=256   KV cache of the capacity server
+#   BENCH_MAX_SECONDS=1800     bound on each `bench serve` invocation
+#   BENCH_QUICK=1              small smoke run (fewer levels and requests)
+#   BENCH_NO_INSTALL=1         never apt-get install gnuplot
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+SHARED=${SHARED:-$ROOT/../shared}
+BIN=$BUILD/bin
+OUT=${BENCH_OUT:-$BUILD/bench}
+MODEL=${BENCH_MODEL:-$BUILD/bench-model-110m.gguf}
+WORKLOADS=${BENCH_WORKLOADS:-chat decode prefix capacity}
+KV_MB=${BENCH_KV_MB:-1024}
+CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-256}
+MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
+QUICK=${BENCH_QUICK:-0}
+MAX_SEQS=64
+
+log() { printf '== %s\n' "$*" >&2; }
+die() { printf 'bench.sh: %s\n' "$*" >&2; exit 1; }
+
+# ---- preconditions --------------------------------------------------------------------
+for b in pagedserve bench mkmodel; do
+    [ -x "$BIN/$b" ] || die "$BIN/$b is missing: build first (make build)"
+done
+"$BIN/bench" serve --help >/dev/null 2>&1 ||
+    die "'$BIN/bench serve' does not exist: this build's bench lacks the serve subcommand"
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.txt "$OUT"/*.png "$OUT"/*.tsv "$OUT"/*.md "$OUT"/*.log \
+      "$OUT"/*.gp
+
+# ---- the model ------------------------------------------------------------------------
+if [ -f "$MODEL" ]; then
+    log "model: reusing $MODEL"
+else
+    vocab=()
+    spm=$SHARED/models/vocab/ggml-vocab-llama-spm.gguf
+    if [ -f "$spm" ]; then vocab=(--vocab-from "$spm"); else vocab=(--vocab 32000); fi
+    log "model: making $MODEL (134M parameters, f32, 512 MiB)"
+    "$BIN/mkmodel" -o "$MODEL.tmp" --dim 768 --layers 12 --heads 12 --kv-heads 12 --ffn 2048 \
+        --type f32 "${vocab[@]}"
+    mv "$MODEL.tmp" "$MODEL"
+fi
+
+# ---- gnuplot (optional) -----------------------------------------------------------------
+have_gnuplot() { command -v gnuplot >/dev/null 2>&1; }
+if ! have_gnuplot && [ "${BENCH_NO_INSTALL:-0}" != 1 ] && command -v dpkg-query >/dev/null 2>&1; then
+    if ! dpkg-query -W -f='${Status}\n' gnuplot-nox 2>/dev/null | grep -q 'install ok installed'; then
+        SUDO=""
+        [ "$(id -u)" = 0 ] || SUDO=sudo
+        log "installing gnuplot-nox for the plots (BENCH_NO_INSTALL=1 to skip)"
+        { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+              $SUDO apt-get install -y -qq --no-install-recommends gnuplot-nox; } \
+            > "$OUT/apt-gnuplot.log" 2>&1 ||
+            log "could not install gnuplot-nox (see $OUT/apt-gnuplot.log): no plots"
+    fi
+fi
+
+# ---- machine peaks (optional) ---------------------------------------------------------
+GFLOPS=0
+GBPS=0
+if "$BIN/bench" matmul --help >/dev/null 2>&1; then
+    log "machine: bench matmul (sgemm GFLOP/s at 256 rows, the best shape)"
+    "$BIN/bench" matmul --rows 256 --min-time 0.2 > "$OUT/machine-matmul.txt" 2>&1 || true
+    # rows | matmul us  GFLOP/s ... : the GFLOP/s column of the 256-row lines
+    GFLOPS=$(awk -F'|' '$1 ~ /^ *256 *$/ { split($2, f, " "); if (f[2] > best) best = f[2] }
+                         END { printf "%.1f", best + 0 }' "$OUT/machine-matmul.txt")
+else
+    log "machine: no 'bench matmul' in this build: no compute roofline"
+fi
+if "$BIN/bench" membw --help >/dev/null 2>&1; then
+    log "machine: bench membw"
+    "$BIN/bench" membw --min-time 0.2 > "$OUT/machine-membw.txt" 2>&1 || true
+    GBPS=$(awk '/^read/ { for (i = 1; i < NF; i++) if ($(i + 1) == "GB/s") v = $i }
+                END { printf "%.1f", v + 0 }' "$OUT/machine-membw.txt")
+else
+    log "machine: no 'bench membw' in this build: no bandwidth roofline"
+fi
+log "machine: sgemm ${GFLOPS} GFLOP/s, memory read ${GBPS} GB/s (0 = not measured)"
+
+# ---- servers --------------------------------------------------------------------------
+SERVER_PID=""
+PORT=""
+stop_server() {
+    [ -n "$SERVER_PID" ] || return 0
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+}
+trap stop_server EXIT
+trap 'exit 130' INT TERM
+
+# GET path on the server; prints the status code (000 when nothing answered).
+http_status() {
+    local code=000
+    if exec 3<>"/dev/tcp/127.0.0.1/$PORT" 2>/dev/null; then
+        printf 'GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$1" >&3
+        IFS=' ' read -r -t 5 _ code _ <&3 || true
+        exec 3<&-
+    fi
+    echo "${code:-000}"
+}
+
+# start_server NAME FLAGS...: --port 0 lets the kernel pick a free port; the log says which.
+start_server() {
+    local name=$1
+    shift
+    local logf=$OUT/server-$name.log
+    "$BIN/pagedserve" -m "$MODEL" --host 127.0.0.1 --port 0 --max-seqs "$MAX_SEQS" \
+        --log-level info "$@" > "$logf" 2>&1 &
+    SERVER_PID=$!
+    PORT=""
+    for _ in $(seq 600); do
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$logf" >&2; die "pagedserve ($name) exited"; }
+        if [ -z "$PORT" ]; then
+            PORT=$(grep -o 'listening on http://127\.0\.0\.1:[0-9]*' "$logf" | head -1 | grep -o '[0-9]*$' || true)
+        fi
+        if [ -n "$PORT" ] && [ "$(http_status /ready)" = 200 ]; then
+            log "server $name: pid $SERVER_PID, port $PORT, flags: $*"
+            return 0
+        fi
+        sleep 0.2
+    done
+    die "pagedserve ($name) not ready after 120 s (log: $logf)"
+}
+
+# run NAME LABEL ARGS...: one bench serve invocation; a failed request is reported, not fatal.
+run() {
+    local name=$1 label=$2 kv=$3
+    shift 3
+    log "bench serve $name ($label)"
+    local rc=0
+    "$BIN/bench" serve --port "$PORT" --gguf "$MODEL" --kv-cache-mb "$kv" \
+        --gflops "$GFLOPS" --gbps "$GBPS" --max-seconds "$MAX_SECONDS" --label "$label" \
+        --json "$OUT/$name.json" --markdown "$OUT/results-body.md" --tsv "$OUT/results.tsv" \
+        "$@" | tee "$OUT/$name.txt" || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] || die "bench serve $name failed (exit $rc)"
+    [ "$rc" = 0 ] || log "WARNING: $name: some requests failed or the run was cut short"
+}
+
+wants() { case " $WORKLOADS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if [ "$QUICK" = 1 ]; then
+    CHAT=(-c "1,8" -n 8); DECODE=(-c 8 --max-tokens 64); PREFIX=(-c 4 -n 8)
+    CAPACITY=(-c "4,8" --max-tokens 128)
+else
+    CHAT=(); DECODE=(); PREFIX=(); CAPACITY=()
+fi
+rm -f "$OUT/results-body.md"
+
+if wants chat || wants decode || wants prefix; then
+    start_server main --kv-cache-mb "$KV_MB"
+    wants chat && run chat "kv ${KV_MB} MiB, prefix cache on" "$KV_MB" --workload chat "${CHAT[@]}"
+    wants decode && run decode "kv ${KV_MB} MiB" "$KV_MB" --workload decode "${DECODE[@]}"
+    wants prefix && run prefix-cache "prefix cache on" "$KV_MB" --workload prefix "${PREFIX[@]}"
+    stop_server
+fi
+if wants prefix; then
+    start_server no-prefix-cache --kv-cache-mb "$KV_MB" --no-prefix-cache
+    run prefix-nocache "prefix cache off" "$KV_MB" --workload prefix "${PREFIX[@]}"
+    stop_server
+fi
+if wants capacity; then
+    start_server capacity --kv-cache-mb "$CAP_KV_MB"
+    run capacity "kv ${CAP_KV_MB} MiB" "$CAP_KV_MB" --workload capacity "${CAPACITY[@]}"
+    stop_server
+fi
+
+# ---- results.md -----------------------------------------------------------------------
+{
+    echo "# pagedserve serving benchmarks"
+    echo
+    echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), host: $(uname -n), $(nproc) cores:" \
+         "$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
+    echo "- model: $MODEL ($(stat -c %s "$MODEL" | awk '{printf "%.0f MiB", $1 / 1048576}');" \
+         "geometry and parameter counts in each JSON's \"model\")"
+    echo "- machine peaks: sgemm ${GFLOPS} GFLOP/s, memory read ${GBPS} GB/s (0 = not measured)"
+    echo "- how to read: docs/benchmarks-howto.md"
+    cat "$OUT/results-body.md"
+} > "$OUT/results.md"
+rm -f "$OUT/results-body.md"
+
+# ---- plots ----------------------------------------------------------------------------
+if have_gnuplot && grep -q '^chat' "$OUT/results.tsv" 2>/dev/null; then
+    grep '^chat' "$OUT/results.tsv" > "$OUT/chat.tsv"
+    cat > "$OUT/plots.gp" <<EOF
+set terminal png size 900,540
+set datafile separator "\t"
+set datafile missing "nan"
+set grid
+set key left top
+set xlabel "concurrent clients"
+set logscale x 2
+set output "$OUT/chat-throughput.png"
+set title "chat: output tokens/s against concurrency"
+set ylabel "output tokens / s"
+plot "$OUT/chat.tsv" using 3:7 with linespoints lw 2 title "output tok/s"
+set output "$OUT/chat-ttft.png"
+set title "chat: time to first token against concurrency"
+set ylabel "TTFT (ms)"
+plot "$OUT/chat.tsv" using 3:9 with linespoints lw 2 title "p50", \
+     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "p99"
+EOF
+    if gnuplot "$OUT/plots.gp"; then log "plots: $OUT/chat-throughput.png, $OUT/chat-ttft.png"; fi
+else
+    have_gnuplot || log "no gnuplot: no plots"
+fi
+
+log "results: $OUT/results.md (tables), $OUT/*.json (every number), $OUT/results.tsv"
+cat "$OUT/results.md"

@@ -1,0 +1,79 @@
+/* bench_serve_model — the model geometry bench serve needs for its roofline and KV-capacity
+ * arithmetic, read from the GGUF header (the file is mapped, no weight is loaded).
+ *
+ * Weight bytes are counted as F32, 4 per element, whatever the file stores: pagedserve
+ * dequantises every matrix to F32 when it loads (model/model.h, model_weight_bytes), so
+ * that is what each decode step streams from memory. */
+#include "tools/bench_serve_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/gguf.h"
+
+static int get_count(const GgufFile *f, const char *arch, const char *suffix, int *out,
+                     bool required, char *err, size_t err_len)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    if (gguf_get_u32(f, key, &v) != 0 || v == 0 || v > (1u << 30)) {
+        if (!required)
+            return 0;
+        snprintf(err, err_len, "GGUF key %s missing or out of range", key);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    GgufFile *f;
+    if (gguf_open(gguf_path, &f, err, err_len) != 0)
+        return -1;
+    char arch[64] = "llama";
+    GgufStr a;
+    if (gguf_get_str(f, "general.architecture", &a) == 0 && a.len > 0 && a.len < sizeof arch) {
+        memcpy(arch, a.ptr, a.len);
+        arch[a.len] = '\0';
+    }
+    int rc = -1;
+    if (get_count(f, arch, "block_count", &m->n_layers, true, err, err_len) != 0 ||
+        get_count(f, arch, "embedding_length", &m->dim, true, err, err_len) != 0 ||
+        get_count(f, arch, "attention.head_count", &m->n_heads, true, err, err_len) != 0 ||
+        get_count(f, arch, "context_length", &m->ctx_len, true, err, err_len) != 0)
+        goto out;
+    m->n_kv_heads = m->n_heads;
+    get_count(f, arch, "attention.head_count_kv", &m->n_kv_heads, false, err, err_len);
+    m->head_dim = m->dim / m->n_heads;
+
+    bool has_output = gguf_find_tensor(f, "output.weight") != NULL;
+    for (int64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const GgufTensor *t = gguf_tensor(f, i);
+        m->total_params += (double)t->n_elements;
+        bool embedding = t->name.len == 17 && memcmp(t->name.ptr, "token_embd.weight", 17) == 0;
+        if (embedding && t->n_dims >= 2)
+            m->vocab = (int)t->ne[1];
+        /* The embedding table is read one row per token, unless it is also the output
+         * matrix (tied), which every token multiplies in full. */
+        if (t->n_dims >= 2 && (!embedding || !has_output))
+            m->matmul_params += (double)t->n_elements;
+    }
+    m->matmul_bytes = 4.0 * m->matmul_params;
+    m->known = true;
+    rc = 0;
+out:
+    gguf_close(f);
+    return rc;
+}
+
+double bs_model_flops_at(const BsModelInfo *m, double pos)
+{
+    /* Each matrix element is one multiply-add (2 FLOPs). Attention per layer: q·k over the
+     * pos+1 visible positions and the weighted sum of as many values, 2 FLOPs per element
+     * of each, for every query head. */
+    double attention = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim * (pos + 1.0);
+    return 2.0 * m->matmul_params + attention;
+}
