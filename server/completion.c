@@ -54,6 +54,31 @@ static bool completion_has_output(const ServerReq *r)
     return done;
 }
 
+/* What the request's log line will say: tokens per choice, cached prompt tokens, time to
+ * the first token, how its choices finished. */
+static void completion_note_event(ServerReq *r, int32_t p, const EngineEvent *ev)
+{
+    int32_t n = r->req->n;
+    int32_t *tokens = ev->choice >= 0 && ev->choice < n ? &r->choice_tokens[p * n + ev->choice]
+                                                        : NULL;
+    if (ev->kind == EVENT_TOKEN) {
+        if (r->first_token_at == 0)
+            r->first_token_at = server_now();
+        if (tokens)
+            (*tokens)++;
+    } else if (ev->kind == EVENT_FINISH) {
+        if (r->engine_finished[p]++ == 0) { /* the prompt's usage is the same in every choice */
+            r->cached_tokens += ev->cached_tokens;
+            r->have_cached = true;
+        }
+        if (tokens)
+            *tokens = ev->completion_tokens; /* counts an end-of-generation token too */
+        r->n_finished++;
+        if (ev->finish > r->worst_finish)
+            r->worst_finish = ev->finish;
+    }
+}
+
 void completion_on_event(Server *s, EngineEvent *ev)
 {
     ServerReq *r = live_table_get(&s->live, (uint64_t)(uintptr_t)ev->user);
@@ -62,8 +87,7 @@ void completion_on_event(Server *s, EngineEvent *ev)
     int32_t p = prompt_of(r, ev->request_id);
     if (p < 0)
         return;
-    if (ev->kind == EVENT_FINISH)
-        r->engine_finished[p]++;
+    completion_note_event(r, p, ev);
     bool was_done = api_completion_done(r->comp);
     size_t before = r->out.len;
     double now = server_now();
@@ -194,9 +218,12 @@ static enum MHD_Result submit_all(ServerReq *r)
     Server *s = r->srv;
     int32_t n = r->req->n_prompts;
     r->engine_ids = calloc((size_t)n, sizeof *r->engine_ids);
-    r->engine_finished = calloc((size_t)n, sizeof *r->engine_finished);
+    /* One allocation: n finish counts, then n * choices token counts for the log line
+     * (choice_tokens points into it and is freed with engine_finished). */
+    r->engine_finished = calloc((size_t)n * (size_t)(1 + r->req->n), sizeof *r->engine_finished);
     if (!r->engine_ids || !r->engine_finished)
         return send_error(r, 503, NULL, "The server ran out of memory");
+    r->choice_tokens = r->engine_finished + n;
     r->n_engine = n;
     r->serial = ++s->next_serial;
     if (live_table_put(&s->live, r->serial, r) != 0) {
@@ -218,6 +245,7 @@ static enum MHD_Result submit_all(ServerReq *r)
         completion_forget(r);
         api_completion_free(r->comp);
         r->comp = NULL;
+        r->choice_tokens = NULL; /* never ran: its log line has no token counts */
         if (queue_full)
             return send_error(r, 429, NULL, "Too many requests are waiting; retry later");
         server_log(LOG_INFO, "id=%s: the engine refused a prompt: %s", r->request_id, msg);

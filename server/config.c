@@ -91,6 +91,8 @@ static const Flag flags[] = {
     {"threads", 0, FLAG_INT, FIELD(threads), 1, 1024, "N", "number of cores",
      "compute threads (OpenBLAS and OpenMP)"},
     {"log-level", 0, FLAG_SPECIAL, 0, 0, 0, "LEVEL", "info", "error, warn, info or debug"},
+    {"log-format", 0, FLAG_SPECIAL, 0, 0, 0, "json|text", "json",
+     "stderr lines as JSON objects (for log collectors) or as plain text"},
     {"help", 'h', FLAG_SPECIAL, 0, 0, 0, NULL, NULL, "show this help and exit"},
 };
 
@@ -198,6 +200,13 @@ static int flag_set_special(ServerConfig *c, Pending *pend, const Flag *f, const
             if (strcasecmp(v, names[i]) == 0)
                 return c->log_level = (LogLevel)i, 0;
         return set_err(err, err_len, "%s: '%s' is not error, warn, info or debug", where, v), -1;
+    } else if (strcmp(f->name, "log-format") == 0) {
+        if (strcasecmp(v, "json") == 0)
+            c->log_format = LOG_FORMAT_JSON;
+        else if (strcasecmp(v, "text") == 0)
+            c->log_format = LOG_FORMAT_TEXT;
+        else
+            return set_err(err, err_len, "%s: '%s' is not json or text", where, v), -1;
     } else if (strcmp(f->name, "help") == 0) {
         pend->help = true;
     }
@@ -431,6 +440,7 @@ static void config_defaults(ServerConfig *c)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores > 0 ? (int)cores : 1;
     c->log_level = LOG_INFO;
+    c->log_format = LOG_FORMAT_JSON;
 }
 
 int server_config_parse(ServerConfig *c, int argc, char **argv, char *err, size_t err_len)
@@ -492,5 +502,8 @@ void server_config_usage(FILE *f)
         fprintf(f, "  %-30s   default: %s; env %s\n", "", fl->def, env);
     }
     fprintf(f, "\nEndpoints: POST /v1/completions, GET /v1/models[/ID], POST /tokenize,\n"
-               "POST /detokenize, GET /health, GET /ready, GET /metrics.\n");
+               "POST /detokenize, GET /health, GET /ready, GET /metrics.\n\n"
+               "pagedserve --health-probe [URL [TIMEOUT_S]]: GET URL (default: /health of the\n"
+               "server PAGEDSERVE_HOST and PAGEDSERVE_PORT describe) and exit 0 on a 200 within\n"
+               "TIMEOUT_S (5), 1 otherwise; for container health checks without curl.\n");
 }

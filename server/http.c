@@ -456,12 +456,7 @@ void server_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     r->conn = NULL;
     r->suspended = false;
     req_unlink(r);
-    if (server_log_enabled(LOG_INFO)) {
-        char status[8];
-        snprintf(status, sizeof status, r->status ? "%d" : "-", r->status);
-        server_log(LOG_INFO, "%s %s %s %.3fs id=%s%s", r->method, r->path, status,
-                   server_now() - r->arrival, r->request_id, termination_note(r, toe));
-    }
+    server_log_request(r, termination_note(r, toe));
     server_req_release(r);
     server_tick_update(s);
 }

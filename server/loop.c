@@ -134,7 +134,8 @@ static void drain_cancel_all(Server *s, double now)
         }
     s->drain_cancelled = true;
     s->stop_deadline = now + STOP_GRACE_S;
-    server_log(LOG_WARN, "drain: ended %d request(s) still running", n);
+    server_log_event(LOG_WARN, "drain_timeout", json_pack("{s:i}", "cancelled", n),
+                     "drain: ended %d request(s) still running", n);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -194,8 +195,12 @@ static void on_signal(uv_signal_t *h, int signum)
     MHD_socket listen_fd = MHD_quiesce_daemon(s->mhd);
     if (listen_fd != MHD_INVALID_SOCKET)
         close(listen_fd);
-    server_log(LOG_INFO, "%s: draining, not accepting connections; %d request(s) in flight "
-               "(waiting up to %d s)", strsignal(signum), s->n_active, s->cfg->drain_timeout_s);
+    server_log_event(LOG_INFO, "draining",
+                     json_pack("{s:s,s:i,s:i}", "signal", sigabbrev_np(signum), "in_flight",
+                               s->n_active, "drain_timeout_s", s->cfg->drain_timeout_s),
+                     "%s: draining, not accepting connections; %d request(s) in flight "
+                     "(waiting up to %d s)", strsignal(signum), s->n_active,
+                     s->cfg->drain_timeout_s);
     server_tick_update(s);
     server_maybe_finish_drain(s);
 }
@@ -210,7 +215,8 @@ static void close_handle(uv_handle_t *h)
 static void server_shutdown(Server *s)
 {
     s->stopping = true;
-    server_log(LOG_INFO, "stopping");
+    server_log_event(LOG_INFO, "stopping", json_pack("{s:i}", "open_requests", s->n_active),
+                     "stopping");
     /* MHD must not be stopped with suspended connections: resume them all, marked gone so
      * that nothing more is sent on them. */
     for (ServerReq *r = s->active; r; r = r->next)
@@ -297,30 +303,6 @@ static void set_threads(int n)
     omp_set_num_threads(n);
 }
 
-static void log_model(const Server *s, double load_s)
-{
-    const ModelConfig *m = model_config(s->model);
-    server_log(LOG_INFO, "model %s (\"%s\") loaded in %.2f s: dim %d, %d layers, %d heads "
-               "(%d KV), head_dim %d, ffn %d, vocab %d, context %d; weights %s on disk, "
-               "%.1f MiB in memory", s->cfg->model_path, s->cfg->model_name, load_s, m->dim,
-               m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->ffn_dim, m->vocab_size,
-               m->ctx_len, ggml_type_name(m->weight_type),
-               (double)model_weight_bytes(s->model) / (1024.0 * 1024.0));
-}
-
-static void log_engine(const Server *s)
-{
-    const EngineConfig *e = &s->cfg->engine;
-    EngineStats st;
-    engine_stats(s->engine, &st);
-    server_log(LOG_INFO, "KV cache: %d blocks of %d tokens = %lld tokens (%zu MiB, %s); "
-               "max %d sequences, %d tokens per step, queue %d, prefix cache %s; %d threads",
-               st.blocks_total, e->block_size, (long long)st.blocks_total * e->block_size,
-               e->kv_cache_bytes >> 20, e->kv_dtype == KV_DTYPE_F16 ? "f16" : "f32",
-               e->max_seqs, e->max_batch_tokens, e->max_queue, e->prefix_cache ? "on" : "off",
-               s->cfg->threads);
-}
-
 static int server_open(Server *s)
 {
     char err[512];
@@ -329,7 +311,7 @@ static int server_open(Server *s)
         server_log(LOG_ERROR, "cannot load model: %s", err);
         return -1;
     }
-    log_model(s, server_now() - t0);
+    double load_s = server_now() - t0;
     s->ctx_len = model_config(s->model)->ctx_len;
     api_vocab_from_tokenizer(&s->vocab, model_tokenizer(s->model));
     api_metrics_init(&s->metrics);
@@ -344,7 +326,7 @@ static int server_open(Server *s)
         server_log(LOG_ERROR, "cannot create the engine: %s", err);
         return -1;
     }
-    log_engine(s);
+    server_log_startup(s, load_s);
     return 0;
 }
 
@@ -359,6 +341,7 @@ static void server_close(Server *s)
 int server_run(const ServerConfig *c)
 {
     server_log_set_level(c->log_level);
+    server_log_set_format(c->log_format);
     set_threads(c->threads);
     Server *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -395,13 +378,20 @@ int server_run(const ServerConfig *c)
     s->engine_started = server_now();
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
-    server_log(LOG_INFO, "listening on http://%s%s%s:%d (model id \"%s\"%s)",
-               strchr(c->host, ':') ? "[" : "", c->host, strchr(c->host, ':') ? "]" : "",
-               s->port, c->model_name, c->n_api_keys ? ", API key required" : "");
+    server_log_event(LOG_INFO, "listening",
+                     json_pack("{s:o,s:i,s:o,s:b}", "host", server_log_string(c->host), "port",
+                               s->port, "model", server_log_string(c->model_name),
+                               "api_key_required", c->n_api_keys > 0),
+                     "listening on http://%s%s%s:%d (model id \"%s\"%s)",
+                     strchr(c->host, ':') ? "[" : "", c->host, strchr(c->host, ':') ? "]" : "",
+                     s->port, c->model_name, c->n_api_keys ? ", API key required" : "");
     server_kick(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     rc = 0;
-    server_log(LOG_INFO, "stopped");
+    server_log_event(LOG_INFO, "stopped",
+                     json_pack("{s:f,s:i}", "uptime_s", server_now() - s->engine_started,
+                               "exit_code", rc),
+                     "stopped");
 out_loop:
     if (uv_loop_close(&s->loop) != 0)
         server_log(LOG_WARN, "libuv loop still had handles at exit");

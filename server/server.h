@@ -41,6 +41,13 @@ typedef enum {
     LOG_DEBUG = 3,
 } LogLevel;
 
+/* --log-format: json (default) writes one JSON object per line, for log collectors; text
+ * writes the human lines "<UTC time> <LEVEL> <message>". */
+typedef enum {
+    LOG_FORMAT_JSON = 0,
+    LOG_FORMAT_TEXT = 1,
+} LogFormat;
+
 typedef struct {
     char *model_path;        /* -m/--model, required */
     char *host;              /* --host, 127.0.0.1 */
@@ -65,6 +72,7 @@ typedef struct {
     int health_stall_s;      /* --health-stall-s, 60 */
     int threads;             /* --threads, number of cores */
     LogLevel log_level;      /* --log-level, info */
+    LogFormat log_format;    /* --log-format, json */
 } ServerConfig;
 
 /* Parse argv with PAGEDSERVE_<NAME> environment variables underneath (a flag wins over its
@@ -83,7 +91,23 @@ int server_run(const ServerConfig *c);
 /* ---- logging (stderr) ----------------------------------------------------------------------- */
 
 void server_log_set_level(LogLevel level);
+void server_log_set_format(LogFormat format);
+LogFormat server_log_format(void);
 bool server_log_enabled(LogLevel level);
+/* A free-form message: text "<time> <LEVEL> <msg>", or JSON
+ * {"ts","level","event":"message","msg"}. Structured events (start-up, requests, ...) are
+ * server_log_event in server_internal.h. */
 void server_log(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- health probe ----------------------------------------------------------------------------- */
+
+/* `pagedserve --health-probe [URL [TIMEOUT_S]]`: GET URL (http://HOST[:PORT][/PATH]; default
+ * http://127.0.0.1:$PAGEDSERVE_PORT/health, the host taken from PAGEDSERVE_HOST unless that
+ * is a wildcard address) over a plain socket, everything within timeout_s. Returns the HTTP
+ * status (200 = healthy), or -1 with a message in err (bad URL, no connection, no answer in
+ * time, not HTTP). For container HEALTHCHECKs, which have no curl. */
+int server_health_probe(const char *url, double timeout_s, char *err, size_t err_len);
+/* The URL --health-probe uses when given none (see above), into out. */
+void server_health_probe_default_url(char *out, size_t cap);
 
 #endif

@@ -3,6 +3,7 @@
 #ifndef PAGEDSERVE_SERVER_INTERNAL_H
 #define PAGEDSERVE_SERVER_INTERNAL_H
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <uv.h>
 
@@ -83,6 +84,16 @@ struct ServerReq {
     uv_poll_t *hup;              /* hang-up watcher while suspended; NULL until needed */
     bool hup_started;
 
+    /* for the request's log line (completions; see log.c) */
+    int32_t *choice_tokens;      /* per prompt * n + choice: TOKEN events, then the FINISH
+                                  * usage's completion_tokens */
+    int32_t cached_tokens;       /* summed over prompts, from each prompt's first FINISH */
+    bool have_cached;
+    int32_t n_finished;          /* FINISH events */
+    FinishReason worst_finish;   /* most severe finish reason seen: error > cancelled >
+                                  * length > stop */
+    double first_token_at;       /* monotonic; 0 = no token yet */
+
     bool resume_queued;          /* in srv->resume list */
     ServerReq *resume_next;
     ServerReq *prev, *next;      /* srv->active list */
@@ -143,6 +154,19 @@ enum MHD_Result server_send(ServerReq *r, int status, const char *content_type, 
 enum MHD_Result server_send_error(ServerReq *r, const ApiError *e);
 void server_add_common_headers(ServerReq *r, struct MHD_Response *resp);
 void server_req_release(ServerReq *r);
+
+/* log.c: structured events. JSON: {"ts","level","event", ...fields..., "msg"} on one line;
+ * text: the human line "<time> <LEVEL> <msg>". Takes the reference to fields (an object, or
+ * NULL). Strings that are not valid UTF-8 are logged with '?' for the bad bytes. */
+void server_log_event(LogLevel level, const char *event, json_t *fields, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+json_t *server_log_string(const char *s); /* a JSON string for any bytes (see above) */
+/* After the model is loaded and the engine created: the model's shape and the KV cache's
+ * size (two text lines, or one "startup" event). */
+void server_log_startup(const Server *s, double load_s);
+/* The line for a request MHD is done with; note says how it ended, for the text: "" when
+ * normally, " (client gone)" (also sets the JSON's client_gone), " (idle timeout)", ... */
+void server_log_request(const ServerReq *r, const char *note);
 
 /* completion.c */
 enum MHD_Result completion_start(ServerReq *r);
