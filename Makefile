@@ -12,7 +12,7 @@ DEB_PACKAGES = build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev
                libopenblas-dev libuv1-dev libcmocka-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-asan bench clean
+.PHONY: all deps build run test test-asan fuzz bench clean
 
 all: build
 
@@ -59,6 +59,12 @@ test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPAGEDSERVE_SANITIZE=ON -DPAGEDSERVE_SHARED_DIR=$(SHARED)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer harnesses (clang) for the request parser, GGUF loader, tokenizer, stop strings
+# and SSE output, FUZZ_SECONDS each; see tests/fuzz/README.md.
+FUZZ_SECONDS ?= 60
+fuzz:
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 # Builds the ~110M-parameter random model and runs every workload against a server it starts
 # and stops; results in $(BUILD)/bench/ (docs/benchmarks.md keeps the latest).

@@ -22,7 +22,10 @@ static char *vocab_decode(void *arg, const int32_t *ids, int32_t n, bool skip_sp
             free(text);
             return NULL;
         }
-        if ((size_t)len < cap) return text;
+        if ((size_t)len < cap) {
+            text_drop_nul(text, (size_t)len);
+            return text;
+        }
         free(text);
         cap = (size_t)len + 1;
     }

@@ -3,8 +3,9 @@
  * Each key is kept already encoded (the bytes that follow its type field in the file), so
  * typed setters, generic arrays and keys copied from another file are all the same thing.
  * Tensors are converted from F32 when added and kept as their on-disk bytes. The file is
- * laid out with alignment 32: the data section starts at the first multiple of 32 after
- * the tensor infos, and every tensor starts at a multiple of 32 inside it.
+ * laid out with the alignment its general.alignment key names (32 without one): the data
+ * section starts at the first multiple of it after the tensor infos, and every tensor
+ * starts at a multiple of it inside the section, as readers expect.
  */
 #include "model/gguf.h"
 
@@ -16,7 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define WRITER_ALIGNMENT 32u
+#define DEFAULT_ALIGNMENT 32u
+#define MAX_ALIGNMENT 65536u
 
 typedef struct {
     char *name;
@@ -404,12 +406,31 @@ int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
 
 /* ---- output ------------------------------------------------------------------------------ */
 
-static size_t align_up(size_t x) {
-    return (x + WRITER_ALIGNMENT - 1) / WRITER_ALIGNMENT * WRITER_ALIGNMENT;
+static size_t align_up(size_t x, size_t alignment) {
+    return (x + alignment - 1) / alignment * alignment;
 }
 
+/* The alignment readers will use: general.alignment when set (a u32 power of two). */
+static int writer_alignment(const GgufWriter *w, size_t *out, char *err, size_t err_len) {
+    *out = DEFAULT_ALIGNMENT;
+    for (size_t i = 0; i < w->n_keys; i++) {
+        if (strcmp(w->keys[i].name, "general.alignment") != 0)
+            continue;
+        uint32_t a = 0;
+        if (w->keys[i].type == GGUF_TYPE_UINT32 && w->keys[i].val_len == 4)
+            memcpy(&a, w->keys[i].val, 4);
+        if (a == 0 || (a & (a - 1)) != 0 || a > MAX_ALIGNMENT)
+            return fail(err, err_len, "general.alignment must be a u32 power of two up to %u",
+                        MAX_ALIGNMENT);
+        *out = a;
+    }
+    return 0;
+}
+
+static const uint8_t zeros[MAX_ALIGNMENT];
+
 /* Everything before the tensor data, padded to the alignment. */
-static void encode_head(const GgufWriter *w, Buf *b) {
+static void encode_head(const GgufWriter *w, size_t alignment, Buf *b) {
     buf_put(b, "GGUF", 4);
     buf_u32(b, 3);
     buf_u64(b, w->n_tensors);
@@ -428,11 +449,10 @@ static void encode_head(const GgufWriter *w, Buf *b) {
             buf_u64(b, t->ne[d]);
         buf_u32(b, t->type);
         buf_u64(b, offset);
-        offset += align_up(t->size);
+        offset += align_up(t->size, alignment);
     }
-    static const uint8_t zeros[WRITER_ALIGNMENT];
     if (w->n_tensors)
-        buf_put(b, zeros, align_up(b->len) - b->len);
+        buf_put(b, zeros, align_up(b->len, alignment) - b->len);
 }
 
 /* Writes the whole file through `put` (a FILE or a Buf). */
@@ -441,20 +461,22 @@ typedef int (*PutFn)(void *ctx, const void *data, size_t n);
 static int emit(GgufWriter *w, PutFn put, void *ctx, char *err, size_t err_len) {
     if (w->error[0])
         return fail(err, err_len, "%s", w->error);
+    size_t alignment;
+    if (writer_alignment(w, &alignment, err, err_len) != 0)
+        return -1;
     Buf head = {0};
-    encode_head(w, &head);
+    encode_head(w, alignment, &head);
     if (head.oom) {
         free(head.p);
         return fail(err, err_len, "out of memory encoding the GGUF header");
     }
     int rc = put(ctx, head.p, head.len);
     free(head.p);
-    static const uint8_t zeros[WRITER_ALIGNMENT];
     for (size_t i = 0; rc == 0 && i < w->n_tensors; i++) {
         const WriterTensor *t = &w->tensors[i];
         rc = put(ctx, t->data, t->size);
         if (rc == 0)
-            rc = put(ctx, zeros, align_up(t->size) - t->size);
+            rc = put(ctx, zeros, align_up(t->size, alignment) - t->size);
     }
     return rc < 0 ? fail(err, err_len, "write failed: %s", strerror(errno)) : 0;
 }

@@ -1055,3 +1055,14 @@ int tokenizer_decode(const Tokenizer *t, const int32_t *ids, int n, bool strip_l
     sink_finish(&s);
     return s.len > INT_MAX ? -1 : (int)s.len;
 }
+
+size_t text_drop_nul(char *text, size_t n)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (text[i] != '\0')
+            text[kept++] = text[i];
+    if (kept < n)
+        text[kept] = '\0';
+    return kept;
+}

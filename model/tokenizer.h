@@ -100,4 +100,10 @@ size_t tokenizer_detok_max_bytes(const Tokenizer *tok);
 int tokenizer_decode(const Tokenizer *tok, const int32_t *ids, int n, bool strip_leading,
                      char *out, size_t cap);
 
+/* Remove U+0000 (NUL bytes) from n bytes of decoded text in place; returns the new length.
+ * The server hands text around as C strings, so a <0x00> byte token would cut a text short;
+ * it is dropped instead, the same way everywhere text leaves the model (completions,
+ * /detokenize, echo). The tokenizer itself stays byte-exact. */
+size_t text_drop_nul(char *text, size_t n);
+
 #endif

@@ -151,9 +151,15 @@ typedef struct {
     uint32_t type_other;   /* matrices of types ≥ 64 (unsupported anyway) */
     char *err;
     size_t err_len;
+    bool dry; /* check every tensor, allocate and convert nothing */
 } Loader;
 
+/* What a dry run hands out instead of memory: never written or freed. */
+static float dry_run_buffer[1];
+
 static float *alloc_floats(Loader *ld, size_t n, const char *what) {
+    if (ld->dry)
+        return dry_run_buffer;
     void *p = NULL;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, n * sizeof(float)) != 0) {
         fail(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
@@ -204,6 +210,10 @@ static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, f
     const GgufTensor *t = find_shaped(ld, name, ne0, ne1);
     if (!t)
         return -1;
+    if (ld->dry)
+        return ggml_type_block_elems(t->type) ? 0
+               : fail(ld->err, ld->err_len, "tensor %s has type %s (%u), which is not supported "
+                      "(f32, f16, bf16, q8_0 and q4_0 are)", name, ggml_type_name(t->type), t->type);
     if (ne1)
         count_matrix_type(ld, t->type);
     return gguf_tensor_to_f32(t, dst, ld->err, ld->err_len);
@@ -213,7 +223,8 @@ static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, f
 static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1) {
     float *p = alloc_floats(ld, (size_t)ne0 * (ne1 ? ne1 : 1), name);
     if (p && load_into(ld, name, ne0, ne1, p) < 0) {
-        free(p);
+        if (!ld->dry)
+            free(p);
         return NULL;
     }
     return p;
@@ -286,6 +297,14 @@ int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
     *weight_bytes = 0;
     ModelConfig c;
     if (read_config(f, &c, err, err_len) < 0)
+        return -1;
+    /* First a dry run over the same code: a file that names a huge or unsupported tensor
+     * fails here, before any of its buffers is allocated. */
+    Loader dry = {.f = f, .err = err, .err_len = err_len, .dry = true};
+    int checked = load_tensors(&dry, &c, w);
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+    if (checked < 0)
         return -1;
     Loader ld = {.f = f, .err = err, .err_len = err_len};
     if (load_tensors(&ld, &c, w) < 0) {

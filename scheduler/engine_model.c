@@ -39,7 +39,8 @@ static const float *real_forward(void *ctx, const KvView *kv, const ModelSeqBatc
 static int real_detok(void *ctx, Detokenizer *d, int32_t id, char *out, size_t cap)
 {
     const RealModel *m = ctx;
-    return detok_feed(model_tokenizer(m->model), d, id, out, cap);
+    int n = detok_feed(model_tokenizer(m->model), d, id, out, cap);
+    return n > 0 ? (int)text_drop_nul(out, (size_t)n) : n;
 }
 
 static int real_detok_flush(void *ctx, Detokenizer *d, char *out, size_t cap)

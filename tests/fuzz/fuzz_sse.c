@@ -1,0 +1,317 @@
+/* fuzz_sse — api/api.h's ApiCompletion fed synthetic EngineEvents.
+ *
+ * Input: a header that shapes the request (1..3 prompts given as text or token ids, n 1..3,
+ * stream, echo, logprobs -1..5, include_usage, force_usage, metrics on/off), then a
+ * script of events: kind, prompt index and choice (sometimes out of range), token id,
+ * text (arbitrary bytes, or the same bytes made valid UTF-8), logprob and top
+ * alternatives (any float bit pattern), finish reason, usage numbers and an error message.
+ * The request is parsed and tokenised with the fake byte-level ApiVocab or a real tokenizer
+ * (flags bit 4: api_vocab_from_tokenizer over a hand-made vocabulary); when the script
+ * ends before the request is done, it is failed as the server would (client gone).
+ *
+ * Checked, always: streamed output is a sequence of "data: <payload>\n\n" frames whose
+ * payloads are JSON objects, except one final "[DONE]" (there exactly when the request is
+ * done); nothing comes after it; chunks name a choice index in range and carry a "text"
+ * string; non-streamed output stays empty until done and is then one JSON object (a
+ * text_completion body with every choice in order and a usage, or an error body).
+ * When every event text is valid UTF-8 and the request did not fail, the text of each
+ * choice equals (echo prompt +) its TOKEN texts + its FINISH text, streamed or not.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api/api.h"
+#include "fuzz_util.h"
+
+#define MAX_CHOICES 9 /* 3 prompts x n 3 */
+
+static ApiVocab vocabs[2];
+static FzVocab real;
+static bool ready;
+
+/* The fake byte-level vocabulary, and a real tokenizer over fuzz_util's word-crossing
+ * vocabulary (pieces that are not valid UTF-8, control and user-defined pieces). */
+static void setup(void) {
+    vocabs[0] = (ApiVocab){NULL, FZ_FAKE_N_VOCAB, true, fz_fake_encode, fz_fake_decode,
+                           fz_fake_token_text};
+    fz_vocab_build(FZ_VOCAB_CROSSING, 0, &real);
+    api_vocab_from_tokenizer(&vocabs[1], real.tok);
+    ready = true;
+}
+
+/* What the harness expects each choice's text to be. */
+typedef struct {
+    char *text;
+    size_t len;
+    bool finished;
+} Expect;
+
+static void expect_add(Expect *x, const char *s) {
+    size_t n = strlen(s);
+    x->text = realloc(x->text, x->len + n + 1);
+    if (!x->text) abort();
+    memcpy(x->text + x->len, s, n + 1);
+    x->len += n;
+}
+
+static json_t *parse_json(const char *s, size_t len, const char *what) {
+    json_error_t err;
+    json_t *j = json_loadb(s, len, JSON_ALLOW_NUL, &err);
+    FZ_CHECK(j != NULL, "%s is not JSON (%s): %.*s", what, err.text,
+             (int)(len < 400 ? len : 400), s);
+    FZ_CHECK(json_is_object(j), "%s is not an object", what);
+    return j;
+}
+
+/* A JSON request body for the header bytes. */
+static char *request_body(FzReader *r, int *n_prompts_out, int *n_out) {
+    uint8_t a = fz_u8(r), b = fz_u8(r);
+    int n_prompts = 1 + a % 3, n = 1 + (a / 3) % 3;
+    bool as_tokens = a & 0x10, stream = a & 0x20, echo = a & 0x40;
+    int logprobs = (int)(b % 7) - 1;
+    json_t *prompts = json_array();
+    for (int p = 0; p < n_prompts; p++) {
+        const uint8_t *bytes;
+        size_t len = fz_bytes(r, 24, &bytes);
+        if (as_tokens) {
+            json_t *ids = json_array();
+            for (size_t i = 0; i < len; i++) json_array_append_new(ids, json_integer(bytes[i]));
+            if (len == 0) json_array_append_new(ids, json_integer(1));
+            json_array_append_new(prompts, ids);
+        } else {
+            size_t clean_len;
+            char *clean = fz_utf8_sanitize((const char *)bytes, len, true, &clean_len);
+            json_array_append_new(prompts, json_string(clean_len ? clean : "?"));
+            free(clean);
+        }
+    }
+    json_t *req = json_pack("{s:s, s:o, s:i, s:i, s:b, s:b}", "model", "m", "prompt", prompts,
+                            "max_tokens", 16, "n", n, "stream", stream, "echo", echo);
+    if (logprobs >= 0) json_object_set_new(req, "logprobs", json_integer(logprobs));
+    if (stream && (b & 0x10))
+        json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    *n_prompts_out = n_prompts;
+    *n_out = n;
+    return body;
+}
+
+/* Splits SSE bytes into frames; checks the framing and returns the payloads' count. */
+static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expect *expect,
+                               bool check_text) {
+    size_t i = 0;
+    int frames = 0;
+    bool saw_done = false;
+    char *streamed[MAX_CHOICES] = {0};
+    size_t streamed_len[MAX_CHOICES] = {0};
+    while (i < out->len) {
+        FZ_CHECK(!saw_done, "bytes after data: [DONE]");
+        FZ_CHECK(out->len - i >= 8 && memcmp(out->data + i, "data: ", 6) == 0,
+                 "frame %d does not start with 'data: '", frames);
+        const char *payload = out->data + i + 6;
+        const char *end = memmem(payload, out->len - (size_t)(payload - out->data), "\n\n", 2);
+        FZ_CHECK(end != NULL, "frame %d is not ended by a blank line", frames);
+        size_t plen = (size_t)(end - payload);
+        FZ_CHECK(!memchr(payload, '\n', plen) && !memchr(payload, '\r', plen),
+                 "frame %d payload spans lines", frames);
+        if (plen == 6 && memcmp(payload, "[DONE]", 6) == 0) {
+            saw_done = true;
+        } else {
+            json_t *j = parse_json(payload, plen, "SSE payload");
+            json_t *choices = json_object_get(j, "choices");
+            if (json_object_get(j, "error")) {
+                FZ_CHECK(json_is_string(json_object_get(json_object_get(j, "error"), "message")),
+                         "error frame without a message");
+            } else {
+                FZ_CHECK(json_is_string(json_object_get(j, "id")) &&
+                             json_is_string(json_object_get(j, "object")) &&
+                             json_is_array(choices),
+                         "chunk without id / object / choices");
+                size_t k;
+                json_t *ch;
+                json_array_foreach(choices, k, ch) {
+                    json_int_t index = json_integer_value(json_object_get(ch, "index"));
+                    json_t *text = json_object_get(ch, "text");
+                    FZ_CHECK(index >= 0 && index < n_choices, "chunk index %lld",
+                             (long long)index);
+                    FZ_CHECK(json_is_string(text), "chunk text is not a string");
+                    size_t tl = json_string_length(text);
+                    char *grown = realloc(streamed[index], streamed_len[index] + tl + 1);
+                    if (!grown) abort();
+                    memcpy(grown + streamed_len[index], json_string_value(text), tl);
+                    streamed[index] = grown;
+                    streamed_len[index] += tl;
+                }
+            }
+            json_decref(j);
+        }
+        frames++;
+        i = (size_t)(end - out->data) + 2;
+    }
+    FZ_CHECK(saw_done == done, "[DONE] %s but the request is %s", saw_done ? "sent" : "missing",
+             done ? "done" : "not done");
+    for (int c = 0; c < n_choices; c++) {
+        if (check_text) {
+            FZ_CHECK(streamed_len[c] == expect[c].len &&
+                         (expect[c].len == 0 ||
+                          memcmp(streamed[c], expect[c].text, expect[c].len) == 0),
+                     "choice %d streamed %zu bytes of text, expected %zu", c, streamed_len[c],
+                     expect[c].len);
+        }
+        free(streamed[c]);
+    }
+    return frames;
+}
+
+static void check_body_output(const ApiBuf *out, const ApiCompletion *c, int n_choices,
+                              Expect *expect, bool check_text) {
+    json_t *j = parse_json(out->data, out->len, "response body");
+    if (api_completion_status(c) != 200) {
+        FZ_CHECK(json_is_object(json_object_get(j, "error")), "failed body is not an error");
+        json_decref(j);
+        return;
+    }
+    json_t *choices = json_object_get(j, "choices");
+    FZ_CHECK(json_is_array(choices) && json_array_size(choices) == (size_t)n_choices,
+             "body has %zu choices, expected %d", json_array_size(choices), n_choices);
+    FZ_CHECK(json_is_object(json_object_get(j, "usage")), "body without usage");
+    for (int k = 0; k < n_choices; k++) {
+        json_t *ch = json_array_get(choices, (size_t)k);
+        FZ_CHECK(json_integer_value(json_object_get(ch, "index")) == k, "choice order");
+        json_t *text = json_object_get(ch, "text");
+        FZ_CHECK(json_is_string(text), "choice text is not a string");
+        if (check_text)
+            FZ_CHECK(json_string_length(text) == expect[k].len &&
+                         memcmp(json_string_value(text), expect[k].text, expect[k].len) == 0,
+                     "choice %d text differs from its events", k);
+    }
+    json_decref(j);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!ready) setup();
+    FzReader r = {data, size};
+    uint8_t flags = fz_u8(&r);
+    const ApiVocab *v = &vocabs[(flags >> 4) & 1];
+    int n_prompts, n;
+    char *body = request_body(&r, &n_prompts, &n);
+    ApiLimits lim;
+    api_limits_default(&lim);
+    ApiRequest *req = NULL;
+    ApiError e;
+    FZ_CHECK(api_request_parse(body, strlen(body), &lim, "m", &req, &e) == 0,
+             "harness request refused: %s (%s)", e.message, body);
+    FZ_CHECK(api_request_tokenize(req, v, 4096, &lim, &e) == 0,
+             "harness request not tokenised: %s", e.message);
+    ApiMetrics *metrics = NULL;
+    if (flags & 1) {
+        metrics = malloc(sizeof *metrics);
+        if (!metrics) abort();
+        api_metrics_init(metrics);
+    }
+    ApiCompletion *c = api_completion_new(req, v, (flags & 2) ? "served" : NULL, 1.0,
+                                          metrics);
+    FZ_CHECK(c != NULL, "api_completion_new");
+    api_completion_force_usage(c, flags & 4);
+    bool raw_text = flags & 8;
+
+    int n_choices = n_prompts * n;
+    Expect expect[MAX_CHOICES] = {{0}};
+    for (int k = 0; k < n_choices; k++) {
+        expect_add(&expect[k], "");
+        if (req->echo) expect_add(&expect[k], req->prompts[k / n].text);
+    }
+    bool failed = false, all_valid = true;
+    ApiBuf out;
+    api_buf_init(&out);
+    double now = 1.0;
+    while (!fz_empty(&r)) {
+        uint8_t op = fz_u8(&r);
+        EngineEvent ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = (EngineEventKind)(op % 3);
+        int32_t p = (int32_t)((op >> 2) % 4) - ((op & 0x40) ? 1 : 0); /* -1 .. 3 */
+        ev.choice = (int32_t)((op >> 4) % 4) - ((op & 0x80) ? 1 : 0);
+        uint16_t tok = fz_u16(&r);
+        ev.token = (int32_t)(tok % (uint32_t)(v->n_vocab + 4)) - 2;
+        const uint8_t *tb;
+        size_t tl = fz_bytes(&r, 64, &tb);
+        if (raw_text) {
+            ev.text = strndup((const char *)tb, tl);
+        } else {
+            size_t clean_len;
+            ev.text = fz_utf8_sanitize((const char *)tb, tl, true, &clean_len);
+        }
+        if (!ev.text) abort();
+        if (!fz_utf8_valid(ev.text, strlen(ev.text))) all_valid = false;
+        ev.logprob = fz_f32(&r);
+        uint8_t tops = fz_u8(&r);
+        ev.n_top = tops % (ENGINE_MAX_TOP_LOGPROBS + 2);
+        for (int32_t t = 0; t < ev.n_top && t < ENGINE_MAX_TOP_LOGPROBS; t++) {
+            ev.top_ids[t] = (int32_t)(fz_u16(&r) % (uint32_t)(v->n_vocab + 2)) - 1;
+            ev.top_logprobs[t] = (tops & 0x80) ? fz_f32(&r) : -(float)t;
+        }
+        uint8_t fin = fz_u8(&r);
+        ev.finish = (FinishReason)(fin % 5);
+        ev.prompt_tokens = (int32_t)fz_u8(&r);
+        ev.completion_tokens = (int32_t)fz_u8(&r) - 1;
+        ev.cached_tokens = (int32_t)fz_u8(&r);
+        if (fin & 0x80) ev.error = strdup("engine \xff failure");
+
+        /* what this event should do to the expected texts */
+        bool ours = !api_completion_done(c) && p >= 0 && p < n_prompts && ev.choice >= 0 &&
+                    ev.choice < n && !expect[p * n + ev.choice].finished;
+        if (ours && ev.kind == EVENT_TOKEN) expect_add(&expect[p * n + ev.choice], ev.text);
+        if (ours && ev.kind == EVENT_FINISH) {
+            if (ev.finish == FINISH_ERROR || ev.finish == FINISH_NONE) {
+                failed = true;
+            } else {
+                expect_add(&expect[p * n + ev.choice], ev.text);
+                expect[p * n + ev.choice].finished = true;
+            }
+        }
+        size_t before = out.len;
+        now += 0.01;
+        FZ_CHECK(api_completion_feed(c, p, &ev, now, &out) == 0, "api_completion_feed failed");
+        if (!req->stream && !api_completion_done(c))
+            FZ_CHECK(out.len == before, "non-streamed output before the end");
+        free(ev.text);
+        free(ev.error);
+    }
+    if (!api_completion_done(c)) {
+        FZ_CHECK(api_completion_fail(c, 499, "client closed the connection", &out) == 0,
+                 "api_completion_fail");
+        failed = true;
+    }
+    FZ_CHECK(api_completion_done(c), "not done after fail");
+    size_t before = out.len;
+    FZ_CHECK(api_completion_fail(c, 500, "again", &out) == 0 && out.len == before,
+             "a second fail wrote more");
+    bool check_text = !failed && all_valid;
+    if (req->stream)
+        check_stream_output(&out, n_choices, true, expect, check_text);
+    else
+        check_body_output(&out, c, n_choices, expect, check_text);
+    FZ_CHECK((api_completion_status(c) == 200) == !failed, "status %d, failed %d",
+             api_completion_status(c), (int)failed);
+    if (metrics) {
+        EngineStats stats;
+        memset(&stats, 0, sizeof stats);
+        size_t len;
+        char *text = api_metrics_render(metrics, &stats, &len);
+        FZ_CHECK(text != NULL && len > 0, "api_metrics_render");
+        free(text);
+        free(metrics);
+    }
+    for (int k = 0; k < n_choices; k++) free(expect[k].text);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(req);
+    free(body);
+    return 0;
+}
