@@ -12,16 +12,17 @@
  * schedule, longest items first); the query heads that share a KV head (grouped-query
  * attention) are handled together so each K/V tile is read once per group, and a prefill
  * item holds up to 32 (row, head) query vectors so each K/V tile serves all of them.
+ * A decode row without GQA (nothing to share) takes several KV heads per item instead,
+ * so each block's K and V runs of those heads are read as long contiguous streams.
  * A call with little work (a short decode step) stays on the calling thread.
  *
- * Inner loops (AVX2/FMA/F16C): a K/V tile is at most 32 positions of one block. Scores
+ * Inner loops (AVX2/FMA/F16C): a K/V tile is at most 32 positions. Scores
  * of 8 positions come out of 8 FMA chains and one reduction tree; e^x is a vector
  * polynomial; V is accumulated 32 dims at a time in registers. F16 K/V feeding a single
  * query vector (decode without GQA) are widened in registers straight from the cache;
- * a tile shared by several query vectors is widened once into a per-thread buffer.
- * The next tile's cache lines are prefetched (blocks are scattered, so the hardware
- * prefetcher cannot guess them). Per-thread scratch lives on the stack (~100 KiB at
- * head_dim 256).
+ * a tile shared by several query vectors is gathered (up to 32 positions across
+ * blocks) and widened once into a per-thread buffer. Short scattered runs of the next
+ * tile are prefetched. Per-thread scratch lives on the stack (~100 KiB).
  *
  * RoPE tip: Q and K heads that sit next to each other in a row (a fused QKV buffer) can
  * be rotated by one rope_apply call over n_heads + n_kv_heads heads, which computes the

@@ -1,12 +1,16 @@
 /* attn_paged — paged attention for decode and chunked prefill (online softmax).
  *
- * Work item: one sequence, one KV head, a tile of query rows, and the query heads of
- * that KV head's group (all of them, or a chunk when a group is very large). Every
- * (row, head) pair of the item is one "query vector" with its own running max m, sum l
- * and accumulator acc[head_dim]. The item walks the sequence's K/V a tile (up to
- * ATTN_TILE positions inside one block) at a time: an F16 tile is widened to F32 once
- * and then serves all the item's query vectors, so a decode step reads each K/V block
- * once per GQA group and a prefill chunk reuses it across ATTN_MAX_VECS rows*heads.
+ * Work item: one sequence, a tile of its query rows, one KV head and the query heads of
+ * its group (all of them, or a chunk when a group is very large) -- or, for a decode row
+ * without GQA, a run of KV heads (see item_split). Every (KV head, row, query head) of
+ * the item is one "query vector" with its own running max m, sum l and accumulator
+ * acc[head_dim]. The item walks the sequence's K/V a tile at a time:
+ * - one query vector per KV head (decode without GQA): a tile is a block (at most
+ *   ATTN_TILE of its positions), read where it lies, F16 widened in registers;
+ * - several (GQA decode, prefill rows): a tile is ATTN_TILE positions gathered from
+ *   consecutive blocks into a per-thread F32 buffer (widened once), then folded into
+ *   every vector of the item: K/V are read once per GQA group, and a prefill chunk
+ *   reuses each tile across up to ATTN_MAX_VECS rows×heads.
  *
  * Extra memory per query vector: acc[head_dim] + one tile of scores. No score row of
  * length N, no N×N matrix.
@@ -14,13 +18,18 @@
 #include <assert.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attn_simd.h"
+#include "compute/compute.h"
 
 enum {
-    ATTN_TILE = 32,     /* K/V positions per tile (a tile never spans two blocks) */
+    ATTN_TILE = 32,     /* K/V positions per tile */
     ATTN_MAX_VECS = 32, /* query vectors (rows × heads) per work item */
+    /* Prefetch a span only if its K and V runs total at most this (see tile_prefetch). */
+    ATTN_PREFETCH_MAX_BYTES = 16 * 1024,
 };
 
 /* Below this many multiply-adds a call runs on the calling thread: waking the OpenMP
@@ -31,25 +40,40 @@ typedef struct {
     const KvView *kv;
     int layer;
     int head_dim;
+    int n_kv_heads;
     int group; /* query heads per KV head */
     float scale;
     int q_stride, out_stride;
+    int decode_kv_per_item; /* KV heads per item of a lone decode row (see item_split) */
 } AttnCall;
 
-/* How a sequence's items are cut: head chunks of a group × row tiles. */
+/* How a sequence's items are cut: KV-head chunks × query-head chunks × row tiles. */
 typedef struct {
-    int heads_per_item;
-    int n_head_chunks;
-    int rows_per_item;
-    int n_row_tiles;
+    int kv_per_item, n_kv_chunks;
+    int heads_per_item, n_head_chunks;
+    int rows_per_item, n_row_tiles;
 } ItemSplit;
 
+/* A decode row without GQA has one query vector per KV head and no reuse of K/V: its
+ * item takes several KV heads, so that it streams each block's K (and V) runs of those
+ * heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
+ * reads run at half the DRAM bandwidth of 24 KiB ones). Everything else has one KV
+ * head per item; the group's query heads and up to ATTN_MAX_VECS rows×heads share its
+ * tiles. */
 static ItemSplit item_split(const AttnCall *c, int n_q)
 {
     ItemSplit s;
-    s.heads_per_item = c->group < ATTN_MAX_VECS ? c->group : ATTN_MAX_VECS;
+    if (n_q == 1 && c->group == 1) {
+        s.kv_per_item = c->decode_kv_per_item;
+        s.heads_per_item = 1;
+        s.rows_per_item = 1;
+    } else {
+        s.kv_per_item = 1;
+        s.heads_per_item = c->group < ATTN_MAX_VECS ? c->group : ATTN_MAX_VECS;
+        s.rows_per_item = ATTN_MAX_VECS / s.heads_per_item;
+    }
+    s.n_kv_chunks = (c->n_kv_heads + s.kv_per_item - 1) / s.kv_per_item;
     s.n_head_chunks = (c->group + s.heads_per_item - 1) / s.heads_per_item;
-    s.rows_per_item = ATTN_MAX_VECS / s.heads_per_item;
     s.n_row_tiles = (n_q + s.rows_per_item - 1) / s.rows_per_item;
     return s;
 }
@@ -103,19 +127,21 @@ static const void *tile_ptr(const AttnCall *c, const TileSpan *t, int is_v, int 
            (size_t)t->slot0 * (size_t)c->head_dim * elem;
 }
 
-static void tile_prefetch(const AttnCall *c, int kv_head, const TileSpan *t)
+/* Ask for the K and V rows of a span for KV heads [kv0, kv0 + n_kv). Only short runs
+ * need it: long ones (several heads' rows, contiguous in a block) the hardware
+ * prefetcher follows by itself, and asking for them all at once would push the rows
+ * being computed out of L1 (measured: no gain). */
+static void tile_prefetch(const AttnCall *c, int kv0, int n_kv, const TileSpan *t)
 {
-#ifdef ATTN_NO_PREFETCH
-    return;
-#endif
-    if (t->n == 0)
-        return;
     size_t bytes = (size_t)t->n * (size_t)c->head_dim * (c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4);
-    for (int is_v = 0; is_v < 2; is_v++) {
-        const char *p = tile_ptr(c, t, is_v, kv_head);
-        for (size_t off = 0; off < bytes; off += 64)
-            _mm_prefetch(p + off, _MM_HINT_T0);
-    }
+    if (t->n == 0 || 2 * bytes * (size_t)n_kv > ATTN_PREFETCH_MAX_BYTES)
+        return;
+    for (int k = 0; k < n_kv; k++)
+        for (int is_v = 0; is_v < 2; is_v++) {
+            const char *p = tile_ptr(c, t, is_v, kv0 + k);
+            for (size_t off = 0; off < bytes; off += 64)
+                _mm_prefetch(p + off, _MM_HINT_T0);
+        }
 }
 
 /* Fold positions [0, n_valid) of a tile into one query vector's running state. */
@@ -159,6 +185,9 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
     accumulate_pv(acc, rescale, s, vt, n_valid, hd, f16);
 }
 
+typedef void FoldFn(const AttnCall *c, const float *q, const void *kt, const void *vt,
+                    int n_valid, float *m, float *l, float *acc);
+
 /* The two instances: F32 tiles (an F32 cache, or F16 widened once for many vectors) and
  * F16 tiles read straight from the cache (a lone vector gains nothing from a copy). */
 static void fold_tile_f32(const AttnCall *c, const float *q, const void *kt, const void *vt,
@@ -173,93 +202,191 @@ static void fold_tile_f16(const AttnCall *c, const float *q, const void *kt, con
     fold_tile(c, q, kt, vt, n_valid, m, l, acc, 1);
 }
 
-static void attend_item(const AttnCall *c, const AttnSeq *seq, int kv_head,
-                        int head0, int n_h, int row0, int n_rows)
+/* One work item: KV heads [kv0, kv0 + n_kv), query heads [head0, head0 + n_h) of each
+ * one's group, rows [row0, row0 + n_rows) of a sequence. Either n_kv == 1 or the item is
+ * a lone decode row (n_h == n_rows == 1). Query vector (k, r, h) keeps its running max,
+ * sum and accumulator at index (k*n_rows + r)*n_h + h. */
+typedef struct {
+    const AttnCall *c;
+    const AttnSeq *seq;
+    int kv0, n_kv, head0, n_h, row0, n_rows;
+    float *m, *l, *acc;
+    FoldFn *fold;
+} ItemState;
+
+/* Fold the tile of positions [t0, t0 + n) of KV head kv0 + k into every query vector of
+ * that head that sees them. */
+static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const void *kt,
+                           const void *vt)
 {
-    const KvLayout *lay = &c->kv->layout;
+    const AttnCall *c = it->c;
     int hd = c->head_dim;
-    int n_vecs = n_h * n_rows;
-    float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
-
-    /* F16 tiles are widened once into kbuf/vbuf when several vectors share them. */
-    int f16 = lay->dtype == KV_DTYPE_F16, direct = n_vecs == 1;
-#ifdef ATTN_NO_DIRECT
-    direct = 0;
-#endif
-    void (*fold)(const AttnCall *, const float *, const void *, const void *, int, float *,
-                 float *, float *) = f16 && direct ? fold_tile_f16 : fold_tile_f32;
-
-    for (int v = 0; v < n_vecs; v++) {
-        m[v] = -INFINITY;
-        l[v] = 0.0f;
-        for (int d = 0; d < hd; d++)
-            acc[(size_t)v * hd + d] = 0.0f;
-    }
-
-    /* The item's last row sees the most positions; earlier rows stop sooner. */
-    int32_t end = seq->q_pos + row0 + n_rows;
-    TileSpan t = tile_first(lay, seq, end);
-    tile_prefetch(c, kv_head, &t);
-    while (t.n > 0) {
-        /* Blocks are scattered, so the hardware prefetcher cannot see the next one
-         * coming: ask for it now, while this tile is being computed. */
-        TileSpan next = tile_next(lay, seq, t, end);
-        tile_prefetch(c, kv_head, &next);
-        int n = t.n;
-        int32_t t0 = t.pos;
-        const void *kt = tile_ptr(c, &t, 0, kv_head), *vt = tile_ptr(c, &t, 1, kv_head);
-        if (f16 && !direct) {
-            widen_f16(kbuf, kt, n * hd);
-            widen_f16(vbuf, vt, n * hd);
-            kt = kbuf;
-            vt = vbuf;
-        }
-        for (int r = 0; r < n_rows; r++) {
-            int32_t last = seq->q_pos + row0 + r; /* causal: positions [0, last] */
-            int n_valid = last - t0 + 1;
-            if (n_valid <= 0)
-                continue;
-            if (n_valid > n)
-                n_valid = n;
-            const float *qrow = seq->q + (size_t)(row0 + r) * c->q_stride;
-            for (int h = 0; h < n_h; h++) {
-                int v = r * n_h + h;
-                const float *q = qrow + (size_t)(kv_head * c->group + head0 + h) * hd;
-                fold(c, q, kt, vt, n_valid, &m[v], &l[v], acc + (size_t)v * hd);
-            }
-        }
-        t = next;
-    }
-
-    for (int r = 0; r < n_rows; r++) {
-        float *orow = seq->out + (size_t)(row0 + r) * c->out_stride;
-        for (int h = 0; h < n_h; h++) {
-            int v = r * n_h + h;
-            float *o = orow + (size_t)(kv_head * c->group + head0 + h) * hd;
-            float inv = 1.0f / l[v];
-            for (int d = 0; d < hd; d++)
-                o[d] = acc[(size_t)v * hd + d] * inv;
+    for (int r = 0; r < it->n_rows; r++) {
+        int32_t last = it->seq->q_pos + it->row0 + r; /* causal: positions [0, last] */
+        int n_valid = last - t0 + 1;
+        if (n_valid <= 0)
+            continue; /* this row's positions end before the tile */
+        if (n_valid > n)
+            n_valid = n;
+        const float *qrow = it->seq->q + (size_t)(it->row0 + r) * c->q_stride;
+        for (int h = 0; h < it->n_h; h++) {
+            int v = (k * it->n_rows + r) * it->n_h + h;
+            const float *q = qrow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
+            it->fold(c, q, kt, vt, n_valid, &it->m[v], &it->l[v], it->acc + (size_t)v * hd);
         }
     }
 }
 
-static void attend_seq_item(const AttnCall *c, const AttnSeq *seq, int item)
+/* One query vector per KV head: tiles are read where they lie in the cache, a block (or
+ * ATTN_TILE positions of it) at a time, all the item's KV heads block by block. */
+static void item_walk_direct(const ItemState *it, int32_t end)
 {
-    ItemSplit sp = item_split(c, seq->n_q);
+    const KvLayout *lay = &it->c->kv->layout;
+    TileSpan t = tile_first(lay, it->seq, end);
+    while (t.n > 0) {
+        /* Blocks are scattered: the hardware cannot guess the next one, so ask now. */
+        TileSpan next = tile_next(lay, it->seq, t, end);
+        tile_prefetch(it->c, it->kv0, it->n_kv, &next);
+        for (int k = 0; k < it->n_kv; k++)
+            item_fold_tile(it, k, t.pos, t.n, tile_ptr(it->c, &t, 0, it->kv0 + k),
+                           tile_ptr(it->c, &t, 1, it->kv0 + k));
+        t = next;
+    }
+}
+
+static void copy_rows(float *dst, const void *src, int n, int f16)
+{
+    if (f16)
+        widen_f16(dst, src, n);
+    else
+        memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+/* Several query vectors of one KV head: tiles of up to ATTN_TILE positions are gathered
+ * from as many blocks as it takes (F16 widened on the way) into kbuf/vbuf, then serve
+ * them all. */
+static void item_walk_gathered(const ItemState *it, int32_t end, float *kbuf, float *vbuf)
+{
+    const AttnCall *c = it->c;
+    const KvLayout *lay = &c->kv->layout;
+    int hd = c->head_dim, f16 = lay->dtype == KV_DTYPE_F16;
+    assert(it->n_kv == 1);
+    TileSpan span = tile_first(lay, it->seq, end);
+    while (span.n > 0) {
+        int32_t t0 = span.pos;
+        int n = 0;
+        while (span.n > 0 && n + span.n <= ATTN_TILE) {
+            TileSpan next = tile_next(lay, it->seq, span, end);
+            tile_prefetch(c, it->kv0, it->n_kv, &next);
+            copy_rows(kbuf + (size_t)n * hd, tile_ptr(c, &span, 0, it->kv0), span.n * hd, f16);
+            copy_rows(vbuf + (size_t)n * hd, tile_ptr(c, &span, 1, it->kv0), span.n * hd, f16);
+            n += span.n;
+            span = next;
+        }
+        item_fold_tile(it, 0, t0, n, kbuf, vbuf);
+    }
+}
+
+static void attend_item(ItemState *it)
+{
+    const AttnCall *c = it->c;
+    int hd = c->head_dim;
+    int n_vecs = it->n_kv * it->n_h * it->n_rows;
+    assert(n_vecs <= ATTN_MAX_VECS);
+    float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
+    for (int v = 0; v < n_vecs; v++) {
+        m[v] = -INFINITY;
+        l[v] = 0.0f;
+    }
+    memset(acc, 0, (size_t)n_vecs * hd * sizeof(float));
+    it->m = m;
+    it->l = l;
+    it->acc = acc;
+    it->fold = fold_tile_f32;
+
+    /* The item's last row sees the most positions; earlier rows stop sooner. */
+    int32_t end = it->seq->q_pos + it->row0 + it->n_rows;
+    /* A lone vector per KV head (decode without GQA) reads F16 straight from the cache;
+     * vectors that share tiles get them widened once. */
+    if (it->n_h * it->n_rows == 1) {
+        if (c->kv->layout.dtype == KV_DTYPE_F16)
+            it->fold = fold_tile_f16;
+        item_walk_direct(it, end);
+    } else {
+        float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+        float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+        item_walk_gathered(it, end, kbuf, vbuf);
+    }
+
+    for (int k = 0; k < it->n_kv; k++)
+        for (int r = 0; r < it->n_rows; r++) {
+            float *orow = it->seq->out + (size_t)(it->row0 + r) * c->out_stride;
+            for (int h = 0; h < it->n_h; h++) {
+                int v = (k * it->n_rows + r) * it->n_h + h;
+                float *o = orow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
+                float inv = 1.0f / l[v];
+                for (int d = 0; d < hd; d++)
+                    o[d] = acc[(size_t)v * hd + d] * inv;
+            }
+        }
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+static void attend_seq_item(const AttnCall *c, const AttnSeq *seq, const ItemSplit *sp, int item)
+{
     /* Later rows see more positions: hand the biggest items out first, so that the
      * dynamic schedule does not end on one thread finishing a long one. */
-    int row_tile = sp.n_row_tiles - 1 - item % sp.n_row_tiles;
-    int rest = item / sp.n_row_tiles;
-    int head_chunk = rest % sp.n_head_chunks;
-    int kv_head = rest / sp.n_head_chunks;
-    int head0 = head_chunk * sp.heads_per_item;
-    int n_h = c->group - head0 < sp.heads_per_item ? c->group - head0 : sp.heads_per_item;
-    int row0 = row_tile * sp.rows_per_item;
-    int n_rows = seq->n_q - row0 < sp.rows_per_item ? seq->n_q - row0 : sp.rows_per_item;
-    attend_item(c, seq, kv_head, head0, n_h, row0, n_rows);
+    int row_tile = sp->n_row_tiles - 1 - item % sp->n_row_tiles;
+    int rest = item / sp->n_row_tiles;
+    int head_chunk = rest % sp->n_head_chunks;
+    int kv_chunk = rest / sp->n_head_chunks;
+    ItemState it = {.c = c, .seq = seq};
+    it.kv0 = kv_chunk * sp->kv_per_item;
+    it.n_kv = min_int(sp->kv_per_item, c->n_kv_heads - it.kv0);
+    it.head0 = head_chunk * sp->heads_per_item;
+    it.n_h = min_int(sp->heads_per_item, c->group - it.head0);
+    it.row0 = row_tile * sp->rows_per_item;
+    it.n_rows = min_int(sp->rows_per_item, seq->n_q - it.row0);
+    attend_item(&it);
+}
+
+/* KV heads per lone-decode-row item: as many as possible (longer contiguous reads) while
+ * leaving a few items per thread for the dynamic schedule to balance. */
+static int decode_kv_per_item(const AttnSeq *seqs, int n_seqs, int n_kv_heads, int threads)
+{
+    int n_decode = 0;
+    for (int s = 0; s < n_seqs; s++)
+        n_decode += seqs[s].n_q == 1;
+    int want_items = 4 * threads;
+    int chunks = n_decode >= want_items ? 1 : (want_items + n_decode - 1) / (n_decode ? n_decode : 1);
+    chunks = min_int(chunks, n_kv_heads);
+    return min_int((n_kv_heads + chunks - 1) / chunks, ATTN_MAX_VECS);
+}
+
+/* The items of every sequence of one call: sequence s owns items [first[s], first[s+1]). */
+typedef struct {
+    const AttnCall *c;
+    const AttnSeq *seqs;
+    int n_seqs;
+    ItemSplit *splits;
+    int *first;
+} SeqItems;
+
+static void run_listed_item(void *arg, int item, int thread)
+{
+    (void)thread;
+    const SeqItems *all = arg;
+    int lo = 0, hi = all->n_seqs - 1; /* the sequence whose range holds item */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (all->first[mid] <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    attend_seq_item(all->c, &all->seqs[lo], &all->splits[lo], item - all->first[lo]);
 }
 
 void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
@@ -268,30 +395,51 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
     assert(shape->head_dim > 0 && shape->head_dim <= ATTN_MAX_HEAD_DIM);
     assert(shape->n_kv_heads > 0 && shape->n_heads % shape->n_kv_heads == 0);
     assert(shape->n_kv_heads == kv->layout.n_kv_heads && shape->head_dim == kv->layout.head_dim);
-    AttnCall c = {
-        .kv = kv,
-        .layer = layer,
-        .head_dim = shape->head_dim,
-        .group = shape->n_heads / shape->n_kv_heads,
-        .scale = shape->scale,
-        .q_stride = q_stride,
-        .out_stride = out_stride,
-    };
 
     long work = 0;
     for (int s = 0; s < n_seqs; s++)
         work += (long)seqs[s].n_q * (seqs[s].q_pos + seqs[s].n_q);
     work *= (long)shape->n_heads * shape->head_dim;
+    int parallel = work >= ATTN_PARALLEL_MIN_WORK;
 
-    /* Each thread walks the same list of sequences; within a sequence the items go out
-     * dynamically, and `nowait` lets a thread run ahead into the next sequence's items
-     * instead of waiting at every sequence's end. */
-#pragma omp parallel if (work >= ATTN_PARALLEL_MIN_WORK)
-    for (int s = 0; s < n_seqs; s++) {
-        ItemSplit sp = item_split(&c, seqs[s].n_q);
-        int n_items = shape->n_kv_heads * sp.n_head_chunks * sp.n_row_tiles;
-#pragma omp for schedule(dynamic) nowait
-        for (int it = 0; it < n_items; it++)
-            attend_seq_item(&c, &seqs[s], it);
+    AttnCall c = {
+        .kv = kv,
+        .layer = layer,
+        .head_dim = shape->head_dim,
+        .n_kv_heads = shape->n_kv_heads,
+        .group = shape->n_heads / shape->n_kv_heads,
+        .scale = shape->scale,
+        .q_stride = q_stride,
+        .out_stride = out_stride,
+    };
+    c.decode_kv_per_item = decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
+                                              parallel ? compute_threads() : 1);
+
+    /* Every sequence's items in one list, handed out one at a time over the compute pool,
+     * so a thread runs on into the next sequence's items instead of waiting at each end. */
+    SeqItems all = { .c = &c, .seqs = seqs, .n_seqs = n_seqs };
+    all.splits = malloc((size_t)n_seqs * sizeof *all.splits);
+    all.first = malloc(((size_t)n_seqs + 1) * sizeof *all.first);
+    if (!all.splits || !all.first) {
+        parallel = 0; /* no memory for the list: the same items, one sequence at a time */
+        for (int s = 0; s < n_seqs; s++) {
+            ItemSplit sp = item_split(&c, seqs[s].n_q);
+            for (int it = 0; it < sp.n_kv_chunks * sp.n_head_chunks * sp.n_row_tiles; it++)
+                attend_seq_item(&c, &seqs[s], &sp, it);
+        }
+    } else {
+        all.first[0] = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            all.splits[s] = item_split(&c, seqs[s].n_q);
+            const ItemSplit *sp = &all.splits[s];
+            all.first[s + 1] = all.first[s] + sp->n_kv_chunks * sp->n_head_chunks * sp->n_row_tiles;
+        }
+        if (parallel)
+            compute_parallel_for(all.first[n_seqs], run_listed_item, &all);
+        else
+            for (int i = 0; i < all.first[n_seqs]; i++)
+                run_listed_item(&all, i, 0);
     }
+    free(all.splits);
+    free(all.first);
 }

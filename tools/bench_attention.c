@@ -9,14 +9,15 @@
  * 64, blocks of 16 positions. Only one layer is allocated; a block of a real 12-layer pool
  * holds the same 2 KiB per (layer, head, K|V) runs the kernel reads, only farther apart. */
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "attention/attention.h"
+#include "compute/compute.h"
 
 #define L3_BYTES (32.0 * 1024 * 1024) /* this machine's L3: working sets below it are cache-resident */
 
@@ -28,6 +29,8 @@ typedef struct {
     int decode, prefill; /* which kinds of case to run */
     int cpu_time;        /* time by process CPU time, not wall clock */
 } BenchOptions;
+
+static int bench_thp; /* --thp: back the KV pool with transparent huge pages */
 
 static uint64_t rng = 0x853c49e6748fea9bull;
 
@@ -51,7 +54,16 @@ static int pool_create(BenchPool *p, const KvLayout *lay, int n_seqs, int ctx)
     p->view.block_bytes = 2u * lay->n_layers * lay->n_kv_heads * lay->head_dim * lay->block_size * elem;
     p->blocks_per_seq = (ctx + lay->block_size - 1) / lay->block_size;
     int32_t n_blocks = n_seqs * p->blocks_per_seq;
-    p->view.base = malloc((size_t)n_blocks * p->view.block_bytes);
+    size_t bytes = (size_t)n_blocks * p->view.block_bytes;
+    if (bench_thp) {
+        /* 2 MiB-aligned and advised, so the kernel backs it with transparent huge pages. */
+        bytes = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        p->view.base = aligned_alloc(2u << 20, bytes);
+        if (p->view.base)
+            madvise(p->view.base, bytes, MADV_HUGEPAGE);
+    } else {
+        p->view.base = malloc(bytes);
+    }
     p->tables = malloc((size_t)n_blocks * sizeof *p->tables);
     if (!p->view.base || !p->tables) {
         free(p->view.base);
@@ -192,6 +204,8 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             o->ctx = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             o->batch = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--thp")) {
+            bench_thp = 1;
         } else if (!strcmp(argv[i], "--cpu-time")) {
             o->cpu_time = 1;
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
@@ -207,7 +221,8 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
                    strcmp(name, "attention") ? "" : " [--dtype f16|f32|both]\n"
                    "       [--only decode|prefill] [--ctx N] [--batch N] (decode at this context / batch)\n"
                    "       [--cpu-time] (process CPU time instead of wall time: with --threads 1,\n"
-                   "       steadier A/B comparisons on a busy machine)");
+                   "       steadier A/B comparisons on a busy machine)\n"
+                   "       [--thp] (back the KV pool with transparent huge pages)");
             return strcmp(argv[i], "--help") ? 2 : 1;
         }
     }
@@ -224,7 +239,7 @@ int bench_attention_main(int argc, char **argv)
     int rc = parse_options(argc, argv, &o, "attention");
     if (rc)
         return rc == 1 ? 0 : rc;
-    omp_set_num_threads(o.threads);
+    o.threads = compute_init(o.threads);
     use_cpu_time = o.cpu_time;
     printf("attention kernels: 12 heads / 12 KV heads, head_dim 64, block 16, %d threads\n", o.threads);
     static const int ctxs[] = {128, 512, 2048};
@@ -254,7 +269,7 @@ static double best_read_gbs(const float *buf, size_t n, int reps, double *sink)
 {
     double best = 0.0;
     for (int r = 0; r < reps; r++) {
-        double t0 = omp_get_wtime(), total = 0.0;
+        double t0 = now_seconds(), total = 0.0;
 #pragma omp parallel for reduction(+ : total) schedule(static)
         for (size_t c = 0; c < n; c += 4096) {
             /* Four independent vector sums so the adds never stall the loads. */
@@ -271,7 +286,7 @@ static double best_read_gbs(const float *buf, size_t n, int reps, double *sink)
             for (int j = 0; j < 8; j++)
                 total += lanes[j];
         }
-        double t = omp_get_wtime() - t0;
+        double t = now_seconds() - t0;
         *sink += total;
         if (n * sizeof(float) / t / 1e9 > best)
             best = n * sizeof(float) / t / 1e9;
@@ -285,7 +300,7 @@ int bench_membw_main(int argc, char **argv)
     int rc = parse_options(argc, argv, &o, "membw");
     if (rc)
         return rc == 1 ? 0 : rc;
-    omp_set_num_threads(o.threads);
+    o.threads = compute_init(o.threads);
     size_t bytes = (size_t)1 << 30;
     float *a = malloc(bytes), *b = malloc(bytes / 2);
     if (!a || !b) {
@@ -303,9 +318,9 @@ int bench_membw_main(int argc, char **argv)
 
     double best_copy = 0.0;
     for (int r = 0; r < 5; r++) {
-        double t0 = omp_get_wtime();
+        double t0 = now_seconds();
         memcpy(b, a + (r & 1) * (n / 2), bytes / 2);
-        double t = omp_get_wtime() - t0;
+        double t = now_seconds() - t0;
         if ((double)(bytes / 2) / t / 1e9 > best_copy)
             best_copy = (double)(bytes / 2) / t / 1e9;
     }

@@ -4,7 +4,8 @@
  * slot nobody wrote poisons the result), hands every sequence a scattered, out-of-order
  * set of physical blocks from a pool larger than needed, stores K/V through
  * attn_kv_store and compares attn_paged's rows with the reference computed on
- * contiguous copies of the same values (F16-rounded when the cache is F16). */
+ * contiguous copies of the same values (F16-rounded when the cache is F16). One case
+ * goes through paging's real block pool and tables instead. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "compute/compute.h"
 #include "tests/support/attn_ref.h"
 
 #define TOL 1e-4f
@@ -255,6 +257,33 @@ static void test_decode_batches(void **state)
                 }
 }
 
+/* Decode rows without GQA are cut into items of several KV heads each: uneven chunks
+ * (7 heads), more heads than one item holds (40), batches of 1, 2 and 9. */
+static void test_decode_kv_head_chunks(void **state)
+{
+    (void)state;
+    int kv_heads[] = {7, 40};
+    int batches[] = {1, 2, 9};
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 3; b++)
+            for (int dt = 0; dt < 2; dt++) {
+                Config c = {kv_heads[k], kv_heads[k], k == 0 ? 16 : 8, 16, (KvDtype)dt};
+                int lens[9], which[9], q_pos[9], n_q[9];
+                for (int s = 0; s < batches[b]; s++) {
+                    lens[s] = 1 + rng_int(150);
+                    which[s] = s;
+                    q_pos[s] = lens[s] - 1;
+                    n_q[s] = 1;
+                }
+                Fixture f;
+                fixture_init(&f, &c, lens, batches[b]);
+                for (int s = 0; s < batches[b]; s++)
+                    fixture_store(&f, s, 1, 0, lens[s]);
+                check_call(&f, which, q_pos, n_q, batches[b]);
+                fixture_free(&f);
+            }
+}
+
 /* ---- chunked prefill: chunks at odd offsets, each stored then attended --------------- */
 
 static void prefill_case(const Config *cfg, int len)
@@ -381,16 +410,78 @@ static void test_empty_inputs(void **state)
     fixture_free(&f);
 }
 
+/* ---- through paging's real pool and tables (its block stride may be padded) --------- */
+
+static void test_real_pool(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < 2; dt++) {
+        enum { HEADS = 6, KV_HEADS = 3, HD = 24, LAYERS = 3 };
+        KvLayout lay = {LAYERS, KV_HEADS, HD, 16, (KvDtype)dt};
+        BlockPool *pool = NULL;
+        char err[256];
+        assert_int_equal(block_pool_create(&pool, &lay, 40, err, sizeof err), 0);
+        KvView view = block_pool_view(pool);
+        int lens[2] = {75, 33};
+        BlockTable tables[2];
+        float *k[2], *v[2], *q[2];
+        int w = KV_HEADS * HD, qw = HEADS * HD;
+        for (int s = 0; s < 2; s++) {
+            block_table_init(&tables[s]);
+            assert_int_equal(block_table_append(&tables[s], pool, lens[s]), 0);
+            k[s] = malloc((size_t)lens[s] * w * sizeof(float));
+            v[s] = malloc((size_t)lens[s] * w * sizeof(float));
+            q[s] = malloc((size_t)lens[s] * qw * sizeof(float));
+            for (int i = 0; i < lens[s] * w; i++) {
+                k[s][i] = rng_uniform(-1.0f, 1.0f);
+                v[s][i] = rng_uniform(-1.0f, 1.0f);
+            }
+            for (int i = 0; i < lens[s] * qw; i++)
+                q[s][i] = rng_uniform(-2.0f, 2.0f);
+            for (int layer = 0; layer < LAYERS; layer++) /* other layers: the same rows reversed */
+                if (layer != 1)
+                    attn_kv_store(&view, layer, tables[s].blocks, 0, lens[s], v[s], w, k[s], w);
+            attn_kv_store(&view, 1, tables[s].blocks, 0, lens[s], k[s], w, v[s], w);
+            if (dt == KV_DTYPE_F16)
+                for (int i = 0; i < lens[s] * w; i++) {
+                    k[s][i] = attn_ref_f16_round(k[s][i]);
+                    v[s][i] = attn_ref_f16_round(v[s][i]);
+                }
+        }
+        /* seq 0: a prefill chunk [40, 75); seq 1: decode at 32. */
+        float out0[35 * HEADS * HD], out1[HEADS * HD], want0[35 * HEADS * HD], want1[HEADS * HD];
+        AttnShape shape = {HEADS, KV_HEADS, HD, 0.2f};
+        AttnSeq seqs[2] = {{tables[0].blocks, 40, 35, q[0] + 40 * qw, out0},
+                           {tables[1].blocks, 32, 1, q[1] + 32 * qw, out1}};
+        attn_paged(&view, 1, &shape, seqs, 2, qw, qw);
+        attn_ref_dense(q[0] + 40 * qw, qw, k[0], v[0], w, HEADS, KV_HEADS, HD, 0.2f, 40, 35, want0, qw);
+        attn_ref_dense(q[1] + 32 * qw, qw, k[1], v[1], w, HEADS, KV_HEADS, HD, 0.2f, 32, 1, want1, qw);
+        assert_true(max_abs_diff_rows(out0, want0, 35, qw, qw) <= TOL);
+        assert_true(max_abs_diff_rows(out1, want1, 1, qw, qw) <= TOL);
+        for (int s = 0; s < 2; s++) {
+            block_table_destroy(&tables[s], pool);
+            free(k[s]);
+            free(v[s]);
+            free(q[s]);
+        }
+        block_pool_destroy(pool);
+    }
+}
+
 int main(void)
 {
+    /* Three workers on any machine, so the item split and the pool are always exercised. */
+    compute_init(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_first_position_is_v),
         cmocka_unit_test(test_empty_inputs),
         cmocka_unit_test(test_decode_batches),
+        cmocka_unit_test(test_decode_kv_head_chunks),
         cmocka_unit_test(test_prefill_chunks),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_wide_group),
         cmocka_unit_test(test_odd_and_max_head_dim),
+        cmocka_unit_test(test_real_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
