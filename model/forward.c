@@ -2,22 +2,22 @@
  *
  * Rows of all sequences are stacked into one matrix so that every weight product is a
  * single sgemm over the whole batch (the weights are read once per step, not once per
- * sequence). Only attention is per sequence, through its block table.
+ * sequence). Only attention is per sequence, through its block table. Products go through
+ * model/matmul.h (Y = X·W^T over all rows; it picks a streaming kernel or sgemm).
  */
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
+#include "model/matmul.h"
 #include "model/weights.h"
 
 struct ModelRunner {
     const Model *model;
     int max_rows;
-    int n_threads;  /* 0: OpenMP's default for the calling thread */
+    int n_threads;  /* workers of the compute pool (compute/) the products and attention use */
     float *x;       /* [max_rows][dim] residual stream */
     float *xb;      /* [max_rows][dim] normalised input of a sub-layer */
     float *qkv;     /* [max_rows][qkv_dim] fused Q, K, V */
@@ -55,6 +55,7 @@ int model_runner_create(const Model *m, int max_rows, ModelRunner **out, char *e
     r->attn = malloc(rows * sizeof(AttnSeq));
     if (!r->x || !r->xb || !r->qkv || !r->att || !r->ffn || !r->positions || !r->attn)
         goto oom;
+    model_runner_set_threads(r, 0);
     *out = r;
     return 0;
 oom:
@@ -65,7 +66,7 @@ oom:
 
 void model_runner_set_threads(ModelRunner *r, int n_threads)
 {
-    r->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    r->n_threads = matmul_init(n_threads);
 }
 
 void model_runner_free(ModelRunner *r)
@@ -113,14 +114,6 @@ static void swiglu_rows(float *ffn, int rows, int ffn_dim)
             gate[i] = g / (1.0f + expf(-g)) * up[i];
         }
     }
-}
-
-/* Y[rows][out] = X[rows][in] · W[out][in]^T + beta·Y; lda/ldy are row strides. */
-static void matmul(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
-                   int in, int out, float beta)
-{
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, ldx, w, in,
-                beta, y, ldy);
 }
 
 /* ---- the pass --------------------------------------------------------------------------- */
@@ -256,8 +249,6 @@ const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch
     int rows = batch_rows(r, seqs, n_seqs, &logit_rows);
     if (rows < 1 || ensure_logits(r, logit_rows) != 0)
         return NULL;
-    if (r->n_threads > 0)
-        omp_set_num_threads(r->n_threads);
     embed_rows(r, seqs, n_seqs);
     for (int l = 0; l < r->model->config.n_layers; l++)
         transformer_layer(r, kv, l, seqs, n_seqs, rows);

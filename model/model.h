@@ -71,8 +71,8 @@ typedef struct ModelRunner ModelRunner;
 int model_runner_create(const Model *m, int max_rows, ModelRunner **out,
                         char *err, size_t err_len);
 void model_runner_free(ModelRunner *r);
-/* Compute threads for this runner's passes (<= 0: every core). OpenMP's thread count
- * belongs to the calling thread, so model_forward applies it on whichever thread runs it. */
+/* Compute threads for the passes (<= 0, the default: every core). They are the process's
+ * one compute pool (compute/compute.h), whichever thread runs model_forward. */
 void model_runner_set_threads(ModelRunner *r, int n_threads);
 
 /* Run one pass. Returns the logits rows (vocab_size floats each), in sequence order:

@@ -15,14 +15,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 /* OpenBLAS's own thread count (declared in its cblas.h, which may not be on our path). */
-extern void openblas_set_num_threads(int num_threads);
 
 #define TICK_MS 250 /* precision of pings, request timeouts and the drain deadline */
 #define STOP_GRACE_S 2.0 /* after drain cancellation: time to flush the error frames */
@@ -297,12 +295,6 @@ static int http_start(Server *s)
     return 0;
 }
 
-static void set_threads(int n)
-{
-    openblas_set_num_threads(n);
-    omp_set_num_threads(n);
-}
-
 static int server_open(Server *s)
 {
     char err[512];
@@ -342,7 +334,6 @@ int server_run(const ServerConfig *c)
 {
     server_log_set_level(c->log_level);
     server_log_set_format(c->log_format);
-    set_threads(c->threads);
     Server *s = calloc(1, sizeof *s);
     if (s == NULL) {
         server_log(LOG_ERROR, "out of memory");

@@ -9,6 +9,7 @@ int bench_attention_main(int argc, char **argv);
 int bench_membw_main(int argc, char **argv);
 int bench_serve_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
+int bench_matmul_main(int argc, char **argv);
 
 typedef struct {
     const char *name;
@@ -19,6 +20,7 @@ typedef struct {
 static const BenchCommand commands[] = {
     {"attention", bench_attention_main, "paged attention kernels: decode and prefill throughput, K/V GB/s"},
     {"membw", bench_membw_main, "memory bandwidth (read, memcpy), to compare the K/V GB/s with"},
+    {"matmul", bench_matmul_main, "weight products of the forward pass: own kernel vs sgemm, GFLOP/s and GB/s"},
     {"engine", bench_engine_main, "the batching engine without HTTP: decode tok/s by sequences, prefix-cache savings"},
     {"serve", bench_serve_main, "closed-loop load on an OpenAI-compatible server: TTFT, ITL, tok/s, KV peaks"},
 };

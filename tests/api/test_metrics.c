@@ -268,11 +268,16 @@ static void promtool_check(const char *text) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-    int rc = system(cmd);
+    /* promtool lints every problem on its own line. One is known and accepted: the project
+     * requires the name pagedserve_kv_blocks_total for the pool's size, a gauge, and the
+     * linter wants _total for counters only. Anything else fails the test. */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1 | grep -v "
+             "'^pagedserve_kv_blocks_total non-counter metrics should not have \"_total\" "
+             "suffix$' | grep .", path);
+    int other_problems = system(cmd) == 0; /* grep . found a line */
     unlink(path);
-    assert_int_equal(rc, 0);
+    assert_false(other_problems);
 }
 
 static void test_format_and_values(void **state) {

@@ -1,0 +1,204 @@
+/* matmul tests: every strategy (the dispatcher, the streaming kernel, the sgemm slices)
+ * against a naive double-precision reference, over row counts on both sides of the
+ * dispatch crossover and sizes that are and are not multiples of the 8-float vectors and
+ * 4-row tiles. Buffers are allocated to the exact last element used, so a read or write
+ * past a row's end is caught by the sanitizer build; x's row padding holds NaN (a read
+ * would poison the result) and y's holds a sentinel that must survive. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/matmul.h"
+
+typedef void (*MatmulFn)(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
+                         int in, int out, float beta);
+
+static const struct {
+    const char *name;
+    MatmulFn fn;
+} impls[] = {{"matmul", matmul}, {"matmul_stream", matmul_stream},
+             {"matmul_sgemm_slices", matmul_sgemm_slices}};
+#define N_IMPLS (int)(sizeof impls / sizeof impls[0])
+
+#define MAX_ROWS 40
+#define Y_SENTINEL 777.0f
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rand_uniform(void) /* in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng_state >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+/* x, w and the reference for MAX_ROWS rows: a case with fewer rows uses the first ones. */
+typedef struct {
+    int in, out;
+    float *x; /* [MAX_ROWS][in], dense */
+    float *w; /* [out][in] */
+    float *y0; /* [MAX_ROWS][out]: y's contents before a beta = 1 call */
+    double *dot, *absdot; /* [MAX_ROWS][out]: x·w and |x|·|w| */
+} Problem;
+
+static void problem_make(Problem *p, int in, int out)
+{
+    p->in = in;
+    p->out = out;
+    p->x = malloc(sizeof(float) * MAX_ROWS * in);
+    p->w = malloc(sizeof(float) * out * in);
+    p->y0 = malloc(sizeof(float) * MAX_ROWS * out);
+    p->dot = malloc(sizeof(double) * MAX_ROWS * out);
+    p->absdot = malloc(sizeof(double) * MAX_ROWS * out);
+    assert_non_null(p->x && p->w && p->y0 && p->dot && p->absdot);
+    for (int i = 0; i < MAX_ROWS * in; i++)
+        p->x[i] = rand_uniform();
+    for (int i = 0; i < out * in; i++)
+        p->w[i] = rand_uniform();
+    for (int i = 0; i < MAX_ROWS * out; i++)
+        p->y0[i] = rand_uniform();
+    for (int r = 0; r < MAX_ROWS; r++)
+        for (int o = 0; o < out; o++) {
+            double s = 0.0, a = 0.0;
+            for (int k = 0; k < in; k++) {
+                s += (double)p->x[r * in + k] * p->w[o * in + k];
+                a += fabs((double)p->x[r * in + k] * p->w[o * in + k]);
+            }
+            p->dot[r * out + o] = s;
+            p->absdot[r * out + o] = a;
+        }
+}
+
+static void problem_free(Problem *p)
+{
+    free(p->x);
+    free(p->w);
+    free(p->y0);
+    free(p->dot);
+    free(p->absdot);
+}
+
+/* Runs fn on the first `rows` rows with the given strides; returns the number of wrong
+ * elements (printing the first). */
+static int check_case(const Problem *p, int impl, int rows, int ldx, int ldy, float beta)
+{
+    int in = p->in, out = p->out, bad = 0;
+    size_t x_len = (size_t)(rows - 1) * ldx + in, y_len = (size_t)(rows - 1) * ldy + out;
+    float *x = malloc(sizeof(float) * x_len), *y = malloc(sizeof(float) * y_len);
+    assert_non_null(x && y);
+    for (size_t i = 0; i < x_len; i++)
+        x[i] = NAN;
+    for (size_t i = 0; i < y_len; i++)
+        y[i] = Y_SENTINEL;
+    for (int r = 0; r < rows; r++) {
+        for (int k = 0; k < in; k++)
+            x[(size_t)r * ldx + k] = p->x[r * in + k];
+        for (int o = 0; o < out; o++)
+            y[(size_t)r * ldy + o] = beta == 0.0f ? NAN : p->y0[r * out + o];
+    }
+    impls[impl].fn(y, ldy, x, ldx, p->w, rows, in, out, beta);
+    for (int r = 0; r < rows; r++) {
+        for (int o = 0; o < ldy && (size_t)r * ldy + o < y_len; o++) {
+            float got = y[(size_t)r * ldy + o];
+            double want, tol;
+            if (o >= out) { /* row padding: must be untouched */
+                want = Y_SENTINEL;
+                tol = 0.0;
+            } else {
+                double prior = beta == 0.0f ? 0.0 : (double)beta * p->y0[r * out + o];
+                want = p->dot[r * out + o] + prior;
+                tol = 1e-5 * (p->absdot[r * out + o] + fabs(prior));
+            }
+            if (!(fabs(got - want) <= tol) && bad++ == 0)
+                print_error("%s rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, "
+                            "want %.9g (tolerance %.3g)\n", impls[impl].name, rows, in, out, ldx,
+                            ldy, beta, r, o, got, want, tol);
+        }
+    }
+    free(x);
+    free(y);
+    return bad;
+}
+
+/* Every impl, dense and strided, beta 0 and 1, for the given row counts of one shape. */
+static int check_shape(int in, int out, const int *row_counts, int n_row_counts)
+{
+    Problem p;
+    problem_make(&p, in, out);
+    int bad = 0;
+    for (int i = 0; i < n_row_counts; i++)
+        for (int impl = 0; impl < N_IMPLS; impl++)
+            for (int strided = 0; strided < 2; strided++) {
+                int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
+                bad += check_case(&p, impl, row_counts[i], ldx, ldy, 0.0f);
+                bad += check_case(&p, impl, row_counts[i], ldx, ldy, 1.0f);
+            }
+    problem_free(&p);
+    return bad;
+}
+
+static const int all_rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                               23, 32, 33, 40};
+#define N_ALL_ROWS (int)(sizeof all_rows / sizeof all_rows[0])
+
+/* The full sweep runs on one thread: the split over threads is checked below with fewer
+ * calls, since on a busy machine every parallel region can wait for a core. */
+static void test_against_reference(void **state)
+{
+    (void)state;
+    static const int ins[] = {1, 7, 8, 64, 100, 768};
+    static const int outs[] = {1, 3, 64, 257};
+    assert_int_equal(matmul_init(1), 1);
+    int bad = 0;
+    for (int i = 0; i < 6; i++)
+        for (int o = 0; o < 4; o++)
+            bad += check_shape(ins[i], outs[o], all_rows, N_ALL_ROWS);
+    assert_int_equal(bad, 0);
+}
+
+/* The threads' shares must tile `out` exactly whatever the team size: ragged shares,
+ * more threads than cores, more threads than 4-row blocks. Shapes with enough work to
+ * run multithreaded, among them a long reduction like the FFN's down projection. */
+static void test_thread_counts(void **state)
+{
+    (void)state;
+    static const int rows[] = {1, 3, 16, 17, 33};
+    assert_int_equal(matmul_init(0), (int)sysconf(_SC_NPROCESSORS_ONLN));
+    static const int counts[] = {2, 3, 5};
+    for (int t = 0; t < 3; t++) {
+        assert_int_equal(matmul_init(counts[t]), counts[t]);
+        assert_int_equal(check_shape(768, 257, rows, 5), 0);
+        assert_int_equal(check_shape(2048, 13, rows, 5), 0);
+        assert_int_equal(check_shape(33, 1003, rows, 5), 0);
+    }
+}
+
+/* beta other than 0 and 1 also follows the contract (y = x·w^T + beta·y). */
+static void test_other_beta(void **state)
+{
+    (void)state;
+    Problem p;
+    problem_make(&p, 100, 64);
+    int bad = 0;
+    for (int impl = 0; impl < N_IMPLS; impl++)
+        for (int rows = 1; rows <= MAX_ROWS; rows += 13)
+            bad += check_case(&p, impl, rows, 100, 64, -0.5f);
+    problem_free(&p);
+    assert_int_equal(bad, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_reference),
+        cmocka_unit_test(test_thread_counts),
+        cmocka_unit_test(test_other_beta),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

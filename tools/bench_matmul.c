@@ -1,0 +1,217 @@
+/* bench matmul — the forward pass's weight products (model/matmul.c) against plain OpenBLAS.
+ *
+ * Shapes are the 110M TinyStories-class model's (dim 768, ffn 2048, vocab 32000): fused QKV,
+ * the attention output, fused gate/up, down, logits. Few rows are memory-bound, so their
+ * honest unit is GB/s of W read, next to the machine's read bandwidth measured here; many
+ * rows are compute-bound (GFLOP/s). Each call uses another copy of W out of a 256 MiB
+ * arena, as in a real pass where no matrix is still in the 32 MiB L3 when it comes round
+ * again. Times are medians per call (other engineers share the machine).
+ *
+ * Columns: matmul (what the forward pass calls), its two strategies forced (stream,
+ * slices), one multithreaded cblas_sgemm call with OpenMP idle, and for one row
+ * multithreaded cblas_sgemv. */
+#include "tools/bench_matmul.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/matmul.h"
+
+#define ARENA_BYTES ((size_t)256 << 20)
+#define MAX_CALLS 4096
+#define MAX_ROWS 256 /* x and y are sized for this many rows of the widest shape */
+#define MAX_IN 2048
+#define MAX_OUT 32000
+
+typedef struct {
+    const char *name;
+    int in, out;
+} Shape;
+
+static const Shape shapes[] = {
+    {"qkv", 768, 2304}, {"wo", 768, 768}, {"gate_up", 768, 4096},
+    {"down", 2048, 768}, {"logits", 768, 32000},
+};
+static const int row_counts[] = {1, 2, 4, 8, 16, 32, 64, 256};
+
+typedef enum { RUN_MATMUL, RUN_STREAM, RUN_SLICES, RUN_SGEMM_MT, RUN_SGEMV_MT, RUN_COUNT } Runner;
+
+typedef struct {
+    float *arena; /* ARENA_BYTES of random weights: W copies are carved out of it */
+    float *x, *y;
+    int threads;
+    double min_time;
+    int best; /* report the fastest call instead of the median */
+    double call_time[MAX_CALLS];
+} Bench;
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static float rng_uniform(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+static void run_once(Runner how, float *y, const float *x, const float *w, int rows, int in,
+                     int out)
+{
+    switch (how) {
+    case RUN_MATMUL: matmul(y, out, x, in, w, rows, in, out, 0.0f); break;
+    case RUN_STREAM: matmul_stream(y, out, x, in, w, rows, in, out, 0.0f); break;
+    case RUN_SLICES: matmul_sgemm_slices(y, out, x, in, w, rows, in, out, 0.0f); break;
+    case RUN_SGEMM_MT:
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in,
+                    0.0f, y, out);
+        break;
+    case RUN_SGEMV_MT:
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+        break;
+    default: break;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double d = *(const double *)a - *(const double *)b;
+    return (d > 0) - (d < 0);
+}
+
+/* Median (or fastest) seconds per call over at least min_time and 3 calls. */
+static double time_calls(Bench *b, Runner how, const Shape *s, int rows)
+{
+    size_t w_floats = (size_t)s->in * s->out;
+    size_t copies = ARENA_BYTES / sizeof(float) / w_floats;
+    int mt = how == RUN_SGEMM_MT || how == RUN_SGEMV_MT;
+    if (mt)
+        openblas_set_num_threads(b->threads);
+    run_once(how, b->y, b->x, b->arena, rows, s->in, s->out); /* warm-up */
+    int n = 0;
+    double start = omp_get_wtime(), now = start;
+    while (n < MAX_CALLS && (n < 3 || now - start < b->min_time)) {
+        const float *w = b->arena + (size_t)(n + 1) % copies * w_floats; /* not the warm one */
+        double t0 = omp_get_wtime();
+        run_once(how, b->y, b->x, w, rows, s->in, s->out);
+        now = omp_get_wtime();
+        b->call_time[n++] = now - t0;
+    }
+    if (mt)
+        openblas_set_num_threads(1);
+    qsort(b->call_time, n, sizeof(double), cmp_double);
+    return b->call_time[b->best ? 0 : n / 2];
+}
+
+/* Best of a few parallel reads of the whole arena, in GB/s: the bound for few rows. */
+static double read_bandwidth(const Bench *b)
+{
+    size_t n = ARENA_BYTES / sizeof(float);
+    double best = 0.0, sink = 0.0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = omp_get_wtime(), total = 0.0;
+#pragma omp parallel for num_threads(b->threads) reduction(+ : total) schedule(static)
+        for (size_t c = 0; c < n; c += 4096) {
+            /* Four independent sums so the adds never wait on each other, only on memory. */
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (size_t i = c; i < c + 4096; i += 32) {
+                s0 = _mm256_add_ps(s0, _mm256_loadu_ps(b->arena + i));
+                s1 = _mm256_add_ps(s1, _mm256_loadu_ps(b->arena + i + 8));
+                s2 = _mm256_add_ps(s2, _mm256_loadu_ps(b->arena + i + 16));
+                s3 = _mm256_add_ps(s3, _mm256_loadu_ps(b->arena + i + 24));
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+            for (int j = 0; j < 8; j++)
+                total += lanes[j];
+        }
+        double t = omp_get_wtime() - t0;
+        sink += total;
+        if (ARENA_BYTES / t / 1e9 > best)
+            best = ARENA_BYTES / t / 1e9;
+    }
+    if (sink == 1234.5) /* keep the sums alive */
+        printf(" ");
+    return best;
+}
+
+static void bench_shape(Bench *b, const Shape *s, int only_rows)
+{
+    double w_bytes = (double)s->in * s->out * sizeof(float);
+    printf("\n%s: in %d -> out %d, W %.1f MiB\n", s->name, s->in, s->out, w_bytes / (1 << 20));
+    printf("%5s | %9s %8s %7s | %9s %9s %11s %11s\n", "rows", "matmul us", "GFLOP/s", "W GB/s",
+           "stream us", "slices us", "sgemm-MT us", "sgemv-MT us");
+    int n_counts = only_rows ? 1 : (int)(sizeof row_counts / sizeof row_counts[0]);
+    for (int i = 0; i < n_counts; i++) {
+        int rows = only_rows ? only_rows : row_counts[i];
+        double t[RUN_COUNT];
+        for (int how = 0; how < RUN_COUNT; how++)
+            t[how] = how == RUN_SGEMV_MT && rows != 1 ? 0 : time_calls(b, how, s, rows);
+        printf("%5d | %9.1f %8.1f %7.1f | %9.1f %9.1f %11.1f ", rows, t[RUN_MATMUL] * 1e6,
+               2.0 * rows * s->in * s->out / t[RUN_MATMUL] / 1e9, w_bytes / t[RUN_MATMUL] / 1e9,
+               t[RUN_STREAM] * 1e6, t[RUN_SLICES] * 1e6, t[RUN_SGEMM_MT] * 1e6);
+        if (rows == 1)
+            printf("%11.1f\n", t[RUN_SGEMV_MT] * 1e6);
+        else
+            printf("%11s\n", "-");
+        fflush(stdout);
+    }
+}
+
+int bench_matmul_main(int argc, char **argv)
+{
+    static Bench b; /* call_time is large: keep it off the stack */
+    int threads = 0, only_rows = 0;
+    double min_time = 0.1;
+    const char *only_shape = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-time") && i + 1 < argc)
+            min_time = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            only_rows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc)
+            only_shape = argv[++i];
+        else if (!strcmp(argv[i], "--best"))
+            b.best = 1;
+        else {
+            printf("usage: bench matmul [--threads N (all cores)] [--min-time SECONDS per case (0.1)]\n"
+                   "                    [--rows N (1..256)] [--shape qkv|wo|gate_up|down|logits]\n"
+                   "                    [--best] (fastest call, not the median: kernel A/B on a busy machine)\n");
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS) {
+        fprintf(stderr, "bench matmul: bad option value\n");
+        return 2;
+    }
+    b.threads = matmul_init(threads);
+    b.min_time = min_time;
+    b.arena = aligned_alloc(64, ARENA_BYTES);
+    b.x = aligned_alloc(64, (size_t)MAX_ROWS * MAX_IN * sizeof(float));
+    b.y = aligned_alloc(64, (size_t)MAX_ROWS * MAX_OUT * sizeof(float));
+    if (!b.arena || !b.x || !b.y) {
+        fprintf(stderr, "bench matmul: out of memory\n");
+        free(b.arena);
+        free(b.x);
+        free(b.y);
+        return 1;
+    }
+    for (size_t i = 0; i < ARENA_BYTES / sizeof(float); i++)
+        b.arena[i] = rng_uniform();
+    for (size_t i = 0; i < (size_t)MAX_ROWS * MAX_IN; i++)
+        b.x[i] = rng_uniform();
+    printf("matmul: %d threads; memory read bandwidth %.1f GB/s (%d threads, 256 MiB)\n",
+           b.threads, read_bandwidth(&b), b.threads);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!only_shape || !strcmp(only_shape, shapes[i].name))
+            bench_shape(&b, &shapes[i], only_rows);
+    free(b.arena);
+    free(b.x);
+    free(b.y);
+    return 0;
+}
