@@ -12,43 +12,7 @@
 
 #include "api/api.h"
 
-/* ---- a fake vocabulary: 0 <unk>, 1 <s>, 2 </s> (control), 3 + b = the byte b -------------- */
-
-static int fake_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
-                       int max_out) {
-    (void)arg;
-    int n = 0;
-    if (add_bos) {
-        if (n < max_out) out[n] = 1;
-        n++;
-    }
-    for (size_t i = 0; i < len; i++, n++)
-        if (n < max_out) out[n] = 3 + (unsigned char)text[i];
-    return n;
-}
-
-static char *fake_decode(void *arg, const int32_t *ids, int32_t n, bool skip_special) {
-    (void)arg;
-    (void)skip_special;
-    char *s = malloc((size_t)n + 1);
-    size_t o = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] >= 3) s[o++] = (char)(ids[i] - 3);
-    s[o] = '\0';
-    return s;
-}
-
-static int fake_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
-    (void)arg;
-    static const char *const names[] = {"<unk>", "<s>", "</s>"};
-    *is_control = id < 3;
-    if (id < 3) return snprintf(out, cap, "%s", names[id]);
-    int b = id - 3;
-    if (b < 0x80) return snprintf(out, cap, "%c", b);
-    return snprintf(out, cap, "bytes:\\x%02x", b);
-}
-
-static ApiVocab vocab = {NULL, 259, true, fake_encode, fake_decode, fake_token_text};
+#include "tests/support/fake_vocab.h"
 
 static json_t *parse_json(const char *s, size_t len) {
     json_error_t err;
@@ -151,7 +115,7 @@ static int tokenize(const char *body, char **out, ApiError *e) {
     ApiLimits l;
     api_limits_default(&l);
     size_t len;
-    return api_tokenize_handle(body, strlen(body), &l, &vocab, "m", 512, out, &len, e);
+    return api_tokenize_handle(body, strlen(body), &l, &fake_vocab_bytes, "m", 512, out, &len, e);
 }
 
 static void test_tokenize(void **state) {
@@ -218,7 +182,7 @@ static void test_tokenize(void **state) {
     l.max_body_bytes = 10;
     size_t len;
     const char *big = "{\"prompt\":\"hello\"}";
-    assert_int_equal(api_tokenize_handle(big, strlen(big), &l, &vocab, "m", 512, &out, &len, &e), -1);
+    assert_int_equal(api_tokenize_handle(big, strlen(big), &l, &fake_vocab_bytes, "m", 512, &out, &len, &e), -1);
     assert_int_equal(e.status, 413);
 }
 
@@ -232,13 +196,13 @@ static void test_detokenize(void **state) {
     char body[128];
     snprintf(body, sizeof body, "{\"tokens\":[1,%d,%d,%d],\"model\":\"m\"}", 3 + 'o', 3 + 0xC3,
              3 + 0xA9);
-    assert_int_equal(api_detokenize_handle(body, strlen(body), &l, &vocab, "m", &out, &len, &e), 0);
+    assert_int_equal(api_detokenize_handle(body, strlen(body), &l, &fake_vocab_bytes, "m", &out, &len, &e), 0);
     json_t *o = parse_json(out, len);
     assert_string_equal(json_string_value(json_object_get(o, "prompt")), "o\xc3\xa9");
     json_decref(o);
     free(out);
     const char *empty = "{\"tokens\":[]}";
-    assert_int_equal(api_detokenize_handle(empty, strlen(empty), &l, &vocab, "m", &out, &len, &e), 0);
+    assert_int_equal(api_detokenize_handle(empty, strlen(empty), &l, &fake_vocab_bytes, "m", &out, &len, &e), 0);
     o = parse_json(out, len);
     assert_string_equal(json_string_value(json_object_get(o, "prompt")), "");
     json_decref(o);
@@ -249,13 +213,13 @@ static void test_detokenize(void **state) {
         "{\"tokens\":[1.5]}", "{\"tokens\":[\"a\"]}", "{\"tokens\":[1],\"x\":1}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        if (api_detokenize_handle(bad[i], strlen(bad[i]), &l, &vocab, "m", &out, &len, &e) != -1 ||
+        if (api_detokenize_handle(bad[i], strlen(bad[i]), &l, &fake_vocab_bytes, "m", &out, &len, &e) != -1 ||
             e.status != 400)
             fail_msg("%s accepted", bad[i]);
         assert_null(out);
     }
     const char *other = "{\"tokens\":[1],\"model\":\"x\"}";
-    assert_int_equal(api_detokenize_handle(other, strlen(other), &l, &vocab, "m", &out, &len, &e), -1);
+    assert_int_equal(api_detokenize_handle(other, strlen(other), &l, &fake_vocab_bytes, "m", &out, &len, &e), -1);
     assert_int_equal(e.status, 404);
 }
 

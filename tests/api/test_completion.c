@@ -15,43 +15,7 @@
 
 #include "api/api.h"
 
-/* ---- a fake vocabulary: 0 <unk>, 1 <s>, 2 </s> (control), 3 + b = the byte b -------------- */
-
-static int fake_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
-                       int max_out) {
-    (void)arg;
-    int n = 0;
-    if (add_bos) {
-        if (n < max_out) out[n] = 1;
-        n++;
-    }
-    for (size_t i = 0; i < len; i++, n++)
-        if (n < max_out) out[n] = 3 + (unsigned char)text[i];
-    return n;
-}
-
-static char *fake_decode(void *arg, const int32_t *ids, int32_t n, bool skip_special) {
-    (void)arg;
-    (void)skip_special;
-    char *s = malloc((size_t)n + 1);
-    size_t o = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] >= 3) s[o++] = (char)(ids[i] - 3);
-    s[o] = '\0';
-    return s;
-}
-
-static int fake_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
-    (void)arg;
-    static const char *const names[] = {"<unk>", "<s>", "</s>"};
-    *is_control = id < 3;
-    if (id < 3) return snprintf(out, cap, "%s", names[id]);
-    int b = id - 3;
-    if (b < 0x80) return snprintf(out, cap, "%c", b);
-    return snprintf(out, cap, "bytes:\\x%02x", b);
-}
-
-static ApiVocab vocab = {NULL, 259, true, fake_encode, fake_decode, fake_token_text};
+#include "tests/support/fake_vocab.h"
 
 #define T(c) (3 + (unsigned char)(c)) /* the fake vocabulary's id of byte c */
 
@@ -64,7 +28,7 @@ static ApiRequest *request(const char *body) {
     ApiError e;
     if (api_request_parse(body, strlen(body), &l, "m", &r, &e) != 0)
         fail_msg("parse: %s", e.message);
-    if (api_request_tokenize(r, &vocab, 1000, &l, &e) != 0) fail_msg("tokenize: %s", e.message);
+    if (api_request_tokenize(r, &fake_vocab_bytes, 1000, &l, &e) != 0) fail_msg("tokenize: %s", e.message);
     return r;
 }
 
@@ -187,7 +151,7 @@ static void check_usage(const json_t *o, int prompt, int completion, int cached)
 static void test_body_single(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\"}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     const char *id = api_completion_id(c);
@@ -228,7 +192,7 @@ static void test_body_single(void **state) {
 static void test_body_n2_two_prompts(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":[\"ab\",\"c\"],\"n\":2}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     /* interleaved, as the engine's outbox would mix them */
@@ -267,7 +231,7 @@ static void test_body_n2_two_prompts(void **state) {
 static void test_body_logprobs(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"logprobs\":2}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     EngineEvent ev = ev_token(0, T('a'), "a", -0.5f);
@@ -326,7 +290,7 @@ static void test_body_logprobs(void **state) {
 static void run_echo_logprobs(bool event_for_token0) {
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"echo\":true,\"logprobs\":1,"
                             "\"max_tokens\":1}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     if (event_for_token0) feed(c, 0, ev_prompt(1, NAN), &out);
@@ -384,7 +348,7 @@ static void test_body_echo_token_prompt(void **state) {
     snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":[[%d,%d],[%d]],\"echo\":true}", T('o'),
              T('k'), T('z'));
     ApiRequest *r = request(body);
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 0, ev_token(0, T('!'), "!", 0), &out);
@@ -404,7 +368,7 @@ static void test_body_echo_token_prompt(void **state) {
 static void test_body_bad_utf8_and_leftover(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 0, ev_token(0, T('a'), "a\xff", 0), &out);
@@ -421,7 +385,7 @@ static void test_body_bad_utf8_and_leftover(void **state) {
 static void test_events_out_of_range_ignored(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"stream\":true}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 1, ev_token(0, T('a'), "a", 0), &out);  /* no prompt 1 */
@@ -441,7 +405,7 @@ static void test_events_out_of_range_ignored(void **state) {
 static void test_stream_basic(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 0, ev_token(0, T('H'), "He", 0), &out);
@@ -484,7 +448,7 @@ static void test_stream_usage(void **state) {
         ApiRequest *r = request(force ? "{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true}"
                                       : "{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true,"
                                         "\"stream_options\":{\"include_usage\":true}}");
-        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+        ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
         if (force) api_completion_force_usage(c, true);
         ApiBuf out;
         api_buf_init(&out);
@@ -517,7 +481,7 @@ static void test_stream_n2_echo_logprobs(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":[\"hi\",\"yo\"],\"n\":2,\"stream\":true,"
                             "\"echo\":true,\"logprobs\":0}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 0, ev_prompt(1, NAN), &out);
@@ -599,7 +563,7 @@ static void test_engine_error(void **state) {
     for (int stream = 0; stream < 2; stream++) {
         ApiRequest *r = request(stream ? "{\"model\":\"m\",\"prompt\":\"q\",\"n\":2,\"stream\":true}"
                                        : "{\"model\":\"m\",\"prompt\":\"q\",\"n\":2}");
-        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+        ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
         ApiBuf out;
         api_buf_init(&out);
         feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
@@ -634,7 +598,7 @@ static void test_engine_error(void **state) {
 static void test_fail(void **state) {
     (void)state;
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"stream\":true}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     ApiBuf out;
     api_buf_init(&out);
     feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
@@ -657,7 +621,7 @@ static void test_fail(void **state) {
     api_request_free(r);
 
     r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
-    c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
     api_buf_init(&out);
     assert_int_equal(api_completion_fail(c, 429, "busy", &out), 0);
     assert_int_equal(api_completion_status(c), 429);
@@ -676,7 +640,7 @@ static void test_latency_metrics(void **state) {
     ApiMetrics m;
     api_metrics_init(&m);
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"n\":2}");
-    ApiCompletion *c = api_completion_new(r, &vocab, "m", 10.0, &m);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 10.0, &m);
     ApiBuf out;
     api_buf_init(&out);
     EngineEvent a = ev_token(0, T('a'), "a", 0), b = ev_token(1, T('b'), "b", 0);
