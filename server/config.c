@@ -74,6 +74,10 @@ static const Flag flags[] = {
      "20", "largest logprobs a request may ask for"},
     {"max-prompt-tokens", 0, FLAG_I32, FIELD(limits.max_prompt_tokens), 0, 1 << 24, "N", "0",
      "longest prompt in tokens (0: only the context length limits it)"},
+    {"max-header-bytes", 0, FLAG_SIZE, FIELD(max_header_bytes), 4096, 1 << 24, "N", "32768",
+     "memory per connection for the request line and headers (431 or 413 above)"},
+    {"max-stop", 0, FLAG_I32, FIELD(limits.max_stop), 0, 64, "N", "4",
+     "most stop strings a request may give"},
     {"max-connections", 0, FLAG_INT, FIELD(max_connections), 1, 1 << 20, "N", "512",
      "open connections at once; more wait until one closes"},
     {"request-timeout-s", 0, FLAG_INT, FIELD(request_timeout_s), 0, 1 << 24, "S", "600",
@@ -432,6 +436,7 @@ static void config_defaults(ServerConfig *c)
     api_limits_default(&c->limits);
     c->port = 8080;
     c->max_connections = 512;
+    c->max_header_bytes = 32768;
     c->request_timeout_s = 600;
     c->idle_timeout_s = 60;
     c->drain_timeout_s = 30;

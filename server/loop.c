@@ -274,6 +274,7 @@ static int http_start(Server *s)
         MHD_OPTION_NOTIFY_CONNECTION, on_connection_notify, s,
         MHD_OPTION_NOTIFY_COMPLETED, server_on_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, c->max_header_bytes,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout_s,
         MHD_OPTION_END);
     if (s->mhd == NULL) {

@@ -64,6 +64,8 @@ typedef struct {
     bool metrics_no_auth;    /* --metrics-no-auth: /metrics open even with keys */
 
     int max_connections;     /* --max-connections (MHD_OPTION_CONNECTION_LIMIT), 512 */
+    size_t max_header_bytes; /* --max-header-bytes: memory per connection for the request
+                              * line and headers (MHD_OPTION_CONNECTION_MEMORY_LIMIT), 32768 */
     int request_timeout_s;   /* --request-timeout-s, 600; 0 = none */
     int idle_timeout_s;      /* --idle-timeout-s (MHD_OPTION_CONNECTION_TIMEOUT), 60; 0 = none */
     int drain_timeout_s;     /* --drain-timeout-s, 30 */

@@ -402,6 +402,43 @@ static void test_huge_header(void **state)
     assert_healthy();
 }
 
+/* Status of GET /health carrying one extra header of `size` bytes (0 if refused outright). */
+static int health_with_header(int port, size_t size)
+{
+    char *headers = malloc(size + 16);
+    assert_non_null(headers);
+    strcpy(headers, "X-Big: ");
+    memset(headers + 7, 'b', size);
+    strcpy(headers + 7 + size, "\r\n");
+    HttpResponse r;
+    HttpConn c;
+    int status = 0;
+    assert_int_equal(http_conn_open(&c, port, 0, T_IO), 0);
+    if (http_conn_send(&c, "GET", "/health", headers, NULL, 0, T_IO) == 0 &&
+        http_conn_read_response(&c, &r, T_IO) == 0) {
+        status = r.status;
+        http_response_free(&r);
+    }
+    http_conn_close(&c);
+    free(headers);
+    return status;
+}
+
+/* --max-header-bytes bounds the header section: a header that fits passes, a bigger one is
+ * refused with a 4xx (or the connection closed), and the server carries on. */
+static void test_header_limit_flag(void **state)
+{
+    (void)state;
+    ServerProc sp;
+    const char *extra[] = {"--max-header-bytes", "8192", NULL};
+    assert_int_equal(start_random_server(&sp, extra), 0);
+    assert_int_equal(health_with_header(sp.port, 1024), 200);
+    int big = health_with_header(sp.port, 12 * 1024);
+    assert_true(big == 0 || (big >= 400 && big < 500));
+    assert_int_equal(health_with_header(sp.port, 1024), 200);
+    assert_int_equal(server_proc_stop(&sp, 30.0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -418,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_hostile_input),
         cmocka_unit_test(test_huge_header),
+        cmocka_unit_test(test_header_limit_flag),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
