@@ -434,6 +434,9 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     ch->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : ch->n_tokens;
     ch->cached_tokens = ev->cached_tokens;
     ch->chars += api_utf8_chars(text, len);
+    /* One engine request per prompt: its queue time once, with choice 0. */
+    if (c->metrics && ev->choice == 0 && ev->queue_time >= 0)
+        api_histogram_observe(&c->metrics->queue_time, ev->queue_time);
     c->n_finished++;
     int rc = 0;
     if (c->req->stream) {

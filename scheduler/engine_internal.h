@@ -57,6 +57,8 @@ struct Request {
 
     bool cancelled;
     bool admitted;         /* admitted at least once (no longer "queued") */
+    double submitted_at;   /* engine_now() at engine_submit */
+    double queue_time;     /* seconds from submit to first admission; -1 until then */
     bool forked;           /* its prefill ended: every choice has its Seq */
     int32_t n_open;        /* choices without a FINISH event yet */
     int32_t cached_tokens; /* prefix-cache hit at first admission */
@@ -183,5 +185,8 @@ void engine_cancel_everything(Engine *e);
 void engine_publish(Engine *e);
 char *engine_strndup(const char *s, size_t n); /* never NULL (a shared "" on OOM) */
 extern char engine_empty_text[1];
+
+/* Monotonic seconds. */
+double engine_now(void);
 
 #endif

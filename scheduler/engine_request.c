@@ -136,6 +136,7 @@ void engine_emit_finish(Engine *e, Request *r, int32_t choice, FinishReason why,
     ev->prompt_tokens = r->n_prompt;
     ev->completion_tokens = s ? s->n_generated : 0;
     ev->cached_tokens = r->cached_tokens;
+    ev->queue_time = r->queue_time;
     if (error)
         ev->error = engine_strndup(error, strlen(error));
     e->finished[why]++;

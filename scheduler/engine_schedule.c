@@ -180,6 +180,7 @@ static int32_t admit_front(Engine *e, int32_t budget)
     }
     if (!r->admitted) {
         r->admitted = true;
+        r->queue_time = engine_now() - r->submitted_at;
         r->cached_tokens = hit * e->cfg.block_size;
         e->prompt_tokens += r->n_prompt;
     }

@@ -7,7 +7,7 @@
 
 #include "scheduler/engine_internal.h"
 
-static double monotonic_seconds(void)
+double engine_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -172,7 +172,7 @@ static void snapshot_stats(Engine *e, EngineStats *st)
     st->preemptions = e->preemptions;
     st->steps = e->steps;
     memcpy(st->requests_finished, e->finished, sizeof st->requests_finished);
-    st->last_step_end = monotonic_seconds();
+    st->last_step_end = engine_now();
 }
 
 static int32_t count_queued(const Engine *e)

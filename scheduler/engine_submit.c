@@ -140,6 +140,8 @@ uint64_t engine_submit(Engine *e, const EngineRequest *req, bool *queue_full,
         refusal = "out of memory";
     else {
         r->id = ++e->next_id;
+        r->submitted_at = engine_now();
+        r->queue_time = -1;
         pthread_cond_signal(&e->cv);
     }
     uint64_t id = r->id;

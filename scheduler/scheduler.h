@@ -83,6 +83,8 @@ typedef struct {
     int32_t prompt_tokens;     /* FINISH: usage */
     int32_t completion_tokens; /* FINISH: this choice's generated tokens */
     int32_t cached_tokens;     /* FINISH: prompt tokens served from the prefix cache */
+    double queue_time;         /* FINISH: seconds from engine_submit to first being scheduled
+                                * (-1: never scheduled, e.g. cancelled while waiting) */
     char *error;               /* FINISH_ERROR: malloc'd message */
 } EngineEvent;
 

@@ -646,6 +646,7 @@ static void test_latency_metrics(void **state) {
     EngineEvent a = ev_token(0, T('a'), "a", 0), b = ev_token(1, T('b'), "b", 0);
     EngineEvent fa = ev_finish(0, FINISH_STOP, "", 2, 2, 0);
     EngineEvent fb = ev_finish(1, FINISH_LENGTH, "", 2, 1, 0);
+    fa.queue_time = fb.queue_time = 0.125; /* the engine's wait, the same for both choices */
     assert_int_equal(api_completion_feed(c, 0, &a, 10.5, &out), 0);
     assert_int_equal(api_completion_feed(c, 0, &b, 10.75, &out), 0);
     assert_int_equal(api_completion_feed(c, 0, &a, 11.0, &out), 0);
@@ -657,6 +658,8 @@ static void test_latency_metrics(void **state) {
     assert_near(m.itl.sum, 0.5);
     assert_int_equal(m.e2e.count, 1);
     assert_near(m.e2e.sum, 1.5);
+    assert_int_equal(m.queue_time.count, 1); /* once per engine request (prompt) */
+    assert_near(m.queue_time.sum, 0.125);
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);

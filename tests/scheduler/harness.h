@@ -32,6 +32,7 @@ typedef struct {
     int after_finish;           /* events seen after the FINISH (must stay 0) */
     FinishReason reason;
     int32_t prompt_tokens, completion_tokens, cached_tokens;
+    double queue_time;
     char error[256];
     int64_t finish_seq;         /* order of the FINISH among all FINISH events */
 } HChoice;
@@ -124,6 +125,7 @@ static inline void h_record(Harness *h, const EngineEvent *ev)
         c->prompt_tokens = ev->prompt_tokens;
         c->completion_tokens = ev->completion_tokens;
         c->cached_tokens = ev->cached_tokens;
+        c->queue_time = ev->queue_time;
         c->finish_seq = h->n_finish++;
         snprintf(c->finish_text, sizeof c->finish_text, "%s", ev->text);
         h_append(c->text, &c->text_len, H_MAX_TEXT, ev->text);

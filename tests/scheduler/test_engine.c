@@ -817,6 +817,7 @@ static void test_cancel_everywhere(void **state)
         assert_int_equal(h_req(h, id1)->ch[c].finished, 1);
         assert_int_equal(h_req(h, id1)->ch[c].reason, FINISH_CANCELLED);
         assert_int_equal(h_req(h, id1)->ch[c].completion_tokens, 0);
+        assert_true(h_req(h, id1)->ch[c].queue_time < 0); /* never scheduled */
     }
 
     /* mid-prefill (8-row budget, 30-token prompt) and mid-decode */
@@ -837,6 +838,8 @@ static void test_cancel_everywhere(void **state)
     h_step(h, e, f);
     assert_int_equal(h_req(h, id2)->ch[0].reason, FINISH_CANCELLED);
     assert_int_equal(h_req(h, id2)->ch[0].completion_tokens, 0);
+    /* scheduled before it was cancelled: a queue time, no larger than its whole life */
+    assert_true(h_req(h, id2)->ch[0].queue_time >= 0 && h_req(h, id2)->ch[0].queue_time < 60);
     for (int c = 0; c < 2; c++) {
         HChoice *x = &h_req(h, id3)->ch[c];
         assert_int_equal(x->finished, 1);
