@@ -13,6 +13,7 @@ void engine_config_default(EngineConfig *c)
     c->kv_cache_bytes = (size_t)256 << 20;
     c->max_seqs = 64;
     c->max_batch_tokens = 512;
+    c->max_prefill_chunk = 0;
     c->max_queue = 1024;
     c->prefix_cache = true;
     c->threads = 0;

@@ -214,8 +214,11 @@ void engine_schedule(Engine *e)
     e->n_sched = 0;
     e->preempted_this_step = false;
     bool prefill_blocked = false;
-    int32_t budget = e->cfg.max_batch_tokens;
-    budget = pass_decodes(e, budget);
+    int32_t budget = pass_decodes(e, e->cfg.max_batch_tokens);
+    /* A step that decodes takes as long as all its rows: cap the prefill rows it carries so
+     * one prompt's chunk does not stall every running sequence's next token. */
+    if (e->n_sched > 0 && e->cfg.max_prefill_chunk > 0 && budget > e->cfg.max_prefill_chunk)
+        budget = e->cfg.max_prefill_chunk;
     budget = pass_running_prefills(e, budget, &prefill_blocked);
     /* After a preemption, or with a running prefill starved of blocks, newcomers would
      * only take blocks the running sequences are about to need. */

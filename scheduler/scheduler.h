@@ -27,6 +27,9 @@ typedef struct {
     size_t kv_cache_bytes;    /* --kv-cache-mb * MiB */
     int max_seqs;             /* --max-seqs: sequences running at once */
     int max_batch_tokens;     /* --max-batch-tokens: rows per forward pass */
+    int max_prefill_chunk;    /* --max-prefill-chunk: prefill rows a step may add while it
+                               * also decodes (0: the whole budget). Smaller keeps decodes'
+                               * inter-token latency even; larger gets prompts in sooner. */
     int max_queue;            /* --max-queue: waiting requests before submit says "full" */
     bool prefix_cache;        /* --no-prefix-cache turns it off */
     int threads;              /* --threads: compute threads of the forward pass (0: all cores) */

@@ -54,6 +54,8 @@ static const Flag flags[] = {
      "sequences decoded at once"},
     {"max-batch-tokens", 0, FLAG_INT, FIELD(engine.max_batch_tokens), 1, 1 << 20, "N", "512",
      "token rows per forward pass"},
+    {"max-prefill-chunk", 0, FLAG_INT, FIELD(engine.max_prefill_chunk), 0, 1 << 20, "N", "64",
+     "prefill rows a step may add while it also decodes (0: the whole --max-batch-tokens)"},
     {"max-queue", 0, FLAG_INT, FIELD(engine.max_queue), 0, 1 << 24, "N", "256",
      "waiting requests before new ones get 429 (0: refuse all)"},
     {"no-prefix-cache", 0, FLAG_SPECIAL, 0, 0, 0, NULL, "off",
@@ -431,6 +433,7 @@ static void config_defaults(ServerConfig *c)
     c->engine.kv_cache_bytes = (size_t)256 << 20;
     c->engine.max_seqs = 64;
     c->engine.max_batch_tokens = 512;
+    c->engine.max_prefill_chunk = 64;
     c->engine.max_queue = 256;
     c->engine.prefix_cache = true;
     api_limits_default(&c->limits);

@@ -247,6 +247,62 @@ static void test_chunked_prefill_keeps_decodes_going(void **state)
     free_fake(f);
 }
 
+/* max_prefill_chunk: a prompt alone gets the whole budget; once something decodes, each step
+ * carries the decode rows plus at most max_prefill_chunk prefill rows. */
+static void test_prefill_chunk_cap_while_decoding(void **state)
+{
+    (void)state;
+    FakeModel *f = new_fake(FAKE_HASH);
+    EngineConfig cfg;
+    engine_config_default(&cfg);
+    cfg.block_size = 4;
+    cfg.kv_dtype = KV_DTYPE_F32;
+    cfg.kv_cache_bytes = fake_kv_bytes(4, 256);
+    cfg.max_seqs = 8;
+    cfg.max_batch_tokens = 64;
+    cfg.max_prefill_chunk = 8;
+    cfg.prefix_cache = false;
+    EngineModelOps ops = fake_ops(f);
+    Engine *e = NULL;
+    char err[256];
+    assert_int_equal(engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err), 0);
+    Harness *h = calloc(1, sizeof *h);
+    int32_t a[40], b[40];
+    make_prompt(a, 40, 50, 1);
+    make_prompt(b, 40, 51, 2);
+    EngineRequest qa = h_request(a, 40, 20);
+    uint64_t ida = h_submit(e, &qa);
+    h_step(h, e, f);
+    assert_int_equal(f->n_last, 1);
+    assert_int_equal(f->last[0].n_rows, 40); /* nothing decodes yet: the whole prompt at once */
+    EngineRequest qb = h_request(b, 40, 2);
+    uint64_t idb = h_submit(e, &qb);
+    int b_rows = 0, steps = 0;
+    while (b_rows < 40) {
+        h_step(h, e, f);
+        steps++;
+        int a_rows = 0, this_b = 0;
+        for (int k = 0; k < f->n_last; k++) {
+            if (f->last[k].tag == 50)
+                a_rows = f->last[k].n_rows;
+            if (f->last[k].tag == 51)
+                this_b = f->last[k].n_rows;
+        }
+        assert_int_equal(a_rows, 1);
+        assert_true(this_b > 0 && this_b <= 8);
+        b_rows += this_b;
+    }
+    assert_int_equal(steps, 5);
+    h_run(h, e, f, 100);
+    assert_matches_reference(f, &h_req(h, ida)->ch[0], a, 40, 20);
+    assert_matches_reference(f, &h_req(h, idb)->ch[0], b, 40, 2);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    free_fake(f);
+}
+
 /* ---- preemption --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1105,6 +1161,7 @@ int main(void)
         cmocka_unit_test(test_fcfs_order),
         cmocka_unit_test(test_fcfs_admission_under_budget),
         cmocka_unit_test(test_chunked_prefill_keeps_decodes_going),
+        cmocka_unit_test(test_prefill_chunk_cap_while_decoding),
         cmocka_unit_test(test_preemption_gives_identical_outputs),
         cmocka_unit_test(test_preemption_gives_identical_outputs_with_prefix_cache),
         cmocka_unit_test(test_preemption_counts_and_requeues),
