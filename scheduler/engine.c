@@ -260,4 +260,5 @@ void engine_stats(Engine *e, EngineStats *out)
     pthread_mutex_lock(&e->mu);
     *out = e->snapshot;
     pthread_mutex_unlock(&e->mu);
+    out->in_flight = atomic_load(&e->in_flight);
 }

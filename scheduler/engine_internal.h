@@ -12,6 +12,8 @@
 
 #include <pthread.h>
 
+#include <stdatomic.h>
+
 #include "scheduler/scheduler.h"
 #include "scheduler/stop_text.h"
 
@@ -89,6 +91,9 @@ typedef struct {
 struct Engine {
     EngineModelOps ops;
     EngineConfig cfg;
+    /* Requests accepted by engine_submit and not yet forgotten: counted as they come and go,
+     * not per step, so a step that never ends still shows its work as pending. */
+    atomic_int in_flight;
     BlockPool *pool;
     KvView kv;
     int32_t n_blocks;

@@ -112,6 +112,7 @@ void seq_destroy(Engine *e, Seq *s)
 
 void engine_forget_request(Engine *e, Request *r)
 {
+    atomic_fetch_sub(&e->in_flight, 1);
     for (int32_t i = 0; i < e->n_live; i++) {
         if (e->live[i] == r) {
             e->live[i] = e->live[--e->n_live];

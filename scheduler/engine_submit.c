@@ -140,6 +140,7 @@ uint64_t engine_submit(Engine *e, const EngineRequest *req, bool *queue_full,
         refusal = "out of memory";
     else {
         r->id = ++e->next_id;
+        atomic_fetch_add(&e->in_flight, 1);
         r->submitted_at = engine_now();
         r->queue_time = -1;
         pthread_cond_signal(&e->cv);

@@ -98,8 +98,9 @@ typedef struct {
     int32_t blocks_total, blocks_used, blocks_free, blocks_cached, blocks_shared;
     int64_t tokens_stored;         /* positions held by live sequences */
     int64_t slots_allocated;       /* blocks_used * block_size: capacity of those blocks */
-    /* queues */
+    /* queues (as of the last step's end) */
     int32_t running, waiting, preempted;
+    int32_t in_flight;             /* requests accepted and not finished: live, not a snapshot */
     /* counters since start */
     int64_t prompt_tokens, generation_tokens, prefix_cache_hit_tokens, prefix_cache_queries;
     int64_t preemptions, steps, requests_finished[FINISH_ERROR + 1];

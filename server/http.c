@@ -221,7 +221,7 @@ static enum MHD_Result handle_health(ServerReq *r)
         last = st.last_step_end;
     if (s->last_submit > last)
         last = s->last_submit;
-    bool pending = st.running + st.waiting > 0;
+    bool pending = st.in_flight > 0; /* live: a step that never ends still counts */
     if (pending && now - last > (double)s->cfg->health_stall_s) {
         char json[160];
         snprintf(json, sizeof json,

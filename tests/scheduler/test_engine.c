@@ -272,6 +272,9 @@ static void test_prefill_chunk_cap_while_decoding(void **state)
     make_prompt(b, 40, 51, 2);
     EngineRequest qa = h_request(a, 40, 20);
     uint64_t ida = h_submit(e, &qa);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.in_flight, 1); /* counted at submit, before any step */
     h_step(h, e, f);
     assert_int_equal(f->n_last, 1);
     assert_int_equal(f->last[0].n_rows, 40); /* nothing decodes yet: the whole prompt at once */
@@ -293,7 +296,11 @@ static void test_prefill_chunk_cap_while_decoding(void **state)
         b_rows += this_b;
     }
     assert_int_equal(steps, 5);
+    engine_stats(e, &st);
+    assert_int_equal(st.in_flight, 2);
     h_run(h, e, f, 100);
+    engine_stats(e, &st);
+    assert_int_equal(st.in_flight, 0);
     assert_matches_reference(f, &h_req(h, ida)->ch[0], a, 40, 20);
     assert_matches_reference(f, &h_req(h, idb)->ch[0], b, 40, 2);
     h_assert_pool_idle(e);
