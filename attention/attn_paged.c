@@ -32,8 +32,8 @@ enum {
     ATTN_PREFETCH_MAX_BYTES = 16 * 1024,
 };
 
-/* Below this many multiply-adds a call runs on the calling thread: waking the OpenMP
- * team costs more than the work (a short decode step of a small model). */
+/* Below this many multiply-adds a call runs on the calling thread: waking the compute pool's
+ * workers costs more than the work (a short decode step of a small model). */
 #define ATTN_PARALLEL_MIN_WORK (1L << 15)
 
 typedef struct {
@@ -421,7 +421,7 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
     all.splits = malloc((size_t)n_seqs * sizeof *all.splits);
     all.first = malloc(((size_t)n_seqs + 1) * sizeof *all.first);
     if (!all.splits || !all.first) {
-        parallel = 0; /* no memory for the list: the same items, one sequence at a time */
+        /* no memory for the list: the same items, one sequence at a time */
         for (int s = 0; s < n_seqs; s++) {
             ItemSplit sp = item_split(&c, seqs[s].n_q);
             for (int it = 0; it < sp.n_kv_chunks * sp.n_head_chunks * sp.n_row_tiles; it++)

@@ -22,7 +22,8 @@ void compute_shutdown(void);
 
 /* fn(ctx, item, thread) for every item in [0, n_items), spread over the pool; returns when
  * all are done. thread is in [0, compute_threads()) and unique among concurrent calls, for
- * per-thread scratch. Items are claimed one at a time: make each worth a few microseconds. */
+ * per-thread scratch. Items are claimed one at a time: make each worth a few microseconds.
+ * fn must not call compute_* itself: the pool is not reentrant (a nested loop deadlocks). */
 typedef void (*ComputeFn)(void *ctx, int item, int thread);
 void compute_parallel_for(int n_items, ComputeFn fn, void *ctx);
 

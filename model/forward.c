@@ -17,7 +17,6 @@
 struct ModelRunner {
     const Model *model;
     int max_rows;
-    int n_threads;  /* workers of the compute pool (compute/) the products and attention use */
     float *x;       /* [max_rows][dim] residual stream */
     float *xb;      /* [max_rows][dim] normalised input of a sub-layer */
     float *qkv;     /* [max_rows][qkv_dim] fused Q, K, V */
@@ -66,7 +65,8 @@ oom:
 
 void model_runner_set_threads(ModelRunner *r, int n_threads)
 {
-    r->n_threads = matmul_init(n_threads);
+    (void)r; /* the pool is process-wide: the last setting wins */
+    matmul_init(n_threads);
 }
 
 void model_runner_free(ModelRunner *r)
@@ -126,7 +126,10 @@ static int batch_rows(const ModelRunner *r, const ModelSeqBatch *seqs, int n_seq
     *logit_rows = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ModelSeqBatch *sq = &seqs[s];
-        if (sq->n_rows < 1 || sq->pos < 0 || sq->pos + sq->n_rows > c->ctx_len)
+        if (sq->n_rows < 1 || sq->pos < 0 || sq->pos > c->ctx_len - sq->n_rows)
+            return -1;
+        if (sq->logits != MODEL_LOGITS_NONE && sq->logits != MODEL_LOGITS_LAST &&
+            sq->logits != MODEL_LOGITS_ALL)
             return -1;
         if (sq->n_rows > r->max_rows - rows)
             return -1;

@@ -134,6 +134,8 @@ static void sgemm_item(void *arg, int item, int thread)
 /* Run fn over the product's items: on this thread alone when the product is small. */
 static void run_product(Product *p, ComputeFn fn, int chunk, int align)
 {
+    if (p->rows <= 0 || p->out <= 0)
+        return;
     chunk = (chunk + align - 1) / align * align;
     p->chunk = chunk < p->out ? chunk : p->out;
     int n_items = (p->out + p->chunk - 1) / p->chunk;

@@ -95,7 +95,7 @@ static const Flag flags[] = {
     {"health-stall-s", 0, FLAG_INT, FIELD(health_stall_s), 1, 1 << 24, "S", "60",
      "/health says 503 when work waits and no engine step ended for this long"},
     {"threads", 0, FLAG_INT, FIELD(threads), 1, 1024, "N", "number of cores",
-     "compute threads (OpenBLAS and OpenMP)"},
+     "compute threads of the forward pass (the compute pool)"},
     {"log-level", 0, FLAG_SPECIAL, 0, 0, 0, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", 0, FLAG_SPECIAL, 0, 0, 0, "json|text", "json",
      "stderr lines as JSON objects (for log collectors) or as plain text"},
