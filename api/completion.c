@@ -195,12 +195,26 @@ static void logprobs_push_event(const ApiVocab *v, json_t *lp, const EngineEvent
                   offset);
 }
 
+/* Where token i of a prompt starts in its echoed text: the characters the vocabulary decodes
+ * from the tokens before it. Decoding, not adding up display pieces, is what gets
+ * SentencePiece's added leading space, byte-fallback tokens and control tokens right. Offsets
+ * never go back (a prefix ending inside a character decodes to a replacement) and stop at
+ * the echoed text's end. Quadratic in the prompt: only echo with logprobs pays it. */
+static size_t prompt_token_offset(const ApiCompletion *c, const ApiPrompt *pr, int32_t i,
+                                  size_t prev, size_t cap) {
+    size_t at = prev;
+    char *before = i > 0 ? c->vocab->decode(c->vocab->arg, pr->tokens, i, true) : NULL;
+    if (before) {
+        size_t chars = api_utf8_chars(before, strlen(before));
+        if (chars > at) at = chars;
+        free(before);
+    }
+    return at < cap ? at : cap;
+}
+
 /* The prompt part of an echoed choice's logprobs. PROMPT events are right-aligned on the
  * prompt: n_prompt - 1 of them cover positions 1.., n_prompt of them cover 0.. (and
- * position 0 is reported null either way: nothing precedes it). Offsets advance by each
- * token's display text, control tokens taking no room, capped at the prompt text. The
- * first text token's leading space is the tokenizer's (SentencePiece adds one): the echoed
- * prompt does not have it, so that token takes one character less. */
+ * position 0 is reported null either way: nothing precedes it). */
 static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
     const ApiPrompt *pr = &c->req->prompts[p];
     const PromptState *ps = &c->prompts[p];
@@ -208,7 +222,6 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
     if (!lp) return NULL;
     int32_t first_event_pos = pr->n_tokens - ps->n_lp;
     size_t offset = 0;
-    bool prefix_space = pr->text && pr->text[0] != ' ';
     for (int32_t i = 0; i < pr->n_tokens; i++) {
         bool control = false;
         json_t *text = token_text_json(c->vocab, pr->tokens[i], &control);
@@ -221,15 +234,8 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
             top = top_dict(c->vocab, pr->tokens[i], e->logprob, e->n_top, e->top_ids,
                            e->top_logprobs);
         }
-        size_t width = 0;
-        if (!control && text) {
-            width = api_utf8_chars(json_string_value(text), json_string_length(text));
-            if (prefix_space && width > 0 && json_string_value(text)[0] == ' ')
-                width--;
-            prefix_space = false;
-        }
-        logprobs_push(lp, text, has, value, top, offset < ps->echo_chars ? offset : ps->echo_chars);
-        offset += width;
+        offset = prompt_token_offset(c, pr, i, offset, ps->echo_chars);
+        logprobs_push(lp, text, has, value, top, offset);
     }
     return lp;
 }

@@ -145,11 +145,84 @@ static void test_tokenize_detokenize(void **state) {
     json_decref(o);
 }
 
+/* Byte index of the ch-th character of UTF-8 text. */
+static size_t byte_of_char(const char *s, size_t ch) {
+    size_t b = 0;
+    for (size_t c = 0; s[b] && c < ch; c++)
+        for (b++; ((unsigned char)s[b] & 0xC0) == 0x80; b++)
+            ;
+    return b;
+}
+
+/* Echo + logprobs: every prompt token's text_offset points at where its text stands in the
+ * echoed prompt (the tokenizer's added leading space aside), for a prompt that starts with a
+ * space and one whose CJK character falls back to byte tokens. */
+static void test_echo_text_offsets(void **state) {
+    (void)state;
+    if (!tok) return;
+    static const char *const prompts[] = {"Once upon a time", " Once upon", "a\xe4\xb8\xad" "b c"};
+    for (size_t k = 0; k < sizeof prompts / sizeof prompts[0]; k++) {
+        json_t *jb = json_pack("{s:s,s:s,s:i,s:b,s:i}", "model", "m", "prompt", prompts[k],
+                               "max_tokens", 0, "echo", 1, "logprobs", 1);
+        char *body = json_dumps(jb, 0);
+        json_decref(jb);
+        ApiLimits l;
+        api_limits_default(&l);
+        ApiRequest *r;
+        ApiError e;
+        assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
+        free(body);
+        assert_int_equal(api_request_tokenize(r, &vocab, 2048, &l, &e), 0);
+        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+        ApiBuf out;
+        api_buf_init(&out);
+        int32_t n = r->prompts[0].n_tokens;
+        for (int32_t i = 1; i < n; i++) {
+            EngineEvent ev = {.kind = EVENT_PROMPT, .token = r->prompts[0].tokens[i],
+                              .logprob = -1.0f, .text = ""};
+            assert_int_equal(api_completion_feed(c, 0, &ev, 0.0, &out), 0);
+        }
+        EngineEvent fin = {.kind = EVENT_FINISH, .finish = FINISH_LENGTH, .text = "",
+                           .prompt_tokens = n};
+        assert_int_equal(api_completion_feed(c, 0, &fin, 0.0, &out), 0);
+        json_t *j = json_loadb(out.data, out.len, 0, NULL);
+        assert_non_null(j);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        const char *text = json_string_value(json_object_get(ch, "text"));
+        assert_string_equal(text, prompts[k]);
+        json_t *lp = json_object_get(ch, "logprobs");
+        json_t *toks = json_object_get(lp, "tokens"), *offs = json_object_get(lp, "text_offset");
+        assert_int_equal(json_array_size(offs), (size_t)n);
+        bool first = true;
+        size_t prev = 0;
+        for (int32_t i = 0; i < n; i++) {
+            size_t off = (size_t)json_integer_value(json_array_get(offs, (size_t)i));
+            assert_true(off >= prev);
+            prev = off;
+            const char *t = json_string_value(json_array_get(toks, (size_t)i));
+            if (!strcmp(t, "<s>") || !strncmp(t, "bytes:", 6))
+                continue; /* control and partial-character tokens: no text of their own */
+            if (first && t[0] == ' ')
+                t++; /* the space SentencePiece adds in front of the text */
+            first = false;
+            const char *at = text + byte_of_char(text, off);
+            if (strncmp(at, t, strlen(t)) != 0)
+                fail_msg("prompt %zu token %d '%s' at offset %zu: text there is '%s'", k, i,
+                         t, off, at);
+        }
+        json_decref(j);
+        api_buf_free(&out);
+        api_completion_free(c);
+        api_request_free(r);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wrapper_basics),
         cmocka_unit_test(test_request_round_trip),
         cmocka_unit_test(test_tokenize_detokenize),
+        cmocka_unit_test(test_echo_text_offsets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
