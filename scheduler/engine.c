@@ -8,6 +8,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include "scheduler/engine_internal.h"
 
 void engine_set_err(char *err, size_t err_len, const char *fmt, ...)
@@ -129,6 +132,8 @@ int engine_create_with_ops(const EngineModelOps *ops, const EngineConfig *cfg,
     }
     e->ops = *ops;
     e->cfg = *cfg;
+    if (getrandom(&e->hash_secret, sizeof e->hash_secret, 0) != (ssize_t)sizeof e->hash_secret)
+        e->hash_secret = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     e->notify = notify;
     e->notify_arg = notify_arg;
     if (engine_alloc_parts(e, err, err_len) != 0) {

@@ -94,6 +94,10 @@ struct Engine {
     /* Requests accepted by engine_submit and not yet forgotten: counted as they come and go,
      * not per step, so a step that never ends still shows its work as pending. */
     atomic_int in_flight;
+    /* Mixed into every request's cache salt: the block hash is fast, not cryptographic, so a
+     * per-process secret keeps anyone from searching offline for prompts whose blocks would
+     * collide with another tenant's. */
+    uint64_t hash_secret;
     BlockPool *pool;
     KvView kv;
     int32_t n_blocks;

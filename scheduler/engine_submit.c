@@ -128,6 +128,7 @@ uint64_t engine_submit(Engine *e, const EngineRequest *req, bool *queue_full,
         engine_set_err(err, err_len, "out of memory");
         return 0;
     }
+    r->cache_salt ^= e->hash_secret; /* see Engine.hash_secret */
     pthread_mutex_lock(&e->mu);
     const char *refusal = NULL;
     if (e->stopping)

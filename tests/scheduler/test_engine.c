@@ -310,6 +310,40 @@ static void test_prefill_chunk_cap_while_decoding(void **state)
     free_fake(f);
 }
 
+/* The prefix hashes include a per-engine random secret: the same prompt (and salt) cached by
+ * two engines is published under different hashes, so hashes cannot be predicted offline. */
+static void test_prefix_hashes_carry_a_secret(void **state)
+{
+    (void)state;
+    BlockHash seen[2][16];
+    int n_seen[2] = {0, 0};
+    int32_t p[12];
+    make_prompt(p, 12, 60, 3);
+    for (int k = 0; k < 2; k++) {
+        FakeModel *f = new_fake(FAKE_HASH);
+        Engine *e = h_engine(f, 4, 64, 8, 64, true);
+        Harness *h = calloc(1, sizeof *h);
+        EngineRequest q = h_request(p, 12, 2);
+        h_submit(e, &q);
+        h_run(h, e, f, 100);
+        const BlockPool *pool = engine_block_pool(e);
+        BlockPoolStats st;
+        block_pool_stats(pool, &st);
+        for (int32_t b = 0; b < st.total && n_seen[k] < 16; b++)
+            if (block_pool_hash_of(pool, b) != 0)
+                seen[k][n_seen[k]++] = block_pool_hash_of(pool, b);
+        engine_destroy(e);
+        h_free(h);
+        free(h);
+        free_fake(f);
+    }
+    assert_int_equal(n_seen[0], 3); /* 12 prompt tokens: three full blocks of 4 published */
+    assert_int_equal(n_seen[1], 3);
+    for (int i = 0; i < n_seen[0]; i++)
+        for (int j = 0; j < n_seen[1]; j++)
+            assert_true(seen[0][i] != seen[1][j]);
+}
+
 /* ---- preemption --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1169,6 +1203,7 @@ int main(void)
         cmocka_unit_test(test_fcfs_admission_under_budget),
         cmocka_unit_test(test_chunked_prefill_keeps_decodes_going),
         cmocka_unit_test(test_prefill_chunk_cap_while_decoding),
+        cmocka_unit_test(test_prefix_hashes_carry_a_secret),
         cmocka_unit_test(test_preemption_gives_identical_outputs),
         cmocka_unit_test(test_preemption_gives_identical_outputs_with_prefix_cache),
         cmocka_unit_test(test_preemption_counts_and_requeues),
