@@ -5,21 +5,23 @@
  * honest unit is GB/s of W read, next to the machine's read bandwidth measured here; many
  * rows are compute-bound (GFLOP/s). Each call uses another copy of W out of a 256 MiB
  * arena, as in a real pass where no matrix is still in the 32 MiB L3 when it comes round
- * again. Times are medians per call (other engineers share the machine).
+ * again. Times are medians per call (the machine may be shared), or with --best the
+ * fastest call.
  *
  * Columns: matmul (what the forward pass calls), its two strategies forced (stream,
- * slices), one multithreaded cblas_sgemm call with OpenMP idle, and for one row
- * multithreaded cblas_sgemv. */
+ * slices), one cblas_sgemm call on OpenBLAS's own threads (the compute pool idle), and for
+ * one row cblas_sgemv on OpenBLAS's threads. */
 #include "tools/bench_matmul.h"
 
 #include <cblas.h>
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "compute/compute.h"
 #include "model/matmul.h"
 
 #define ARENA_BYTES ((size_t)256 << 20)
@@ -51,6 +53,13 @@ typedef struct {
 } Bench;
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static float rng_uniform(void)
 {
@@ -92,12 +101,12 @@ static double time_calls(Bench *b, Runner how, const Shape *s, int rows)
         openblas_set_num_threads(b->threads);
     run_once(how, b->y, b->x, b->arena, rows, s->in, s->out); /* warm-up */
     int n = 0;
-    double start = omp_get_wtime(), now = start;
+    double start = now_seconds(), now = start;
     while (n < MAX_CALLS && (n < 3 || now - start < b->min_time)) {
         const float *w = b->arena + (size_t)(n + 1) % copies * w_floats; /* not the warm one */
-        double t0 = omp_get_wtime();
+        double t0 = now_seconds();
         run_once(how, b->y, b->x, w, rows, s->in, s->out);
-        now = omp_get_wtime();
+        now = now_seconds();
         b->call_time[n++] = now - t0;
     }
     if (mt)
@@ -106,42 +115,53 @@ static double time_calls(Bench *b, Runner how, const Shape *s, int rows)
     return b->call_time[b->best ? 0 : n / 2];
 }
 
-/* Best of a few parallel reads of the whole arena, in GB/s: the bound for few rows. */
+/* The read-bandwidth probe: the arena in 1 MiB items over the compute pool (the threads
+ * the products use), one partial sum per thread (stored, so the reads cannot be optimised away). */
+#define READ_ITEM_FLOATS ((size_t)1 << 18)
+
+typedef struct {
+    const float *data;
+    float sums[64][8]; /* per thread, a cache line apart */
+} ReadJob;
+
+static void read_item(void *ctx, int item, int thread)
+{
+    ReadJob *job = ctx;
+    const float *p = job->data + (size_t)item * READ_ITEM_FLOATS;
+    /* Four independent sums so the adds never wait on each other, only on memory. */
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < READ_ITEM_FLOATS; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(p + i + 24));
+    }
+    __m256 old = _mm256_loadu_ps(job->sums[thread % 64]);
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    _mm256_storeu_ps(job->sums[thread % 64], _mm256_add_ps(old, sum));
+}
+
+/* Best of a few reads of the whole arena by all threads, in GB/s: the bound for few rows. */
 static double read_bandwidth(const Bench *b)
 {
-    size_t n = ARENA_BYTES / sizeof(float);
-    double best = 0.0, sink = 0.0;
+    static ReadJob job;
+    job.data = b->arena;
+    double best = 0.0;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = omp_get_wtime(), total = 0.0;
-#pragma omp parallel for num_threads(b->threads) reduction(+ : total) schedule(static)
-        for (size_t c = 0; c < n; c += 4096) {
-            /* Four independent sums so the adds never wait on each other, only on memory. */
-            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            for (size_t i = c; i < c + 4096; i += 32) {
-                s0 = _mm256_add_ps(s0, _mm256_loadu_ps(b->arena + i));
-                s1 = _mm256_add_ps(s1, _mm256_loadu_ps(b->arena + i + 8));
-                s2 = _mm256_add_ps(s2, _mm256_loadu_ps(b->arena + i + 16));
-                s3 = _mm256_add_ps(s3, _mm256_loadu_ps(b->arena + i + 24));
-            }
-            float lanes[8];
-            _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-            for (int j = 0; j < 8; j++)
-                total += lanes[j];
-        }
-        double t = omp_get_wtime() - t0;
-        sink += total;
-        if (ARENA_BYTES / t / 1e9 > best)
-            best = ARENA_BYTES / t / 1e9;
+        double t0 = now_seconds();
+        compute_parallel_for((int)(ARENA_BYTES / sizeof(float) / READ_ITEM_FLOATS), read_item, &job);
+        double gbs = ARENA_BYTES / (now_seconds() - t0) / 1e9;
+        best = gbs > best ? gbs : best;
     }
-    if (sink == 1234.5) /* keep the sums alive */
-        printf(" ");
     return best;
 }
 
 static void bench_shape(Bench *b, const Shape *s, int only_rows)
 {
     double w_bytes = (double)s->in * s->out * sizeof(float);
-    printf("\n%s: in %d -> out %d, W %.1f MiB\n", s->name, s->in, s->out, w_bytes / (1 << 20));
+    /* Measured again per shape: other tenants make the bandwidth drift within a run. */
+    printf("\n%s: in %d -> out %d, W %.1f MiB; memory read bandwidth now %.1f GB/s\n", s->name,
+           s->in, s->out, w_bytes / (1 << 20), read_bandwidth(b));
     printf("%5s | %9s %8s %7s | %9s %9s %11s %11s\n", "rows", "matmul us", "GFLOP/s", "W GB/s",
            "stream us", "slices us", "sgemm-MT us", "sgemv-MT us");
     int n_counts = only_rows ? 1 : (int)(sizeof row_counts / sizeof row_counts[0]);
@@ -185,7 +205,10 @@ int bench_matmul_main(int argc, char **argv)
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
-    if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS) {
+    int shape_known = !only_shape;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        shape_known |= only_shape && !strcmp(only_shape, shapes[i].name);
+    if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS || !shape_known) {
         fprintf(stderr, "bench matmul: bad option value\n");
         return 2;
     }
@@ -205,8 +228,8 @@ int bench_matmul_main(int argc, char **argv)
         b.arena[i] = rng_uniform();
     for (size_t i = 0; i < (size_t)MAX_ROWS * MAX_IN; i++)
         b.x[i] = rng_uniform();
-    printf("matmul: %d threads; memory read bandwidth %.1f GB/s (%d threads, 256 MiB)\n",
-           b.threads, read_bandwidth(&b), b.threads);
+    printf("bench matmul: %d threads; times are %s per call\n", b.threads,
+           b.best ? "the fastest" : "medians");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!only_shape || !strcmp(only_shape, shapes[i].name))
             bench_shape(&b, &shapes[i], only_rows);
