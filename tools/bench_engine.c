@@ -168,7 +168,7 @@ static int decode_level(const Model *m, const EngineBenchArgs *a, int n_seqs)
 }
 
 /* Seconds to serve one request to its first (only) token. */
-static double time_one(Engine *e, const int32_t *prompt, int n, int id)
+static double time_one(Engine *e, const int32_t *prompt, int n)
 {
     double t0 = now_s();
     submit(e, prompt, n, 1);
@@ -177,7 +177,6 @@ static double time_one(Engine *e, const int32_t *prompt, int n, int id)
     while (p.finished < 1 && engine_step(e) > 0)
         drain(e, &p, seen, 0);
     drain(e, &p, seen, 0);
-    (void)id;
     return now_s() - t0;
 }
 
@@ -193,8 +192,8 @@ static int prefix_run(const Model *m, const EngineBenchArgs *a, bool cache)
     random_tokens(p1, n, vocab, &seed);
     memcpy(p2, p1, (size_t)a->prefix * sizeof *p1);
     random_tokens(p2 + a->prefix, 16, vocab, &seed);
-    double cold = time_one(e, p1, (int)n, 1);
-    double warm = time_one(e, p2, (int)n, 2);
+    double cold = time_one(e, p1, (int)n);
+    double warm = time_one(e, p2, (int)n);
     EngineStats st;
     engine_stats(e, &st);
     printf("prefix  cache %-3s: first request %6.3f s, second (same %d-token prefix) %6.3f s; "
