@@ -1,9 +1,9 @@
 /* forward — one transformer pass over a batch of token rows on the paged KV cache.
  *
  * Rows of all sequences are stacked into one matrix so that every weight product is a
- * single sgemm over the whole batch (the weights are read once per step, not once per
+ * single product over the whole batch (the weights are read once per step, not once per
  * sequence). Only attention is per sequence, through its block table. Products go through
- * model/matmul.h (Y = X·W^T over all rows; it picks a streaming kernel or sgemm).
+ * model/matmul.h (Y = X·W^T over all rows, on weights packed at load).
  */
 #include <math.h>
 #include <stdio.h>
@@ -210,20 +210,19 @@ static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
 
     /* Attention block: x += Wo · attention(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) */
     rmsnorm_rows(r->xb, r->x, w->attn_norm, rows, c->dim, c->rms_eps);
-    matmul(r->qkv, qkv_stride, r->xb, c->dim, w->wqkv, rows, c->dim, qkv_stride, 0.0f);
+    matmul(r->qkv, qkv_stride, r->xb, c->dim, &w->wqkv, rows, 0.0f);
     rope_apply(r->qkv, rows, qkv_stride, r->positions, c->n_heads, c->head_dim, c->rope_dim,
                c->rope_theta);
     rope_apply(r->qkv + q_width, rows, qkv_stride, r->positions, c->n_kv_heads, c->head_dim,
                c->rope_dim, c->rope_theta);
     attention_layer(r, kv, layer, seqs, n_seqs);
-    matmul(r->x, c->dim, r->att, q_width, w->wo, rows, q_width, c->dim, 1.0f);
+    matmul(r->x, c->dim, r->att, q_width, &w->wo, rows, 1.0f);
 
     /* Feed-forward block: x += Wdown · (silu(Wgate·n(x)) * Wup·n(x)) */
     rmsnorm_rows(r->xb, r->x, w->ffn_norm, rows, c->dim, c->rms_eps);
-    matmul(r->ffn, 2 * c->ffn_dim, r->xb, c->dim, w->w_gate_up, rows, c->dim, 2 * c->ffn_dim,
-           0.0f);
+    matmul(r->ffn, 2 * c->ffn_dim, r->xb, c->dim, &w->w_gate_up, rows, 0.0f);
     swiglu_rows(r->ffn, rows, c->ffn_dim);
-    matmul(r->x, c->dim, r->ffn, 2 * c->ffn_dim, w->w_down, rows, c->ffn_dim, c->dim, 1.0f);
+    matmul(r->x, c->dim, r->ffn, 2 * c->ffn_dim, &w->w_down, rows, 1.0f);
 }
 
 /* Normalise only the rows whose logits were asked for, packed into xb, then one product. */
@@ -241,8 +240,7 @@ static void output_logits(ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs)
         row += seqs[s].n_rows;
     }
     if (out > 0)
-        matmul(r->logits, c->vocab_size, r->xb, c->dim, r->model->w.output, out, c->dim,
-               c->vocab_size, 0.0f);
+        matmul(r->logits, c->vocab_size, r->xb, c->dim, &r->model->w.output, out, 0.0f);
 }
 
 const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch *seqs,

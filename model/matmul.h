@@ -1,38 +1,44 @@
 /* matmul — the forward pass's weight products, Y[rows][out] = X[rows][in] · W[out][in]^T.
  *
- * (internal to model/.) One thread pool does all the work: compute/ (see why there).
- * OpenBLAS is kept to a single thread and only ever runs inside the pool's workers, because
- * OpenBLAS's own threads and another pool's workers fight over the cores when both are
- * active. Products are cut into several items per thread, claimed one at a time.
+ * (internal to model/.) Weights are packed once, at load, into the layout the kernel
+ * reads (matmul_kernel.c): panels of 16 outputs, each stored k-major, so one product at
+ * any row count reads W front to back exactly once per row block, from a contiguous run
+ * of memory. With that layout one register-blocked AVX2 kernel serves every row count:
+ * one row (decode of one sequence) streams W at the memory's read bandwidth, many rows
+ * (prefill, big batches) run as fast as single-threaded OpenBLAS sgemm slices, and in
+ * between (decode of 8-64 sequences) it is faster than both OpenBLAS and the streaming
+ * dot-product kernel it replaced, because sgemm re-packs W on every call. tools/bench
+ * matmul measures all of that against OpenBLAS on the model's shapes.
  *
- * Few rows (decode) are memory-bound: an own AVX2/FMA kernel streams W once, its rows
- * split over the threads. Many rows (prefill) are compute-bound: each thread runs one
- * single-threaded sgemm on its slice of W's rows. docs/ and tools/bench_matmul.c have
- * the measurements behind the crossover.
+ * Work is cut into items of a few panels (some tens of microseconds) and run on the one
+ * compute pool (compute/compute.h says why not OpenMP or OpenBLAS threads).
  */
 #ifndef PAGEDSERVE_MODEL_MATMUL_H
 #define PAGEDSERVE_MODEL_MATMUL_H
 
-/* Up to this many rows the streaming kernel wins; from one more on, sgemm slices do.
- * Measured with bench matmul on 2 threads: at 32 rows the kernel is ahead or level on
- * every shape of the 110M model except the 2048-wide down projection (8-15% behind) and
- * ahead on the sum of a layer; from 40-48 rows the slices win on most shapes. */
-#define MATMUL_STREAM_MAX_ROWS 32
+#include <stddef.h>
 
-/* Sets OpenBLAS to one thread and the compute pool to n_threads (<= 0: every core).
- * Returns the thread count now in use. */
+/* W [out][in] as panels: panels[((p * in) + k) * 16 + j] = W[16p + j][k], zero past out. */
+typedef struct {
+    int in, out;
+    float *panels; /* [ceil(out / 16)][in][16], 64-byte aligned, owned */
+} MatmulWeights;
+
+/* Floats the packed form of an [out][in] matrix takes (out rounded up to 16). */
+size_t matmul_weights_floats(int in, int out);
+/* Packs the row-major [out][in] matrix w into a new buffer. 0, or -1 when out of memory. */
+int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out);
+/* Writes the matrix back as row-major [out][in] (tests, tools). */
+void matmul_weights_unpack(const MatmulWeights *pw, float *w);
+void matmul_weights_free(MatmulWeights *pw);
+
+/* Sets the compute pool to n_threads (<= 0: every core). Returns the thread count in use. */
 int matmul_init(int n_threads);
 
-/* Y = X · W^T + beta·Y. y has row stride ldy >= out, x row stride ldx >= in; W is dense
- * row-major [out][in]. beta == 0 never reads y (it may hold garbage, even NaN).
- * Elements of y past `out` in each row, and of x past `in`, are never touched. */
-void matmul(float *y, int ldy, const float *x, int ldx, const float *w, int rows, int in,
-            int out, float beta);
-
-/* The two strategies matmul chooses between, same contract; exposed for tests and bench. */
-void matmul_stream(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
-                   int in, int out, float beta);
-void matmul_sgemm_slices(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
-                         int in, int out, float beta);
+/* Y = X · W^T + beta·Y. y has row stride ldy >= w->out, x row stride ldx >= w->in.
+ * beta == 0 never reads y (it may hold garbage, even NaN). Elements of y past `out` in
+ * each row, and of x past `in`, are never touched. */
+void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
+            float beta);
 
 #endif

@@ -2,8 +2,8 @@
  * forward pass (see weights.h).
  *
  * GGUF stores a matrix with ne = {in, out}: `out` rows of `in` contiguous values, which is
- * already the row-major [out][in] layout we want, so fusing Q/K/V (or gate/up) is just
- * dequantising each one into consecutive rows of one buffer. Q and K are NOT permuted:
+ * the row-major [out][in] layout matmul_weights_pack takes, so fusing Q/K/V (or gate/up)
+ * is dequantising each one into consecutive rows of one buffer, then packing that. Q and K are NOT permuted:
  * llama.cpp's converter already reordered them for RoPE on adjacent pairs.
  */
 #include "model/weights.h"
@@ -230,33 +230,64 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
+/* Packs a loaded row-major matrix into dst and frees it (a dry run has nothing to pack). */
+static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulWeights *dst,
+                      const char *what) {
+    if (ld->dry)
+        return 0;
+    int rc = matmul_weights_pack(dst, rows, in, out);
+    free(rows);
+    ld->bytes -= (size_t)in * out * sizeof(float);
+    if (rc < 0)
+        return fail(ld->err, ld->err_len, "out of memory packing %s", what);
+    ld->bytes += matmul_weights_floats(in, out) * sizeof(float);
+    return 0;
+}
+
+/* Loads the named matrices ({in, outs[i]} each), stacked row-wise, and packs them as one. */
+static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in, int n,
+                        const char *const names[], const int outs[]) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += (size_t)outs[i];
+    float *rows = alloc_floats(ld, total * in, what);
+    if (!rows)
+        return -1;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (load_into(ld, names[i], in, outs[i], rows + at * in) < 0) {
+            if (!ld->dry) {
+                free(rows);
+                ld->bytes -= total * in * sizeof(float);
+            }
+            return -1;
+        }
+        at += (size_t)outs[i];
+    }
+    return pack_owned(ld, rows, in, (int)total, dst, what);
+}
+
 static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
-    char name[96];
-    size_t dim = (size_t)c->dim;
-    size_t q_rows = (size_t)c->n_heads * c->head_dim;
-    size_t kv_rows = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ffn = (size_t)c->ffn_dim;
-#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
-    if (!(lw->attn_norm = load_new(ld, NAME("attn_norm.weight"), dim, 0)))
+    char q[96], k[96], v[96], o[96], gate[96], up[96], down[96], name[96];
+    int dim = c->dim, q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
+    int ffn = c->ffn_dim;
+#define NAME(buf, suffix) (snprintf(buf, sizeof buf, "blk.%d." suffix, l), buf)
+    if (!(lw->attn_norm = load_new(ld, NAME(name, "attn_norm.weight"), dim, 0)) ||
+        !(lw->ffn_norm = load_new(ld, NAME(name, "ffn_norm.weight"), dim, 0)))
         return -1;
-    if (!(lw->wqkv = alloc_floats(ld, (q_rows + 2 * kv_rows) * dim, "wqkv")))
-        return -1;
-    if (load_into(ld, NAME("attn_q.weight"), dim, q_rows, lw->wqkv) < 0 ||
-        load_into(ld, NAME("attn_k.weight"), dim, kv_rows, lw->wqkv + q_rows * dim) < 0 ||
-        load_into(ld, NAME("attn_v.weight"), dim, kv_rows, lw->wqkv + (q_rows + kv_rows) * dim) < 0)
-        return -1;
-    if (!(lw->wo = load_new(ld, NAME("attn_output.weight"), q_rows, dim)))
-        return -1;
-    if (!(lw->ffn_norm = load_new(ld, NAME("ffn_norm.weight"), dim, 0)))
-        return -1;
-    if (!(lw->w_gate_up = alloc_floats(ld, 2 * ffn * dim, "w_gate_up")))
-        return -1;
-    if (load_into(ld, NAME("ffn_gate.weight"), dim, ffn, lw->w_gate_up) < 0 ||
-        load_into(ld, NAME("ffn_up.weight"), dim, ffn, lw->w_gate_up + ffn * dim) < 0)
-        return -1;
-    if (!(lw->w_down = load_new(ld, NAME("ffn_down.weight"), ffn, dim)))
-        return -1;
+    const char *const qkv_names[] = { NAME(q, "attn_q.weight"), NAME(k, "attn_k.weight"),
+                                      NAME(v, "attn_v.weight") };
+    const char *const o_names[] = { NAME(o, "attn_output.weight") };
+    const char *const gate_up_names[] = { NAME(gate, "ffn_gate.weight"), NAME(up, "ffn_up.weight") };
+    const char *const down_names[] = { NAME(down, "ffn_down.weight") };
 #undef NAME
+    if (load_stacked(ld, &lw->wqkv, "wqkv", dim, 3, qkv_names,
+                     (const int[]){ q_rows, kv_rows, kv_rows }) < 0 ||
+        load_stacked(ld, &lw->wo, "wo", q_rows, 1, o_names, (const int[]){ dim }) < 0 ||
+        load_stacked(ld, &lw->w_gate_up, "w_gate_up", dim, 2, gate_up_names,
+                     (const int[]){ ffn, ffn }) < 0 ||
+        load_stacked(ld, &lw->w_down, "w_down", ffn, 1, down_names, (const int[]){ dim }) < 0)
+        return -1;
     return 0;
 }
 
@@ -276,11 +307,17 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
         return -1;
     if (!(w->output_norm = load_new(ld, "output_norm.weight", dim, 0)))
         return -1;
-    if (gguf_find_tensor(ld->f, "output.weight")) {
-        if (!(w->output = load_new(ld, "output.weight", dim, vocab)))
-            return -1;
+    w->output_tied = gguf_find_tensor(ld->f, "output.weight") == NULL;
+    if (w->output_tied) {
+        /* The product reads its own packed copy; the lookup table stays row-major. */
+        if (!ld->dry && matmul_weights_pack(&w->output, w->token_embd, (int)dim, (int)vocab) < 0)
+            return fail(ld->err, ld->err_len, "out of memory packing the tied output matrix");
+        if (!ld->dry)
+            ld->bytes += matmul_weights_floats((int)dim, (int)vocab) * sizeof(float);
     } else {
-        w->output = w->token_embd; /* tied */
+        const char *const names[] = { "output.weight" };
+        if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)
+            return -1;
     }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers)
@@ -324,16 +361,15 @@ void weights_free(TransformerWeights *w, const ModelConfig *config) {
         for (int l = 0; l < config->n_layers; l++) {
             LayerWeights *lw = &w->layers[l];
             free(lw->attn_norm);
-            free(lw->wqkv);
-            free(lw->wo);
+            matmul_weights_free(&lw->wqkv);
+            matmul_weights_free(&lw->wo);
             free(lw->ffn_norm);
-            free(lw->w_gate_up);
-            free(lw->w_down);
+            matmul_weights_free(&lw->w_gate_up);
+            matmul_weights_free(&lw->w_down);
         }
         free(w->layers);
     }
-    if (w->output != w->token_embd)
-        free(w->output);
+    matmul_weights_free(&w->output);
     free(w->token_embd);
     free(w->output_norm);
     memset(w, 0, sizeof *w);

@@ -1,29 +1,34 @@
 /* weights — the model's tensors as the forward pass wants them (internal to model/).
  *
- * Everything is F32 in row-major [out][in] order (a GGUF matrix with ne = {in, out}), so a
- * product over R rows is one sgemm: Y[R][out] = X[R][in] * W^T. Matrices that read the same
+ * Everything is F32. Matrices are read as row-major [out][in] (a GGUF matrix with
+ * ne = {in, out}) and packed once into the product kernel's panels (model/matmul.h), so a
+ * product over R rows is one call: Y[R][out] = X[R][in] * W^T. Matrices that read the same
  * input are fused at load time so each is one product: Q, K and V rows stacked in wqkv;
- * gate and up rows stacked in w_gate_up.
+ * gate and up rows stacked in w_gate_up. Vectors and the embedding table stay plain.
  */
 #ifndef PAGEDSERVE_MODEL_WEIGHTS_H
 #define PAGEDSERVE_MODEL_WEIGHTS_H
 
+#include <stdbool.h>
+
+#include "model/matmul.h"
 #include "model/model.h"
 
 typedef struct {
-    float *attn_norm; /* [dim] */
-    float *wqkv;      /* [(n_heads + 2*n_kv_heads) * head_dim][dim]: Q rows, K rows, V rows */
-    float *wo;        /* [dim][n_heads * head_dim] */
-    float *ffn_norm;  /* [dim] */
-    float *w_gate_up; /* [2 * ffn_dim][dim]: gate rows, then up rows */
-    float *w_down;    /* [dim][ffn_dim] */
+    float *attn_norm;        /* [dim] */
+    MatmulWeights wqkv;      /* [(n_heads + 2*n_kv_heads) * head_dim][dim]: Q, K, V rows */
+    MatmulWeights wo;        /* [dim][n_heads * head_dim] */
+    float *ffn_norm;         /* [dim] */
+    MatmulWeights w_gate_up; /* [2 * ffn_dim][dim]: gate rows, then up rows */
+    MatmulWeights w_down;    /* [dim][ffn_dim] */
 } LayerWeights;
 
 typedef struct {
     float *token_embd;  /* [vocab][dim] */
     LayerWeights *layers;
     float *output_norm; /* [dim] */
-    float *output;      /* [vocab][dim]; points at token_embd when the file ties them */
+    MatmulWeights output; /* [vocab][dim]; packed from token_embd when the file ties them */
+    bool output_tied;     /* the file has no output.weight */
 } TransformerWeights;
 
 struct Model {

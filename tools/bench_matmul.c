@@ -8,9 +8,11 @@
  * again. Times are medians per call (the machine may be shared), or with --best the
  * fastest call.
  *
- * Columns: matmul (what the forward pass calls), its two strategies forced (stream,
- * slices), one cblas_sgemm call on OpenBLAS's own threads (the compute pool idle), and for
- * one row cblas_sgemv on OpenBLAS's threads. */
+ * Columns: matmul (what the forward pass calls: the packed-weight kernel on the compute
+ * pool; the arena's floats are read as panels), and three ways of running OpenBLAS on the
+ * plain row-major W: single-threaded sgemm slices of W's rows on the compute pool (what
+ * products ran on before the packed kernel), one cblas_sgemm call on OpenBLAS's own
+ * threads (the compute pool idle), and for one row cblas_sgemv on OpenBLAS's threads. */
 #include "tools/bench_matmul.h"
 
 #include <cblas.h>
@@ -41,7 +43,7 @@ static const Shape shapes[] = {
 };
 static const int row_counts[] = {1, 2, 4, 8, 16, 32, 64, 256};
 
-typedef enum { RUN_MATMUL, RUN_STREAM, RUN_SLICES, RUN_SGEMM_MT, RUN_SGEMV_MT, RUN_COUNT } Runner;
+typedef enum { RUN_MATMUL, RUN_SLICES, RUN_SGEMM_MT, RUN_SGEMV_MT, RUN_COUNT } Runner;
 
 typedef struct {
     float *arena; /* ARENA_BYTES of random weights: W copies are carved out of it */
@@ -67,13 +69,36 @@ static float rng_uniform(void)
     return (float)(rng >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
+/* OpenBLAS single-threaded on slices of W's rows, two per pool thread. */
+typedef struct {
+    float *y;
+    const float *x, *w;
+    int rows, in, out, chunk;
+} Slices;
+
+static void slice_item(void *arg, int item, int thread)
+{
+    (void)thread;
+    const Slices *s = arg;
+    int o0 = item * s->chunk, o1 = o0 + s->chunk < s->out ? o0 + s->chunk : s->out;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->rows, o1 - o0, s->in, 1.0f, s->x,
+                s->in, s->w + (size_t)o0 * s->in, s->in, 0.0f, s->y + o0, s->out);
+}
+
+static void sgemm_slices(float *y, const float *x, const float *w, int rows, int in, int out)
+{
+    int items = 2 * compute_threads();
+    Slices s = { y, x, w, rows, in, out, ((out + items - 1) / items + 15) / 16 * 16 };
+    compute_parallel_for((out + s.chunk - 1) / s.chunk, slice_item, &s);
+}
+
 static void run_once(Runner how, float *y, const float *x, const float *w, int rows, int in,
                      int out)
 {
+    MatmulWeights packed = { .in = in, .out = out, .panels = (float *)w };
     switch (how) {
-    case RUN_MATMUL: matmul(y, out, x, in, w, rows, in, out, 0.0f); break;
-    case RUN_STREAM: matmul_stream(y, out, x, in, w, rows, in, out, 0.0f); break;
-    case RUN_SLICES: matmul_sgemm_slices(y, out, x, in, w, rows, in, out, 0.0f); break;
+    case RUN_MATMUL: matmul(y, out, x, in, &packed, rows, 0.0f); break;
+    case RUN_SLICES: sgemm_slices(y, x, w, rows, in, out); break;
     case RUN_SGEMM_MT:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in,
                     0.0f, y, out);
@@ -94,7 +119,7 @@ static int cmp_double(const void *a, const void *b)
 /* Median (or fastest) seconds per call over at least min_time and 3 calls. */
 static double time_calls(Bench *b, Runner how, const Shape *s, int rows)
 {
-    size_t w_floats = (size_t)s->in * s->out;
+    size_t w_floats = matmul_weights_floats(s->in, s->out);
     size_t copies = ARENA_BYTES / sizeof(float) / w_floats;
     int mt = how == RUN_SGEMM_MT || how == RUN_SGEMV_MT;
     if (mt)
@@ -162,17 +187,17 @@ static void bench_shape(Bench *b, const Shape *s, int only_rows)
     /* Measured again per shape: other tenants make the bandwidth drift within a run. */
     printf("\n%s: in %d -> out %d, W %.1f MiB; memory read bandwidth now %.1f GB/s\n", s->name,
            s->in, s->out, w_bytes / (1 << 20), read_bandwidth(b));
-    printf("%5s | %9s %8s %7s | %9s %9s %11s %11s\n", "rows", "matmul us", "GFLOP/s", "W GB/s",
-           "stream us", "slices us", "sgemm-MT us", "sgemv-MT us");
+    printf("%5s | %9s %8s %7s | %9s %11s %11s\n", "rows", "matmul us", "GFLOP/s", "W GB/s",
+           "slices us", "sgemm-MT us", "sgemv-MT us");
     int n_counts = only_rows ? 1 : (int)(sizeof row_counts / sizeof row_counts[0]);
     for (int i = 0; i < n_counts; i++) {
         int rows = only_rows ? only_rows : row_counts[i];
         double t[RUN_COUNT];
         for (int how = 0; how < RUN_COUNT; how++)
             t[how] = how == RUN_SGEMV_MT && rows != 1 ? 0 : time_calls(b, how, s, rows);
-        printf("%5d | %9.1f %8.1f %7.1f | %9.1f %9.1f %11.1f ", rows, t[RUN_MATMUL] * 1e6,
+        printf("%5d | %9.1f %8.1f %7.1f | %9.1f %11.1f ", rows, t[RUN_MATMUL] * 1e6,
                2.0 * rows * s->in * s->out / t[RUN_MATMUL] / 1e9, w_bytes / t[RUN_MATMUL] / 1e9,
-               t[RUN_STREAM] * 1e6, t[RUN_SLICES] * 1e6, t[RUN_SGEMM_MT] * 1e6);
+               t[RUN_SLICES] * 1e6, t[RUN_SGEMM_MT] * 1e6);
         if (rows == 1)
             printf("%11.1f\n", t[RUN_SGEMV_MT] * 1e6);
         else
@@ -213,6 +238,7 @@ int bench_matmul_main(int argc, char **argv)
         return 2;
     }
     b.threads = matmul_init(threads);
+    openblas_set_num_threads(1); /* the slices run inside the pool's threads */
     b.min_time = min_time;
     b.arena = aligned_alloc(64, ARENA_BYTES);
     b.x = aligned_alloc(64, (size_t)MAX_ROWS * MAX_IN * sizeof(float));

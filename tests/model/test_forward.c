@@ -21,14 +21,21 @@ typedef struct {
     float *k, *v; /* [layer][pos][kv_width] */
 } RefState;
 
-static void ref_matvec(float *y, const float *w, const float *x, int in, int out)
+/* y = W·x in double, on W unpacked to plain rows (the reference shares no kernel code). */
+static void ref_matvec(float *y, const MatmulWeights *pw, const float *x, int in, int out)
 {
+    assert_int_equal(pw->in, in);
+    assert_int_equal(pw->out, out);
+    float *w = malloc((size_t)out * in * sizeof(float));
+    assert_non_null(w);
+    matmul_weights_unpack(pw, w);
     for (int o = 0; o < out; o++) {
         double s = 0;
         for (int i = 0; i < in; i++)
             s += (double)w[(size_t)o * in + i] * x[i];
         y[o] = (float)s;
     }
+    free(w);
 }
 
 static void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps)
@@ -69,7 +76,7 @@ static void ref_forward(RefState *st, int token, int pos, float *logits)
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *lw = &w->layers[l];
         ref_rmsnorm(xb, x, lw->attn_norm, c->dim, c->rms_eps);
-        ref_matvec(qkv, lw->wqkv, xb, c->dim, qw + 2 * kvw);
+        ref_matvec(qkv, &lw->wqkv, xb, c->dim, qw + 2 * kvw);
         ref_rope(qkv, c->n_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
         ref_rope(qkv + qw, c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
         float *kc = st->k + ((size_t)l * c->ctx_len) * kvw, *vc = st->v + ((size_t)l * c->ctx_len) * kvw;
@@ -97,19 +104,19 @@ static void ref_forward(RefState *st, int token, int pos, float *logits)
                 att[hd * c->head_dim + i] = (float)o;
             }
         }
-        ref_matvec(tmp, lw->wo, att, qw, c->dim);
+        ref_matvec(tmp, &lw->wo, att, qw, c->dim);
         for (int i = 0; i < c->dim; i++)
             x[i] += tmp[i];
         ref_rmsnorm(xb, x, lw->ffn_norm, c->dim, c->rms_eps);
-        ref_matvec(h, lw->w_gate_up, xb, c->dim, 2 * c->ffn_dim);
+        ref_matvec(h, &lw->w_gate_up, xb, c->dim, 2 * c->ffn_dim);
         for (int i = 0; i < c->ffn_dim; i++)
             h[i] = h[i] / (1.0f + expf(-h[i])) * h[c->ffn_dim + i];
-        ref_matvec(tmp, lw->w_down, h, c->ffn_dim, c->dim);
+        ref_matvec(tmp, &lw->w_down, h, c->ffn_dim, c->dim);
         for (int i = 0; i < c->dim; i++)
             x[i] += tmp[i];
     }
     ref_rmsnorm(xb, x, w->output_norm, c->dim, c->rms_eps);
-    ref_matvec(logits, w->output, xb, c->dim, c->vocab_size);
+    ref_matvec(logits, &w->output, xb, c->dim, c->vocab_size);
     free(x); free(xb); free(qkv); free(att); free(h); free(tmp); free(scores);
 }
 

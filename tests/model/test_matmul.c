@@ -1,7 +1,7 @@
-/* matmul tests: every strategy (the dispatcher, the streaming kernel, the sgemm slices)
- * against a naive double-precision reference, over row counts on both sides of the
- * dispatch crossover and sizes that are and are not multiples of the 8-float vectors and
- * 4-row tiles. Buffers are allocated to the exact last element used, so a read or write
+/* matmul tests: the packed-weight product against a naive double-precision reference,
+ * over every row count up to several 6-row blocks plus each tail (1-5 rows take other
+ * block shapes), and sizes that are and are not multiples of the 8-float vectors and
+ * 16-output panels. Buffers are allocated to the exact last element used, so a read or write
  * past a row's end is caught by the sanitizer build; x's row padding holds NaN (a read
  * would poison the result) and y's holds a sentinel that must survive. */
 #include <math.h>
@@ -16,16 +16,6 @@
 #include <cmocka.h>
 
 #include "model/matmul.h"
-
-typedef void (*MatmulFn)(float *y, int ldy, const float *x, int ldx, const float *w, int rows,
-                         int in, int out, float beta);
-
-static const struct {
-    const char *name;
-    MatmulFn fn;
-} impls[] = {{"matmul", matmul}, {"matmul_stream", matmul_stream},
-             {"matmul_sgemm_slices", matmul_sgemm_slices}};
-#define N_IMPLS (int)(sizeof impls / sizeof impls[0])
 
 #define MAX_ROWS 40
 #define Y_SENTINEL 777.0f
@@ -43,6 +33,7 @@ typedef struct {
     int in, out;
     float *x; /* [MAX_ROWS][in], dense */
     float *w; /* [out][in] */
+    MatmulWeights packed;
     float *y0; /* [MAX_ROWS][out]: y's contents before a beta = 1 call */
     double *dot, *absdot; /* [MAX_ROWS][out]: x·w and |x|·|w| */
 } Problem;
@@ -63,6 +54,7 @@ static void problem_make(Problem *p, int in, int out)
         p->w[i] = rand_uniform();
     for (int i = 0; i < MAX_ROWS * out; i++)
         p->y0[i] = rand_uniform();
+    assert_int_equal(matmul_weights_pack(&p->packed, p->w, in, out), 0);
     for (int r = 0; r < MAX_ROWS; r++)
         for (int o = 0; o < out; o++) {
             double s = 0.0, a = 0.0;
@@ -79,6 +71,7 @@ static void problem_free(Problem *p)
 {
     free(p->x);
     free(p->w);
+    matmul_weights_free(&p->packed);
     free(p->y0);
     free(p->dot);
     free(p->absdot);
@@ -86,7 +79,7 @@ static void problem_free(Problem *p)
 
 /* Runs fn on the first `rows` rows with the given strides; returns the number of wrong
  * elements (printing the first). */
-static int check_case(const Problem *p, int impl, int rows, int ldx, int ldy, float beta)
+static int check_case(const Problem *p, int rows, int ldx, int ldy, float beta)
 {
     int in = p->in, out = p->out, bad = 0;
     size_t x_len = (size_t)(rows - 1) * ldx + in, y_len = (size_t)(rows - 1) * ldy + out;
@@ -102,7 +95,7 @@ static int check_case(const Problem *p, int impl, int rows, int ldx, int ldy, fl
         for (int o = 0; o < out; o++)
             y[(size_t)r * ldy + o] = beta == 0.0f ? NAN : p->y0[r * out + o];
     }
-    impls[impl].fn(y, ldy, x, ldx, p->w, rows, in, out, beta);
+    matmul(y, ldy, x, ldx, &p->packed, rows, beta);
     for (int r = 0; r < rows; r++) {
         for (int o = 0; o < ldy && (size_t)r * ldy + o < y_len; o++) {
             float got = y[(size_t)r * ldy + o];
@@ -116,9 +109,9 @@ static int check_case(const Problem *p, int impl, int rows, int ldx, int ldy, fl
                 tol = 1e-5 * (p->absdot[r * out + o] + fabs(prior));
             }
             if (!(fabs(got - want) <= tol) && bad++ == 0)
-                print_error("%s rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, "
-                            "want %.9g (tolerance %.3g)\n", impls[impl].name, rows, in, out, ldx,
-                            ldy, beta, r, o, got, want, tol);
+                print_error("rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, "
+                            "want %.9g (tolerance %.3g)\n", rows, in, out, ldx, ldy, beta, r, o,
+                            got, want, tol);
         }
     }
     free(x);
@@ -126,19 +119,18 @@ static int check_case(const Problem *p, int impl, int rows, int ldx, int ldy, fl
     return bad;
 }
 
-/* Every impl, dense and strided, beta 0 and 1, for the given row counts of one shape. */
+/* Dense and strided, beta 0 and 1, for the given row counts of one shape. */
 static int check_shape(int in, int out, const int *row_counts, int n_row_counts)
 {
     Problem p;
     problem_make(&p, in, out);
     int bad = 0;
     for (int i = 0; i < n_row_counts; i++)
-        for (int impl = 0; impl < N_IMPLS; impl++)
-            for (int strided = 0; strided < 2; strided++) {
-                int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
-                bad += check_case(&p, impl, row_counts[i], ldx, ldy, 0.0f);
-                bad += check_case(&p, impl, row_counts[i], ldx, ldy, 1.0f);
-            }
+        for (int strided = 0; strided < 2; strided++) {
+            int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
+            bad += check_case(&p, row_counts[i], ldx, ldy, 0.0f);
+            bad += check_case(&p, row_counts[i], ldx, ldy, 1.0f);
+        }
     problem_free(&p);
     return bad;
 }
@@ -153,17 +145,17 @@ static void test_against_reference(void **state)
 {
     (void)state;
     static const int ins[] = {1, 7, 8, 64, 100, 768};
-    static const int outs[] = {1, 3, 64, 257};
+    static const int outs[] = {1, 3, 16, 64, 257};
     assert_int_equal(matmul_init(1), 1);
     int bad = 0;
     for (int i = 0; i < 6; i++)
-        for (int o = 0; o < 4; o++)
+        for (int o = 0; o < 5; o++)
             bad += check_shape(ins[i], outs[o], all_rows, N_ALL_ROWS);
     assert_int_equal(bad, 0);
 }
 
 /* The threads' shares must tile `out` exactly whatever the team size: ragged shares,
- * more threads than cores, more threads than 4-row blocks. Shapes with enough work to
+ * more threads than cores, more threads than items. Shapes with enough work to
  * run multithreaded, among them a long reduction like the FFN's down projection. */
 static void test_thread_counts(void **state)
 {
@@ -186,16 +178,35 @@ static void test_other_beta(void **state)
     Problem p;
     problem_make(&p, 100, 64);
     int bad = 0;
-    for (int impl = 0; impl < N_IMPLS; impl++)
-        for (int rows = 1; rows <= MAX_ROWS; rows += 13)
-            bad += check_case(&p, impl, rows, 100, 64, -0.5f);
+    for (int rows = 1; rows <= MAX_ROWS; rows += 13)
+        bad += check_case(&p, rows, 100, 64, -0.5f);
     problem_free(&p);
     assert_int_equal(bad, 0);
+}
+
+/* Packing is lossless and pads the last panel with zeros (the kernel multiplies them). */
+static void test_pack_layout(void **state)
+{
+    (void)state;
+    Problem p;
+    problem_make(&p, 7, 21);
+    assert_int_equal(matmul_weights_floats(7, 21), 2 * 16 * 7);
+    for (int o = 0; o < 21; o++)
+        for (int k = 0; k < 7; k++)
+            assert_true(p.packed.panels[((o / 16) * 7 + k) * 16 + o % 16] == p.w[o * 7 + k]);
+    for (int k = 0; k < 7; k++)
+        for (int j = 21 - 16; j < 16; j++)
+            assert_true(p.packed.panels[(7 + k) * 16 + j] == 0.0f);
+    float back[21 * 7];
+    matmul_weights_unpack(&p.packed, back);
+    assert_memory_equal(back, p.w, sizeof back);
+    problem_free(&p);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),

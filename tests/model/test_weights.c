@@ -172,6 +172,14 @@ static void expect_rows(const float *got, const GgufFile *f, const char *name, s
     free(want);
 }
 
+/* A packed matrix back in row-major [out][in] form; the caller frees it. */
+static float *unpacked(const MatmulWeights *m) {
+    float *rows = malloc((size_t)m->out * m->in * sizeof(float));
+    assert_non_null(rows);
+    matmul_weights_unpack(m, rows);
+    return rows;
+}
+
 /* Every fused matrix holds exactly the file's tensors, in order. */
 static void check_against_file(const GgufFile *f, const ModelConfig *c,
                                const TransformerWeights *w) {
@@ -179,35 +187,45 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
     size_t q = (size_t)c->n_heads * hd, kv = (size_t)c->n_kv_heads * hd;
     expect_rows(w->token_embd, f, "token_embd.weight", dim * (size_t)c->vocab_size);
     expect_rows(w->output_norm, f, "output_norm.weight", dim);
-    if (gguf_find_tensor(f, "output.weight")) {
-        assert_ptr_not_equal(w->output, w->token_embd);
-        expect_rows(w->output, f, "output.weight", dim * (size_t)c->vocab_size);
-    } else {
-        assert_ptr_equal(w->output, w->token_embd);
-    }
+    bool tied = !gguf_find_tensor(f, "output.weight");
+    assert_int_equal(w->output_tied, tied);
+    float *output = unpacked(&w->output);
+    expect_rows(output, f, tied ? "token_embd.weight" : "output.weight", dim * (size_t)c->vocab_size);
+    free(output);
     char name[64];
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *lw = &w->layers[l];
+        float *wqkv = unpacked(&lw->wqkv), *wo = unpacked(&lw->wo);
+        float *gate_up = unpacked(&lw->w_gate_up), *down = unpacked(&lw->w_down);
 #define N(x) (snprintf(name, sizeof name, "blk.%d." x, l), name)
         expect_rows(lw->attn_norm, f, N("attn_norm.weight"), dim);
-        expect_rows(lw->wqkv, f, N("attn_q.weight"), q * dim);
-        expect_rows(lw->wqkv + q * dim, f, N("attn_k.weight"), kv * dim);
-        expect_rows(lw->wqkv + (q + kv) * dim, f, N("attn_v.weight"), kv * dim);
-        expect_rows(lw->wo, f, N("attn_output.weight"), dim * q);
+        expect_rows(wqkv, f, N("attn_q.weight"), q * dim);
+        expect_rows(wqkv + q * dim, f, N("attn_k.weight"), kv * dim);
+        expect_rows(wqkv + (q + kv) * dim, f, N("attn_v.weight"), kv * dim);
+        expect_rows(wo, f, N("attn_output.weight"), dim * q);
         expect_rows(lw->ffn_norm, f, N("ffn_norm.weight"), dim);
-        expect_rows(lw->w_gate_up, f, N("ffn_gate.weight"), ffn * dim);
-        expect_rows(lw->w_gate_up + ffn * dim, f, N("ffn_up.weight"), ffn * dim);
-        expect_rows(lw->w_down, f, N("ffn_down.weight"), dim * ffn);
+        expect_rows(gate_up, f, N("ffn_gate.weight"), ffn * dim);
+        expect_rows(gate_up + ffn * dim, f, N("ffn_up.weight"), ffn * dim);
+        expect_rows(down, f, N("ffn_down.weight"), dim * ffn);
 #undef N
+        free(wqkv);
+        free(wo);
+        free(gate_up);
+        free(down);
     }
 }
 
-static size_t expected_bytes(const ModelConfig *c, bool tied) {
+/* Matrices are counted packed: their outputs rounded up to whole 16-wide panels. The
+ * output matrix is packed even when tied (the embedding table stays row-major). */
+static size_t expected_bytes(const ModelConfig *c) {
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-    size_t per_layer = dim + (q + 2 * kv) * dim + dim * q + dim + 2 * ffn * dim + dim * ffn;
-    size_t floats = dim * (size_t)c->vocab_size * (tied ? 1 : 2) + dim +
+#define PACKED(in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in))
+    size_t per_layer = dim + PACKED(dim, q + 2 * kv) + PACKED(q, dim) + dim +
+                       PACKED(dim, 2 * ffn) + PACKED(ffn, dim);
+    size_t floats = dim * (size_t)c->vocab_size + PACKED(dim, c->vocab_size) + dim +
                     per_layer * (size_t)c->n_layers;
+#undef PACKED
     return floats * sizeof(float);
 }
 
@@ -244,7 +262,7 @@ static void test_stories260k(void **state) {
     assert_true(c.rope_theta == 10000.0f);
     assert_float_equal(c.rms_eps, 1e-5f, 1e-10f);
     assert_int_equal(c.weight_type, GGML_TYPE_F32);
-    assert_int_equal(bytes, expected_bytes(&c, false));
+    assert_int_equal(bytes, expected_bytes(&c));
     check_against_file(f, &c, &w);
     weights_free(&w, &c);
     gguf_close(f);
@@ -277,17 +295,20 @@ static void check_tiny(const GgufFile *f, const ModelConfig *c, const Transforme
     assert_int_equal(c->vocab_size, 40);
     assert_int_equal(c->ctx_len, 128);
     assert_int_equal(c->rope_dim, 16);
-    bool tied = gguf_find_tensor(f, "output.weight") == NULL;
-    assert_int_equal(bytes, expected_bytes(c, tied));
+    assert_int_equal(bytes, expected_bytes(c));
     check_against_file(f, c, w);
     /* the F32 file holds exactly the generated values: compare one fused matrix to them */
     if (c->weight_type == GGML_TYPE_F32) {
         float k[32 * 64];
         tensor_values("blk.1.attn_k.weight", k, 32 * 64);
-        assert_memory_equal(w->layers[1].wqkv + 64 * 64, k, sizeof k);
+        float *wqkv = unpacked(&w->layers[1].wqkv);
+        assert_memory_equal(wqkv + 64 * 64, k, sizeof k);
+        free(wqkv);
         float up[96 * 64];
         tensor_values("blk.0.ffn_up.weight", up, 96 * 64);
-        assert_memory_equal(w->layers[0].w_gate_up + 96 * 64, up, sizeof up);
+        float *gate_up = unpacked(&w->layers[0].w_gate_up);
+        assert_memory_equal(gate_up + 96 * 64, up, sizeof up);
+        free(gate_up);
     }
 }
 
@@ -311,8 +332,10 @@ static void check_q8(const GgufFile *f, const ModelConfig *c, const TransformerW
     /* and close to the values before quantisation */
     float q[64 * 64];
     tensor_values("blk.0.attn_q.weight", q, 64 * 64);
+    float *wqkv = unpacked(&w->layers[0].wqkv);
     for (int i = 0; i < 64 * 64; i++)
-        assert_true(fabsf(w->layers[0].wqkv[i] - q[i]) <= 1.0f / 127.0f * 0.57f);
+        assert_true(fabsf(wqkv[i] - q[i]) <= 1.0f / 127.0f * 0.57f);
+    free(wqkv);
 }
 
 static void test_tiny_q8_0(void **state) {

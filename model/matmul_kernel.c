@@ -1,0 +1,113 @@
+/* matmul_kernel — the register-blocked product over packed weights (see matmul.h).
+ *
+ * W is stored in panels of 16 outputs, each panel k-major: for every input k, the 16
+ * weights that multiply x[k] lie side by side, two ymm vectors. A block of `mr` rows of x
+ * times `np` panels keeps mr x 2np accumulators in registers; every step of k loads the
+ * panels' 2np vectors once and broadcasts each row's x[k] once, so each weight loaded
+ * feeds mr multiply-adds and each x element 2np. That ratio, not memory, bounds the
+ * product once rows are many; with one row the kernel streams W exactly once.
+ *
+ * Shapes chosen for the 16 ymm registers of AVX2: 6 rows x 1 panel (12 accumulators +
+ * 2 weights + 1 broadcast = 15), and for few rows more panels at once so at least 8
+ * independent accumulators hide the 4-cycle FMA latency: 1 x 4, 2 x 2, 3 x 2, 4 x 2.
+ */
+#include "model/matmul_kernel.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#define MR_MAX 6
+#define NP_MAX 4
+
+/* Mask of the first n (0..8) lanes. */
+static inline __m256i lanes(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* y (+)= acc for one 8-wide vector of which the first n columns exist. */
+static inline void store_vec(float *y, __m256 acc, int n, float beta)
+{
+    if (n >= 8) {
+        if (beta != 0.0f)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(y), acc);
+        _mm256_storeu_ps(y, acc);
+    } else if (n > 0) {
+        __m256i m = lanes(n);
+        if (beta != 0.0f)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskload_ps(y, m), acc);
+        _mm256_maskstore_ps(y, m, acc);
+    }
+}
+
+/* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k. mr and np are constants at
+ * every call site, so the loops unroll and acc and wv live in registers. */
+static inline __attribute__((always_inline)) void
+block(float *y, int ldy, const float *x, int ldx, const float *p, size_t panel_floats, int in,
+      int mr, int np, int cols, float beta, const float *next)
+{
+    __m256 acc[MR_MAX][2 * NP_MAX], wv[2 * NP_MAX];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < 2 * np; v++)
+            acc[i][v] = _mm256_setzero_ps();
+    for (int k = 0; k < in; k++) {
+        const float *pk = p + (size_t)k * MATMUL_PANEL;
+        for (int j = 0; j < np; j++)
+            _mm_prefetch((const char *)(next + (size_t)k * MATMUL_PANEL + j * panel_floats), _MM_HINT_T0);
+        for (int j = 0; j < np; j++) {
+            wv[2 * j] = _mm256_loadu_ps(pk + j * panel_floats);
+            wv[2 * j + 1] = _mm256_loadu_ps(pk + j * panel_floats + 8);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m256 xb = _mm256_broadcast_ss(x + (size_t)i * ldx + k);
+            for (int v = 0; v < 2 * np; v++)
+                acc[i][v] = _mm256_fmadd_ps(xb, wv[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < 2 * np; v++)
+            store_vec(y + (size_t)i * ldy + 8 * v, acc[i][v], cols - 8 * v, beta);
+}
+
+/* mr rows against panels [p0, p1): np panels at a time, then one at a time. */
+static inline __attribute__((always_inline)) void
+sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np)
+{
+    size_t panel_floats = (size_t)t->in * MATMUL_PANEL;
+    const float *x = t->x + (size_t)r * t->ldx;
+    float *yr = t->y + (size_t)r * t->ldy;
+    int p = p0;
+    for (; p + np <= p1; p += np) {
+        int cols = t->out - p * MATMUL_PANEL;
+        const float *w = t->panels + p * panel_floats;
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, panel_floats, t->in, mr, np, cols,
+              t->beta, p + 2 * np <= p1 ? w + np * panel_floats : w);
+    }
+    for (; p < p1; p++) {
+        int cols = t->out - p * MATMUL_PANEL;
+        const float *w = t->panels + p * panel_floats;
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, panel_floats, t->in, mr, 1, cols,
+              t->beta, p + 1 < p1 ? w + panel_floats : w);
+    }
+}
+
+/* The last rows % 6 (or all rows, when fewer than 6), with more panels per block. */
+static void sweep_tail(const MatmulTask *t, int r, int p0, int p1)
+{
+    switch (t->rows - r) {
+    case 1: sweep(t, r, p0, p1, 1, 4); break;
+    case 2: sweep(t, r, p0, p1, 2, 2); break;
+    case 3: sweep(t, r, p0, p1, 3, 2); break;
+    case 4: sweep(t, r, p0, p1, 4, 2); break;
+    case 5: sweep(t, r, p0, p1, 5, 1); break;
+    default: break;
+    }
+}
+
+void matmul_kernel_run(const MatmulTask *t, int p0, int p1)
+{
+    int r = 0;
+    for (; r + MR_MAX <= t->rows; r += MR_MAX)
+        sweep(t, r, p0, p1, MR_MAX, 1);
+    sweep_tail(t, r, p0, p1);
+}
