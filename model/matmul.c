@@ -1,6 +1,8 @@
 /* matmul — packing and threading of the weight products; the kernel is matmul_kernel.c. */
 #include "model/matmul.h"
 
+#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,33 +24,60 @@ size_t matmul_weights_floats(int in, int out)
     return (size_t)((out + MATMUL_PANEL - 1) / MATMUL_PANEL) * MATMUL_PANEL * (size_t)in;
 }
 
-int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out)
+size_t matmul_weights_bytes(int in, int out, MatmulType type)
+{
+    return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+#define F16_MAX 65504.0f
+
+/* Row by row: reads W in order; a panel's writes stay within its in * 16 weights. */
+static int pack_rows(void *panels, const float *w, int in, int out, MatmulType type)
+{
+    for (int o = 0; o < out; o++) {
+        size_t base = (size_t)(o / MATMUL_PANEL) * in * MATMUL_PANEL + o % MATMUL_PANEL;
+        const float *src = w + (size_t)o * in;
+        for (int k = 0; k < in; k++) {
+            size_t at = base + (size_t)k * MATMUL_PANEL;
+            if (type == MATMUL_F32) {
+                ((float *)panels)[at] = src[k];
+            } else {
+                if (!(fabsf(src[k]) <= F16_MAX))
+                    return -2;
+                ((uint16_t *)panels)[at] = _cvtss_sh(src[k], _MM_FROUND_TO_NEAREST_INT);
+            }
+        }
+    }
+    return 0;
+}
+
+int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)
 {
     size_t n = matmul_weights_floats(in, out);
+    size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
-    *pw = (MatmulWeights){ .in = in, .out = out };
-    if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)) != 0)
+    *pw = (MatmulWeights){ .in = in, .out = out, .type = type };
+    if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
-    float *panels = p;
-    memset(panels, 0, n * sizeof(float));
-    /* Row by row: reads W in order; a panel's writes stay within its in * 16 floats. */
-    for (int o = 0; o < out; o++) {
-        float *dst = panels + (size_t)(o / MATMUL_PANEL) * in * MATMUL_PANEL + o % MATMUL_PANEL;
-        const float *src = w + (size_t)o * in;
-        for (int k = 0; k < in; k++)
-            dst[(size_t)k * MATMUL_PANEL] = src[k];
+    memset(p, 0, bytes); /* the last panel's missing outputs are zeros (both types) */
+    int rc = pack_rows(p, w, in, out, type);
+    if (rc < 0) {
+        free(p);
+        return rc;
     }
-    pw->panels = panels;
+    pw->panels = p;
     return 0;
 }
 
 void matmul_weights_unpack(const MatmulWeights *pw, float *w)
 {
     for (int o = 0; o < pw->out; o++) {
-        const float *src =
-            pw->panels + (size_t)(o / MATMUL_PANEL) * pw->in * MATMUL_PANEL + o % MATMUL_PANEL;
-        for (int k = 0; k < pw->in; k++)
-            w[(size_t)o * pw->in + k] = src[(size_t)k * MATMUL_PANEL];
+        size_t base = (size_t)(o / MATMUL_PANEL) * pw->in * MATMUL_PANEL + o % MATMUL_PANEL;
+        for (int k = 0; k < pw->in; k++) {
+            size_t at = base + (size_t)k * MATMUL_PANEL;
+            w[(size_t)o * pw->in + k] = pw->type == MATMUL_F32 ? ((const float *)pw->panels)[at]
+                                                              : _cvtsh_ss(((const uint16_t *)pw->panels)[at]);
+        }
     }
 }
 
@@ -83,10 +112,10 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     if (rows <= 0 || w->out <= 0)
         return;
     Product p = {
-        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta },
+        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type == MATMUL_F16 },
         .n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL,
     };
-    size_t panel_bytes = (size_t)w->in * MATMUL_PANEL * sizeof(float);
+    size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
     p.item_panels = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
     p.item_panels = p.item_panels < 1 ? 1 : p.item_panels > ITEM_PANELS_MAX ? ITEM_PANELS_MAX
                                                                             : p.item_panels;

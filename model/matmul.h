@@ -18,16 +18,25 @@
 
 #include <stddef.h>
 
+/* How packed weights are stored: F32, or IEEE F16 (half the memory and the bytes a
+ * memory-bound product reads; widened to F32 in registers, products still sum in F32). */
+typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1 } MatmulType;
+
 /* W [out][in] as panels: panels[((p * in) + k) * 16 + j] = W[16p + j][k], zero past out. */
 typedef struct {
     int in, out;
-    float *panels; /* [ceil(out / 16)][in][16], 64-byte aligned, owned */
+    MatmulType type;
+    void *panels; /* [ceil(out / 16)][in][16] floats or halves, 64-byte aligned, owned */
 } MatmulWeights;
 
-/* Floats the packed form of an [out][in] matrix takes (out rounded up to 16). */
+/* Weights (elements) in the packed form of an [out][in] matrix (out rounded up to 16). */
 size_t matmul_weights_floats(int in, int out);
-/* Packs the row-major [out][in] matrix w into a new buffer. 0, or -1 when out of memory. */
-int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out);
+/* Bytes of that packed form in the given type. */
+size_t matmul_weights_bytes(int in, int out, MatmulType type);
+/* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
+ * out of memory; -2 when type is F16 and a value is beyond its range (|w| > 65504, or
+ * not finite), which would turn into infinity. */
+int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
 /* Writes the matrix back as row-major [out][in] (tests, tools). */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);
 void matmul_weights_free(MatmulWeights *pw);

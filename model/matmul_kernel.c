@@ -1,7 +1,8 @@
 /* matmul_kernel — the register-blocked product over packed weights (see matmul.h).
  *
  * W is stored in panels of 16 outputs, each panel k-major: for every input k, the 16
- * weights that multiply x[k] lie side by side, two ymm vectors. A block of `mr` rows of x
+ * weights that multiply x[k] lie side by side, two ymm vectors (as F32, or as F16 that
+ * F16C widens on load: half the bytes for the memory-bound few-row case). A block of `mr` rows of x
  * times `np` panels keeps mr x 2np accumulators in registers; every step of k loads the
  * panels' 2np vectors once and broadcasts each row's x[k] once, so each weight loaded
  * feeds mr multiply-adds and each x element 2np. That ratio, not memory, bounds the
@@ -15,6 +16,7 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define MR_MAX 6
 #define NP_MAX 4
@@ -40,23 +42,35 @@ static inline void store_vec(float *y, __m256 acc, int n, float beta)
     }
 }
 
-/* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k. mr and np are constants at
- * every call site, so the loops unroll and acc and wv live in registers. */
-static inline __attribute__((always_inline)) void
-block(float *y, int ldy, const float *x, int ldx, const float *p, size_t panel_floats, int in,
-      int mr, int np, int cols, float beta, const float *next)
+/* 8 weights from a panel row as floats: F32 as they are, F16 widened by F16C. */
+static inline __attribute__((always_inline)) __m256 load_w8(const void *p, size_t i, int f16)
 {
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k. Indices into p are in
+ * weights (panel_elems apart). mr, np and f16 are constants at every call site, so the
+ * loops unroll and acc and wv live in registers. While it runs, `next` (the panels the
+ * following block reads) is prefetched: the first block over a panel would otherwise wait
+ * on memory, the others find it in L2. */
+static inline __attribute__((always_inline)) void
+block(float *y, int ldy, const float *x, int ldx, const void *p, const void *next,
+      size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
+{
+    size_t esize = f16 ? sizeof(uint16_t) : sizeof(float);
     __m256 acc[MR_MAX][2 * NP_MAX], wv[2 * NP_MAX];
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < 2 * np; v++)
             acc[i][v] = _mm256_setzero_ps();
     for (int k = 0; k < in; k++) {
-        const float *pk = p + (size_t)k * MATMUL_PANEL;
+        size_t at = (size_t)k * MATMUL_PANEL;
         for (int j = 0; j < np; j++)
-            _mm_prefetch((const char *)(next + (size_t)k * MATMUL_PANEL + j * panel_floats), _MM_HINT_T0);
+            _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
         for (int j = 0; j < np; j++) {
-            wv[2 * j] = _mm256_loadu_ps(pk + j * panel_floats);
-            wv[2 * j + 1] = _mm256_loadu_ps(pk + j * panel_floats + 8);
+            wv[2 * j] = load_w8(p, at + j * panel_elems, f16);
+            wv[2 * j + 1] = load_w8(p, at + j * panel_elems + 8, f16);
         }
         for (int i = 0; i < mr; i++) {
             __m256 xb = _mm256_broadcast_ss(x + (size_t)i * ldx + k);
@@ -71,43 +85,50 @@ block(float *y, int ldy, const float *x, int ldx, const float *p, size_t panel_f
 
 /* mr rows against panels [p0, p1): np panels at a time, then one at a time. */
 static inline __attribute__((always_inline)) void
-sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np)
+sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16)
 {
-    size_t panel_floats = (size_t)t->in * MATMUL_PANEL;
+    size_t panel_elems = (size_t)t->in * MATMUL_PANEL;
+    size_t panel_bytes = panel_elems * (f16 ? sizeof(uint16_t) : sizeof(float));
+    const char *panels = t->panels;
     const float *x = t->x + (size_t)r * t->ldx;
     float *yr = t->y + (size_t)r * t->ldy;
     int p = p0;
     for (; p + np <= p1; p += np) {
-        int cols = t->out - p * MATMUL_PANEL;
-        const float *w = t->panels + p * panel_floats;
-        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, panel_floats, t->in, mr, np, cols,
-              t->beta, p + 2 * np <= p1 ? w + np * panel_floats : w);
+        const char *w = panels + p * panel_bytes;
+        const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : w;
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, np,
+              t->out - p * MATMUL_PANEL, t->beta, f16);
     }
     for (; p < p1; p++) {
-        int cols = t->out - p * MATMUL_PANEL;
-        const float *w = t->panels + p * panel_floats;
-        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, panel_floats, t->in, mr, 1, cols,
-              t->beta, p + 1 < p1 ? w + panel_floats : w);
+        const char *w = panels + p * panel_bytes;
+        const char *next = p + 1 < p1 ? w + panel_bytes : w;
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, 1,
+              t->out - p * MATMUL_PANEL, t->beta, f16);
     }
 }
 
-/* The last rows % 6 (or all rows, when fewer than 6), with more panels per block. */
-static void sweep_tail(const MatmulTask *t, int r, int p0, int p1)
+/* Row blocks of 6, then the last rows % 6 (or all rows, when fewer than 6) with more
+ * panels per block. */
+static inline __attribute__((always_inline)) void
+run(const MatmulTask *t, int p0, int p1, int f16)
 {
+    int r = 0;
+    for (; r + MR_MAX <= t->rows; r += MR_MAX)
+        sweep(t, r, p0, p1, MR_MAX, 1, f16);
     switch (t->rows - r) {
-    case 1: sweep(t, r, p0, p1, 1, 4); break;
-    case 2: sweep(t, r, p0, p1, 2, 2); break;
-    case 3: sweep(t, r, p0, p1, 3, 2); break;
-    case 4: sweep(t, r, p0, p1, 4, 2); break;
-    case 5: sweep(t, r, p0, p1, 5, 1); break;
+    case 1: sweep(t, r, p0, p1, 1, 4, f16); break;
+    case 2: sweep(t, r, p0, p1, 2, 2, f16); break;
+    case 3: sweep(t, r, p0, p1, 3, 2, f16); break;
+    case 4: sweep(t, r, p0, p1, 4, 2, f16); break;
+    case 5: sweep(t, r, p0, p1, 5, 1, f16); break;
     default: break;
     }
 }
 
 void matmul_kernel_run(const MatmulTask *t, int p0, int p1)
 {
-    int r = 0;
-    for (; r + MR_MAX <= t->rows; r += MR_MAX)
-        sweep(t, r, p0, p1, MR_MAX, 1);
-    sweep_tail(t, r, p0, p1);
+    if (t->f16)
+        run(t, p0, p1, 1);
+    else
+        run(t, p0, p1, 0);
 }

@@ -12,9 +12,10 @@
 typedef struct {
     float *y;
     const float *x;
-    const float *panels;
+    const void *panels; /* float, or uint16_t IEEE halves when f16 */
     int ldy, ldx, rows, in, out;
     float beta;
+    int f16;
 } MatmulTask;
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)). */

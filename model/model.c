@@ -5,7 +5,26 @@
 #include "attention/attention.h"
 #include "model/weights.h"
 
+#include <string.h>
+
+int model_weight_type_parse(const char *name, ModelWeightType *out)
+{
+    static const char *const names[] = { "auto", "f32", "f16" };
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *out = (ModelWeightType)i;
+            return 0;
+        }
+    return -1;
+}
+
 int model_load(const char *path, Model **out, char *err, size_t err_len)
+{
+    return model_load_as(path, MODEL_WEIGHTS_AUTO, out, err, err_len);
+}
+
+int model_load_as(const char *path, ModelWeightType weights, Model **out, char *err,
+                  size_t err_len)
 {
     *out = NULL;
     Model *m = calloc(1, sizeof(*m));
@@ -15,7 +34,7 @@ int model_load(const char *path, Model **out, char *err, size_t err_len)
     }
     if (gguf_open(path, &m->file, err, err_len) != 0)
         goto fail;
-    if (weights_load(m->file, &m->config, &m->w, &m->weight_bytes, err, err_len) != 0)
+    if (weights_load_as(m->file, weights, &m->config, &m->w, &m->weight_bytes, err, err_len) != 0)
         goto fail;
     if (m->config.head_dim > ATTN_MAX_HEAD_DIM || m->config.rope_dim > ATTN_MAX_HEAD_DIM) {
         snprintf(err, err_len, "%s: head dimension %d is larger than the %d the attention "

@@ -3,7 +3,7 @@
  * This is the room's contract; gguf.h, tokenizer.h and sampler.h are its parts.
  *
  * The forward pass runs a batch of token rows, grouped into sequences, through every
- * layer at once: each weight product is one sgemm over all rows; attention runs per
+ * layer at once: each weight product is one product over all rows; attention runs per
  * sequence through its block table on the paged KV cache (attention/). Each sequence's
  * rows are consecutive positions [pos, pos + n_rows) of that sequence; their K/V are
  * written into the slots its block table already has (the caller allocated them).
@@ -32,18 +32,32 @@ typedef struct {
     float rope_theta;
     float rms_eps;
     uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
+    int weights_f16;      /* matrices are held as F16 in memory (else F32) */
 } ModelConfig;
+
+/* How the weight matrices are held in memory. AUTO keeps an F16 file's matrices F16
+ * (exact, half the memory and half the bytes each decode step reads) and turns everything
+ * else (F32, BF16, Q8_0, Q4_0) into F32. F16 also rounds F32/BF16/quantised matrices to
+ * F16: lossy (about 3 significant digits), for speed; a value beyond F16's range fails the
+ * load. Vectors (norms) and the embedding table are always F32. */
+typedef enum { MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16 } ModelWeightType;
+
+/* "auto", "f32", "f16" -> the type; -1 for anything else. */
+int model_weight_type_parse(const char *name, ModelWeightType *out);
 
 typedef struct Model Model;
 
 /* Load a GGUF file: 0, or -1 with a message (unreadable, malformed, not llama, missing or
  * mis-shaped tensor, unsupported tensor type or tokenizer). */
 int model_load(const char *path, Model **out, char *err, size_t err_len);
+/* The same, with the weights held as `weights` says. */
+int model_load_as(const char *path, ModelWeightType weights, Model **out, char *err,
+                  size_t err_len);
 void model_free(Model *m);
 
 const ModelConfig *model_config(const Model *m);
 const Tokenizer *model_tokenizer(const Model *m);
-/* Bytes of weights held in memory (F32 after dequantisation). */
+/* Bytes of weights held in memory (after dequantisation, as F32 or F16). */
 size_t model_weight_bytes(const Model *m);
 
 /* KV layout this model needs, for paging's block pool. */

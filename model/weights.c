@@ -152,6 +152,7 @@ typedef struct {
     char *err;
     size_t err_len;
     bool dry; /* check every tensor, allocate and convert nothing */
+    MatmulType pack_type; /* how matrices are packed */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -210,12 +211,12 @@ static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, f
     const GgufTensor *t = find_shaped(ld, name, ne0, ne1);
     if (!t)
         return -1;
+    if (ne1)
+        count_matrix_type(ld, t->type);
     if (ld->dry)
         return ggml_type_block_elems(t->type) ? 0
                : fail(ld->err, ld->err_len, "tensor %s has type %s (%u), which is not supported "
                       "(f32, f16, bf16, q8_0 and q4_0 are)", name, ggml_type_name(t->type), t->type);
-    if (ne1)
-        count_matrix_type(ld, t->type);
     return gguf_tensor_to_f32(t, dst, ld->err, ld->err_len);
 }
 
@@ -235,12 +236,15 @@ static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulWeights *d
                       const char *what) {
     if (ld->dry)
         return 0;
-    int rc = matmul_weights_pack(dst, rows, in, out);
+    int rc = matmul_weights_pack(dst, rows, in, out, ld->pack_type);
     free(rows);
     ld->bytes -= (size_t)in * out * sizeof(float);
+    if (rc == -2)
+        return fail(ld->err, ld->err_len, "%s has a value beyond F16's range: load it as f32",
+                    what);
     if (rc < 0)
         return fail(ld->err, ld->err_len, "out of memory packing %s", what);
-    ld->bytes += matmul_weights_floats(in, out) * sizeof(float);
+    ld->bytes += matmul_weights_bytes(in, out, ld->pack_type);
     return 0;
 }
 
@@ -310,10 +314,15 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     w->output_tied = gguf_find_tensor(ld->f, "output.weight") == NULL;
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
-        if (!ld->dry && matmul_weights_pack(&w->output, w->token_embd, (int)dim, (int)vocab) < 0)
+        int rc = ld->dry ? 0 : matmul_weights_pack(&w->output, w->token_embd, (int)dim,
+                                                   (int)vocab, ld->pack_type);
+        if (rc == -2)
+            return fail(ld->err, ld->err_len, "token_embd.weight (tied output) has a value "
+                        "beyond F16's range: load it as f32");
+        if (rc < 0)
             return fail(ld->err, ld->err_len, "out of memory packing the tied output matrix");
         if (!ld->dry)
-            ld->bytes += matmul_weights_floats((int)dim, (int)vocab) * sizeof(float);
+            ld->bytes += matmul_weights_bytes((int)dim, (int)vocab, ld->pack_type);
     } else {
         const char *const names[] = { "output.weight" };
         if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)
@@ -330,6 +339,11 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
 
 int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
                  size_t *weight_bytes, char *err, size_t err_len) {
+    return weights_load_as(f, MODEL_WEIGHTS_AUTO, config, w, weight_bytes, err, err_len);
+}
+
+int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config,
+                    TransformerWeights *w, size_t *weight_bytes, char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
     *weight_bytes = 0;
     ModelConfig c;
@@ -343,12 +357,17 @@ int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
     memset(w, 0, sizeof *w);
     if (checked < 0)
         return -1;
-    Loader ld = {.f = f, .err = err, .err_len = err_len};
+    /* AUTO: F16 when the file's matrices mostly are (no loss), else F32. */
+    bool f16 = want == MODEL_WEIGHTS_F16 ||
+               (want == MODEL_WEIGHTS_AUTO && most_common_type(&dry) == GGML_TYPE_F16);
+    Loader ld = {.f = f, .err = err, .err_len = err_len,
+                 .pack_type = f16 ? MATMUL_F16 : MATMUL_F32};
     if (load_tensors(&ld, &c, w) < 0) {
         weights_free(w, &c);
         return -1;
     }
     c.weight_type = most_common_type(&ld);
+    c.weights_f16 = f16;
     *config = c;
     *weight_bytes = ld.bytes;
     return 0;

@@ -1,7 +1,7 @@
 /* weights — the model's tensors as the forward pass wants them (internal to model/).
  *
- * Everything is F32. Matrices are read as row-major [out][in] (a GGUF matrix with
- * ne = {in, out}) and packed once into the product kernel's panels (model/matmul.h), so a
+ * Matrices are read as row-major F32 [out][in] (a GGUF matrix with ne = {in, out}) and
+ * packed once into the product kernel's panels (model/matmul.h), F32 or F16, so a
  * product over R rows is one call: Y[R][out] = X[R][in] * W^T. Matrices that read the same
  * input are fused at load time so each is one product: Q, K and V rows stacked in wqkv;
  * gate and up rows stacked in w_gate_up. Vectors and the embedding table stay plain.
@@ -39,7 +39,10 @@ struct Model {
     size_t weight_bytes;
 };
 
-/* Fill config and weights from an open GGUF file (model_load does the rest). */
+/* Fill config and weights from an open GGUF file (model_load does the rest), matrices
+ * held as `want` says (model.h); weights_load is MODEL_WEIGHTS_AUTO. */
+int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config,
+                    TransformerWeights *w, size_t *weight_bytes, char *err, size_t err_len);
 int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
                  size_t *weight_bytes, char *err, size_t err_len);
 void weights_free(TransformerWeights *w, const ModelConfig *config);

@@ -300,7 +300,7 @@ static int server_open(Server *s)
 {
     char err[512];
     double t0 = server_now();
-    if (model_load(s->cfg->model_path, &s->model, err, sizeof err) != 0) {
+    if (model_load_as(s->cfg->model_path, s->cfg->weight_type, &s->model, err, sizeof err) != 0) {
         server_log(LOG_ERROR, "cannot load model: %s", err);
         return -1;
     }

@@ -1,7 +1,7 @@
 /* bench engine — the continuous-batching engine without HTTP, on the calling thread.
  *
  *   bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] [--gen 64] [--prefix 512]
- *                [--threads N] [--kv-cache-mb 1024]
+ *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16]
  *
  * Decode: `seqs` requests of `prompt` random tokens each, `gen` new tokens, ignore_eos;
  * reports aggregate decode tokens/s over the steps after every prompt is in (prefill is
@@ -22,6 +22,7 @@ typedef struct {
     int n_levels;
     int prompt, gen, prefix, threads;
     size_t kv_mb;
+    ModelWeightType weight_type;
 } EngineBenchArgs;
 
 static double now_s(void)
@@ -47,7 +48,12 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         else if (!strcmp(argv[i], "--prefix")) a->prefix = atoi(v);
         else if (!strcmp(argv[i], "--threads")) a->threads = atoi(v);
         else if (!strcmp(argv[i], "--kv-cache-mb")) a->kv_mb = (size_t)atol(v);
-        else if (!strcmp(argv[i], "--seqs")) {
+        else if (!strcmp(argv[i], "--weight-type")) {
+            if (model_weight_type_parse(v, &a->weight_type) != 0) {
+                fprintf(stderr, "bench engine: --weight-type takes auto, f32 or f16\n");
+                return -1;
+            }
+        } else if (!strcmp(argv[i], "--seqs")) {
             a->n_levels = 0;
             for (char *p = (char *)v; *p && a->n_levels < 8; p = *p ? p + 1 : p)
                 a->seqs[a->n_levels++] = (int)strtol(p, &p, 10);
@@ -59,7 +65,8 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
     }
     if (!a->model_path || a->prompt < 1 || a->gen < 1 || a->prefix < 1) {
         fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
-                "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n");
+                "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
+                "                    [--weight-type auto|f32|f16]\n");
         return -1;
     }
     return 0;
@@ -212,13 +219,14 @@ int bench_engine_main(int argc, char **argv)
         return 2;
     Model *m;
     char err[256];
-    if (model_load(a.model_path, &m, err, sizeof err) != 0) {
+    if (model_load_as(a.model_path, a.weight_type, &m, err, sizeof err) != 0) {
         fprintf(stderr, "bench engine: %s\n", err);
         return 1;
     }
     const ModelConfig *c = model_config(m);
-    printf("model %s: dim %d, %d layers, vocab %d, %.1f MiB of weights\n", a.model_path, c->dim,
-           c->n_layers, c->vocab_size, model_weight_bytes(m) / 1048576.0);
+    printf("model %s: dim %d, %d layers, vocab %d, %.1f MiB of weights (matrices %s)\n",
+           a.model_path, c->dim, c->n_layers, c->vocab_size, model_weight_bytes(m) / 1048576.0,
+           c->weights_f16 ? "f16" : "f32");
     int rc = 0;
     for (int i = 0; i < a.n_levels && rc == 0; i++)
         rc = decode_level(m, &a, a.seqs[i]);

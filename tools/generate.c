@@ -2,6 +2,7 @@
  *
  *   generate -m MODEL.gguf -p "prompt" [-n 64] [--temp 0] [--seed S] [--top-k K]
  *            [--top-p P] [--min-p P] [--repeat-penalty R] [--kv-dtype f16|f32]
+ *            [--weight-type auto|f32|f16]
  *            [--block-size 16] [--chunk 256] [--ignore-eos] [--no-echo] [--ids]
  *
  * Prints the prompt and its continuation to stdout (--no-echo: the continuation only;
@@ -23,6 +24,7 @@ typedef struct {
     SamplerParams sampling;
     uint64_t seed;
     KvDtype kv_dtype;
+    ModelWeightType weight_type;
     int block_size;
     int chunk;
     bool ignore_eos, echo, ids;
@@ -37,6 +39,7 @@ static void usage(FILE *f)
             "  --seed S           sampling seed (1)\n"
             "  --top-k K --top-p P --min-p P --repeat-penalty R\n"
             "  --kv-dtype f16|f32 KV cache element type (f16)\n"
+            "  --weight-type auto|f32|f16 weight matrices in memory (auto: F16 files F16, else F32)\n"
             "  --block-size N     tokens per KV block (16)\n"
             "  --chunk N          prefill rows per forward pass (256)\n"
             "  --ignore-eos       keep going past end-of-sequence\n"
@@ -64,7 +67,12 @@ static int parse_args(int argc, char **argv, GenerateArgs *a)
         else if (!strcmp(f, "--repeat-penalty")) a->sampling.repetition_penalty = v ? strtof(v, NULL) : 1;
         else if (!strcmp(f, "--block-size")) a->block_size = v ? atoi(v) : 0;
         else if (!strcmp(f, "--chunk")) a->chunk = v ? atoi(v) : 0;
-        else if (!strcmp(f, "--kv-dtype")) {
+        else if (!strcmp(f, "--weight-type")) {
+            if (!v || model_weight_type_parse(v, &a->weight_type) != 0) {
+                fprintf(stderr, "generate: --weight-type takes auto, f32 or f16\n");
+                return -1;
+            }
+        } else if (!strcmp(f, "--kv-dtype")) {
             if (v && !strcmp(v, "f32")) a->kv_dtype = KV_DTYPE_F32;
             else if (v && !strcmp(v, "f16")) a->kv_dtype = KV_DTYPE_F16;
             else { fprintf(stderr, "generate: --kv-dtype takes f16 or f32\n"); return -1; }
@@ -133,7 +141,7 @@ static const float *generation_step(Generation *g, int from, int n, ModelLogits 
 
 static int generation_setup(Generation *g, const GenerateArgs *a, char *err, size_t err_len)
 {
-    if (model_load(a->model_path, &g->model, err, err_len) != 0)
+    if (model_load_as(a->model_path, a->weight_type, &g->model, err, err_len) != 0)
         return -1;
     const ModelConfig *c = model_config(g->model);
     const Tokenizer *tok = model_tokenizer(g->model);

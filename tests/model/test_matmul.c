@@ -4,6 +4,7 @@
  * 16-output panels. Buffers are allocated to the exact last element used, so a read or write
  * past a row's end is caught by the sanitizer build; x's row padding holds NaN (a read
  * would poison the result) and y's holds a sentinel that must survive. */
+#include <immintrin.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,7 +39,7 @@ typedef struct {
     double *dot, *absdot; /* [MAX_ROWS][out]: x·w and |x|·|w| */
 } Problem;
 
-static void problem_make(Problem *p, int in, int out)
+static void problem_make(Problem *p, int in, int out, MatmulType type)
 {
     p->in = in;
     p->out = out;
@@ -54,7 +55,10 @@ static void problem_make(Problem *p, int in, int out)
         p->w[i] = rand_uniform();
     for (int i = 0; i < MAX_ROWS * out; i++)
         p->y0[i] = rand_uniform();
-    assert_int_equal(matmul_weights_pack(&p->packed, p->w, in, out), 0);
+    assert_int_equal(matmul_weights_pack(&p->packed, p->w, in, out, type), 0);
+    /* The reference multiplies what the kernel holds: F16 rounding is the packing's doing
+     * (checked in test_pack_layout), not the product's. */
+    matmul_weights_unpack(&p->packed, p->w);
     for (int r = 0; r < MAX_ROWS; r++)
         for (int o = 0; o < out; o++) {
             double s = 0.0, a = 0.0;
@@ -122,16 +126,18 @@ static int check_case(const Problem *p, int rows, int ldx, int ldy, float beta)
 /* Dense and strided, beta 0 and 1, for the given row counts of one shape. */
 static int check_shape(int in, int out, const int *row_counts, int n_row_counts)
 {
-    Problem p;
-    problem_make(&p, in, out);
     int bad = 0;
-    for (int i = 0; i < n_row_counts; i++)
-        for (int strided = 0; strided < 2; strided++) {
-            int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
-            bad += check_case(&p, row_counts[i], ldx, ldy, 0.0f);
-            bad += check_case(&p, row_counts[i], ldx, ldy, 1.0f);
-        }
-    problem_free(&p);
+    for (int type = MATMUL_F32; type <= MATMUL_F16; type++) {
+        Problem p;
+        problem_make(&p, in, out, (MatmulType)type);
+        for (int i = 0; i < n_row_counts; i++)
+            for (int strided = 0; strided < 2; strided++) {
+                int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
+                bad += check_case(&p, row_counts[i], ldx, ldy, 0.0f);
+                bad += check_case(&p, row_counts[i], ldx, ldy, 1.0f);
+            }
+        problem_free(&p);
+    }
     return bad;
 }
 
@@ -176,7 +182,7 @@ static void test_other_beta(void **state)
 {
     (void)state;
     Problem p;
-    problem_make(&p, 100, 64);
+    problem_make(&p, 100, 64, MATMUL_F32);
     int bad = 0;
     for (int rows = 1; rows <= MAX_ROWS; rows += 13)
         bad += check_case(&p, rows, 100, 64, -0.5f);
@@ -184,29 +190,66 @@ static void test_other_beta(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* Packing is lossless and pads the last panel with zeros (the kernel multiplies them). */
+/* F32 packing is lossless, F16 rounds to nearest; both pad the last panel with zeros
+ * (the kernel multiplies them). */
 static void test_pack_layout(void **state)
 {
     (void)state;
-    Problem p;
-    problem_make(&p, 7, 21);
+    float w[21 * 7], back[21 * 7];
+    for (int i = 0; i < 21 * 7; i++)
+        w[i] = rand_uniform() * 1000.0f;
     assert_int_equal(matmul_weights_floats(7, 21), 2 * 16 * 7);
-    for (int o = 0; o < 21; o++)
+    assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_F16), 2 * 16 * 7 * 2);
+    for (int type = MATMUL_F32; type <= MATMUL_F16; type++) {
+        MatmulWeights m;
+        assert_int_equal(matmul_weights_pack(&m, w, 7, 21, (MatmulType)type), 0);
+        for (int o = 0; o < 21; o++)
+            for (int k = 0; k < 7; k++) {
+                size_t at = (size_t)((o / 16) * 7 + k) * 16 + o % 16;
+                float got = type == MATMUL_F32 ? ((const float *)m.panels)[at]
+                                               : _cvtsh_ss(((const uint16_t *)m.panels)[at]);
+                /* F16 has an 11-bit significand: relative error at most 2^-11 */
+                float tol = type == MATMUL_F32 ? 0.0f : fabsf(w[o * 7 + k]) / 2048.0f;
+                assert_true(fabsf(got - w[o * 7 + k]) <= tol);
+            }
         for (int k = 0; k < 7; k++)
-            assert_true(p.packed.panels[((o / 16) * 7 + k) * 16 + o % 16] == p.w[o * 7 + k]);
-    for (int k = 0; k < 7; k++)
-        for (int j = 21 - 16; j < 16; j++)
-            assert_true(p.packed.panels[(7 + k) * 16 + j] == 0.0f);
-    float back[21 * 7];
-    matmul_weights_unpack(&p.packed, back);
-    assert_memory_equal(back, p.w, sizeof back);
-    problem_free(&p);
+            for (int j = 21 - 16; j < 16; j++) {
+                size_t at = (size_t)(7 + k) * 16 + j;
+                if (type == MATMUL_F32)
+                    assert_true(((const float *)m.panels)[at] == 0.0f);
+                else
+                    assert_int_equal(((const uint16_t *)m.panels)[at], 0);
+            }
+        matmul_weights_unpack(&m, back);
+        for (int i = 0; i < 21 * 7; i++)
+            assert_true(type == MATMUL_F16 ? fabsf(back[i] - w[i]) <= fabsf(w[i]) / 2048.0f
+                                           : back[i] == w[i]);
+        matmul_weights_free(&m);
+    }
+}
+
+/* A value F16 cannot hold is refused, not turned into infinity. */
+static void test_pack_f16_range(void **state)
+{
+    (void)state;
+    float w[16 * 4] = {0};
+    MatmulWeights m;
+    w[37] = 65504.0f; /* the largest half */
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_F16), 0);
+    matmul_weights_free(&m);
+    w[37] = -70000.0f;
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_F16), -2);
+    w[37] = NAN;
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_F16), -2);
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_F32), 0); /* F32 keeps it */
+    matmul_weights_free(&m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_layout),
+        cmocka_unit_test(test_pack_f16_range),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),

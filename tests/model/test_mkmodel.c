@@ -116,6 +116,7 @@ static void test_demo(void **state) {
      * exactly the matrix's values (reordered, which the moments do not see). */
     size_t n = (size_t)c.ffn_dim * c.dim;
     assert_int_equal(matmul_weights_floats(c.ffn_dim, c.dim), n);
+    assert_int_equal(w.layers[0].w_down.type, MATMUL_F32);
     const float *down = w.layers[0].w_down.panels;
     for (size_t i = 0; i < n; i++) {
         sum += down[i];

@@ -215,18 +215,19 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
     }
 }
 
-/* Matrices are counted packed: their outputs rounded up to whole 16-wide panels. The
- * output matrix is packed even when tied (the embedding table stays row-major). */
+/* Matrices are counted packed: their outputs rounded up to whole 16-wide panels, 2 or 4
+ * bytes a weight. The output matrix is packed even when tied (the embedding table stays
+ * row-major F32, like the norms). */
 static size_t expected_bytes(const ModelConfig *c) {
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
 #define PACKED(in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in))
-    size_t per_layer = dim + PACKED(dim, q + 2 * kv) + PACKED(q, dim) + dim +
-                       PACKED(dim, 2 * ffn) + PACKED(ffn, dim);
-    size_t floats = dim * (size_t)c->vocab_size + PACKED(dim, c->vocab_size) + dim +
-                    per_layer * (size_t)c->n_layers;
+    size_t matrices = PACKED(dim, c->vocab_size) +
+                      (PACKED(dim, q + 2 * kv) + PACKED(q, dim) + PACKED(dim, 2 * ffn) +
+                       PACKED(ffn, dim)) * (size_t)c->n_layers;
 #undef PACKED
-    return floats * sizeof(float);
+    size_t plain = dim * (size_t)c->vocab_size + dim + 2 * dim * (size_t)c->n_layers;
+    return plain * sizeof(float) + matrices * (c->weights_f16 ? 2 : sizeof(float));
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -363,6 +364,54 @@ static void test_mixed_types(void **state) {
     load_ok(&s, check_tiny);
 }
 
+static void check_f16_kept(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                           size_t bytes) {
+    check_tiny(f, c, w, bytes); /* exact: every F16 value survives F32 and back */
+    assert_int_equal(c->weight_type, GGML_TYPE_F16);
+    assert_true(c->weights_f16);
+    assert_int_equal(w->layers[1].w_down.type, MATMUL_F16);
+    assert_int_equal(w->output.type, MATMUL_F16);
+}
+
+/* auto: an F16 file stays F16 in memory (half the bytes), exactly. */
+static void test_f16_file_stays_f16(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.type = GGML_TYPE_F16;
+    load_ok(&s, check_f16_kept);
+    s.tied = true;
+    load_ok(&s, check_f16_kept);
+}
+
+/* Forced types: F32 file as F16 rounds each weight to the nearest half; F16 file as F32. */
+static void test_forced_weight_types(void **state) {
+    (void)state;
+    for (int file_f16 = 0; file_f16 < 2; file_f16++) {
+        Spec s = default_spec();
+        s.type = file_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        void *data;
+        GgufFile *f = make_model(&s, &data);
+        ModelConfig c;
+        TransformerWeights w;
+        size_t bytes;
+        char err[512];
+        ModelWeightType want = file_f16 ? MODEL_WEIGHTS_F32 : MODEL_WEIGHTS_F16;
+        if (weights_load_as(f, want, &c, &w, &bytes, err, sizeof err) < 0)
+            fail_msg("%s", err);
+        assert_int_equal(c.weights_f16, !file_f16);
+        assert_int_equal(bytes, expected_bytes(&c));
+        float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
+        float *down = unpacked(&w.layers[1].w_down);
+        for (int i = 0; i < c.dim * c.ffn_dim; i++)
+            assert_true(fabsf(down[i] - file_down[i]) <= fabsf(file_down[i]) / 2048.0f);
+        free(down);
+        free(file_down);
+        weights_free(&w, &c);
+        gguf_close(f);
+        free(data);
+    }
+}
+
 static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
                            size_t bytes) {
     (void)f, (void)w, (void)bytes;
@@ -480,6 +529,8 @@ int main(void) {
         cmocka_unit_test(test_tiny_tied),
         cmocka_unit_test(test_tiny_q8_0),
         cmocka_unit_test(test_mixed_types),
+        cmocka_unit_test(test_f16_file_stays_f16),
+        cmocka_unit_test(test_forced_weight_types),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
         cmocka_unit_test(test_bad_tensors),

@@ -1,4 +1,4 @@
-/* End to end completions on a random-weight model: non-streamed and streamed (every SSE
+/* End to end completions on a random-weight model held with F16 weight matrices: non-streamed and streamed (every SSE
  * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
  * usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
  * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
@@ -10,7 +10,7 @@ static ServerProc srv;
 static int setup(void **state)
 {
     (void)state;
-    const char *extra[] = {"--kv-dtype", "f32", "--max-n", "16", NULL};
+    const char *extra[] = {"--kv-dtype", "f32", "--weight-type", "f16", "--max-n", "16", NULL};
     return start_random_server(&srv, extra);
 }
 

@@ -52,7 +52,7 @@ static void test_help(void **state)
     char *out = NULL, *err = NULL;
     assert_int_equal(proc_run(argv, &out, &err, 30.0), 0);
     static const char *flags[] = {
-        "--model", "--host", "--port", "--model-name", "--kv-cache-mb", "--kv-dtype",
+        "--model", "--host", "--port", "--model-name", "--kv-cache-mb", "--kv-dtype", "--weight-type",
         "--block-size", "--max-seqs", "--max-batch-tokens", "--max-queue", "--no-prefix-cache",
         "--api-key", "--api-key-file", "--metrics-no-auth", "--max-body-bytes",
         "--max-tokens-cap", "--max-n", "--max-logprobs", "--max-prompt-tokens",
@@ -83,6 +83,7 @@ static void test_bad_flags(void **state)
         {{"-m", model, "--port", "70000"}, "--port"},
         {{"-m", model, "--port", "eighty"}, "--port"},
         {{"-m", model, "--kv-dtype", "f8"}, "--kv-dtype"},
+        {{"-m", model, "--weight-type", "int4"}, "--weight-type"},
         {{"-m", model, "--block-size", "0"}, "--block-size"},
         {{"-m", model, "--log-level", "loud"}, "--log-level"},
         {{"-m", model, "--max-logprobs", "50"}, "--max-logprobs"},
