@@ -20,6 +20,8 @@
 #   BENCH_MAX_SECONDS=1800     bound on each `bench serve` invocation
 #   BENCH_QUICK=1              small smoke run (fewer levels and requests)
 #   BENCH_NO_INSTALL=1         never apt-get install gnuplot
+#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32 or f16; bench serve is told too)
+#   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +36,8 @@ KV_MB=${BENCH_KV_MB:-1024}
 CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-288}
 MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
+WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
+read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE ${BENCH_SERVER_FLAGS:-}"
 MAX_SEQS=64
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -134,7 +138,7 @@ start_server() {
     shift
     local logf=$OUT/server-$name.log
     "$BIN/pagedserve" -m "$MODEL" --host 127.0.0.1 --port 0 --max-seqs "$MAX_SEQS" \
-        --log-level info "$@" > "$logf" 2>&1 &
+        --log-level info "${SERVER_FLAGS[@]}" "$@" > "$logf" 2>&1 &
     SERVER_PID=$!
     PORT=""
     for _ in $(seq 600); do
@@ -159,6 +163,7 @@ run() {
     local rc=0
     "$BIN/bench" serve --port "$PORT" --gguf "$MODEL" --kv-cache-mb "$kv" \
         --gflops "$GFLOPS" --gbps "$GBPS" --max-seconds "$MAX_SECONDS" --label "$label" \
+        --weight-type "$WEIGHT_TYPE" \
         --json "$OUT/$name.json" --markdown "$OUT/results-body.md" --tsv "$OUT/results.tsv" \
         "$@" | tee "$OUT/$name.txt" || rc=$?
     [ "$rc" = 0 ] || [ "$rc" = 3 ] || die "bench serve $name failed (exit $rc)"
@@ -201,7 +206,10 @@ fi
          "$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
     echo "- model: $MODEL ($(stat -c %s "$MODEL" | awk '{printf "%.0f MiB", $1 / 1048576}');" \
          "geometry and parameter counts in each JSON's \"model\")"
-    echo "- machine peaks: sgemm ${GFLOPS} GFLOP/s, memory read ${GBPS} GB/s (0 = not measured)"
+    echo "- commit: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown);" \
+         "server flags (besides each run's): ${SERVER_FLAGS[*]}"
+    echo "- machine peaks: products ${GFLOPS} GFLOP/s (the faster of pagedserve's kernel and" \
+         "OpenBLAS, 256 rows), memory read ${GBPS} GB/s (0 = not measured)"
     echo "- how to read: docs/benchmarks-howto.md"
     cat "$OUT/results-body.md"
 } > "$OUT/results.md"

@@ -79,6 +79,8 @@ static void usage(FILE *f)
             "  --gguf PATH            the served model file: FLOPs, weight and KV bytes per token\n"
             "  --kv-cache-mb MIB      the server's --kv-cache-mb (else blocks x block size)\n"
             "  --kv-dtype f16|f32     the server's --kv-dtype (f16)\n"
+            "  --weight-type f32|f16  how the server holds weight matrices (f32): 4 or 2 bytes\n"
+            "                         each in the memory-bound ITL\n"
             "  --kv-bytes-per-token N overrides the value computed from --gguf and --kv-dtype\n"
             "  --gflops G             measured sgemm GFLOP/s of this machine (roofline)\n"
             "  --gbps B               measured memory read GB/s of this machine (roofline)\n"
@@ -173,7 +175,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     long prompt_words = -1, prefix_words = -1, max_tokens = -1, port = 8080, seed = 1;
     long interval_ms = 200;
     int first_alone = -1;
-    const char *host = "127.0.0.1", *kv_dtype = "f16";
+    const char *host = "127.0.0.1", *kv_dtype = "f16", *weight_type = "f32";
     x->requests = -1;
     cfg->temperature = 0;
     cfg->timeout_s = 300;
@@ -236,6 +238,9 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
         } else if (!strcmp(f, "--kv-dtype")) {
             kv_dtype = v;
             bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32"));
+        } else if (!strcmp(f, "--weight-type")) {
+            weight_type = v;
+            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32"));
         } else if (!strcmp(f, "--kv-bytes-per-token")) {
             bad = parse_double(v, 0, 1e12, &cfg->kv_bytes_per_token);
         } else if (!strcmp(f, "--gflops")) {
@@ -290,6 +295,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
     cfg->kv_dtype_bytes = strcmp(kv_dtype, "f32") ? 2 : 4;
+    cfg->weight_bytes = strcmp(weight_type, "f16") ? 4 : 2;
     return 0;
 }
 
@@ -306,6 +312,7 @@ int bench_serve_main(int argc, char **argv)
         fprintf(stderr, "bench serve: %s: %s\n", x.gguf, err);
         return 1;
     }
+    cfg.model.matmul_bytes = cfg.weight_bytes * cfg.model.matmul_params;
     BsLevel levels[MAX_LEVELS];
     memset(levels, 0, sizeof levels);
     cfg.levels = levels;

@@ -2,8 +2,9 @@
  * arithmetic, read from the GGUF header (the file is mapped, no weight is loaded).
  *
  * Weight bytes are counted as F32, 4 per element, whatever the file stores: pagedserve
- * dequantises every matrix to F32 when it loads (model/model.h, model_weight_bytes), so
- * that is what each decode step streams from memory. */
+ * dequantises every matrix to F32 when it loads (model/model.h), so that is what each
+ * decode step streams from memory; bench serve --weight-type f16 makes it 2 (a server run
+ * with --weight-type f16, or auto on an F16 file). */
 #include "tools/bench_serve_internal.h"
 
 #include <stdio.h>
