@@ -264,7 +264,8 @@ void api_metrics_count_http(ApiMetrics *m, int status);
  * pagedserve_kv_blocks_cached / _shared           -
  * pagedserve_kv_tokens_stored                     -
  * pagedserve_kv_slots_allocated                   -
- * pagedserve_kv_internal_fragmentation_ratio      - (1 - tokens_stored / slots_allocated)
+ * pagedserve_kv_internal_fragmentation_ratio      - (1 - pagedserve_kv_slot_fill_ratio)
+ * pagedserve_kv_slot_fill_ratio                   - (tokens_stored / slots_held; 1 when idle)
  * pagedserve_num_requests_running                 vllm:num_requests_running
  * pagedserve_num_requests_waiting                 vllm:num_requests_waiting
  * pagedserve_num_requests_preempted               (v0: vllm:num_requests_swapped)

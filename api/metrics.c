@@ -99,6 +99,13 @@ static double clamp01(double x) {
     return x < 0 ? 0 : x > 1 ? 1 : x;
 }
 
+/* Each sequence counts the blocks in its own table, so the only gap between the two sums
+ * is the unfilled tail of each last block. With nothing running there is nothing wasted:
+ * 1, rather than the last busy value, so the gauge needs no memory between scrapes. */
+static double kv_slot_fill(const EngineStats *s) {
+    return s->slots_held > 0 ? clamp01((double)s->tokens_stored / (double)s->slots_held) : 1.0;
+}
+
 static void kv_metrics(Out *o, const EngineStats *s) {
     double usage = s->blocks_total > 0 ? (double)s->blocks_used / s->blocks_total : 0.0;
     gauge(o, "pagedserve_kv_cache_usage_ratio",
@@ -118,13 +125,16 @@ static void kv_metrics(Out *o, const EngineStats *s) {
     gauge(o, "pagedserve_kv_slots_allocated",
           "Token slots in the blocks referenced by live sequences (used blocks x block size).",
           (double)s->slots_allocated);
-    /* The share of allocated slots that hold no token: the cost of fixed-size blocks.
-     * Shared blocks count once in slots but once per sequence in tokens, so clamp. */
-    double frag = s->slots_allocated > 0
-                      ? 1.0 - (double)s->tokens_stored / (double)s->slots_allocated
-                      : 0.0;
+    /* The cost of fixed-size blocks, counted per sequence (see kv_slot_fill): counting
+     * tokens per sequence but shared slots once would hide it behind prefix sharing. */
     gauge(o, "pagedserve_kv_internal_fragmentation_ratio",
-          "Share of allocated KV slots holding no token (0 to 1).", clamp01(frag));
+          "Share of the running sequences' KV slots holding no token: 1 - "
+          "pagedserve_kv_slot_fill_ratio (0 to 1).", 1.0 - kv_slot_fill(s));
+    gauge(o, "pagedserve_kv_slot_fill_ratio",
+          "Token positions held by running sequences over the slots of the KV blocks their "
+          "block tables hold, a shared block counted once per sequence: 1 minus internal "
+          "fragmentation, unaffected by sharing (0 to 1; 1 when nothing runs).",
+          kv_slot_fill(s));
 }
 
 static void engine_metrics(Out *o, const EngineStats *s) {

@@ -158,8 +158,13 @@ static void snapshot_stats(Engine *e, EngineStats *st)
     st->blocks_free = ps.free;
     st->blocks_cached = ps.cached;
     st->blocks_shared = ps.shared;
-    for (int32_t i = 0; i < e->running.n; i++)
-        st->tokens_stored += e->running.items[i]->table.n_tokens;
+    /* Only running sequences hold blocks (waiting ones hold none, see engine_check), and
+     * at a step's end each table's length is its KV length. */
+    for (int32_t i = 0; i < e->running.n; i++) {
+        const BlockTable *t = &e->running.items[i]->table;
+        st->tokens_stored += t->n_tokens;
+        st->slots_held += (int64_t)t->n_blocks * e->cfg.block_size;
+    }
     st->slots_allocated = (int64_t)ps.used * e->cfg.block_size;
     st->running = e->running.n;
     st->waiting = e->waiting.n;

@@ -98,6 +98,11 @@ typedef struct {
     int32_t blocks_total, blocks_used, blocks_free, blocks_cached, blocks_shared;
     int64_t tokens_stored;         /* positions held by live sequences */
     int64_t slots_allocated;       /* blocks_used * block_size: capacity of those blocks */
+    int64_t slots_held;            /* sum over running sequences of their block-table length
+                                    * x block_size: a block shared by N tables counts N times,
+                                    * as its tokens do in tokens_stored, so
+                                    * tokens_stored / slots_held is the slot fill
+                                    * (1 - internal fragmentation), unaffected by sharing */
     /* queues (as of the last step's end) */
     int32_t running, waiting, preempted;
     int32_t in_flight;             /* requests accepted and not finished: live, not a snapshot */

@@ -320,6 +320,7 @@ int bench_serve_main(int argc, char **argv)
     for (int i = 0; i < x.n_levels; i++) {
         int c = x.levels[i];
         levels[i].concurrency = c;
+        bs_fill_track_init(&levels[i].fill); /* NAN, not 0, for a level that never runs */
         int n = x.wl->n_per_c * c > x.wl->n_min ? x.wl->n_per_c * c : x.wl->n_min;
         levels[i].n_requests = x.requests >= 0 ? (int)x.requests : n;
         levels[i].results = calloc((size_t)levels[i].n_requests + 1, sizeof *levels[i].results);

@@ -4,6 +4,7 @@
  *   bench_serve_sse.c     text/event-stream parser (pure)
  *   bench_serve_prom.c    Prometheus text lookup (pure)
  *   bench_serve_stats.c   sample arrays and percentiles (pure)
+ *   bench_serve_fill.c    KV slot fill across /metrics polls (pure)
  *   bench_serve_prompt.c  random English prompts from a seed (pure)
  *   bench_serve_model.c   model geometry from a GGUF header (for roofline and KV bytes)
  *   bench_serve_conn.c    one TCP connection on the libuv loop carrying HTTP exchanges
@@ -100,6 +101,22 @@ void bs_samples_sort(BsSamples *s);
  * (rank q·(n−1)); NAN when empty. */
 double bs_percentile(const BsSamples *sorted, double q);
 double bs_mean(const BsSamples *s);
+
+/* ---- KV slot fill over a level's /metrics polls ----------------------------------------
+ * pagedserve_kv_slot_fill_ratio is 1 - internal fragmentation of the running sequences' KV
+ * blocks. What matters for capacity is the fill when the cache is fullest, so the tracker
+ * keeps the fill at the polls of highest KV usage (the lowest of them when several tie: a
+ * saturated pool sits at its peak for many polls, and the claim should not be the best
+ * one), and the lowest fill of any poll with sequences running (an idle server reports 1).
+ * NAN in a poll (a server without the gauge) leaves the fills NAN. */
+typedef struct {
+    double peak_kv_usage;   /* NAN until a poll had it */
+    double fill_at_peak;    /* NAN when unknown */
+    double min_fill;        /* over polls with running > 0; NAN when none */
+} BsFillTrack;
+
+void bs_fill_track_init(BsFillTrack *t);
+void bs_fill_track_add(BsFillTrack *t, double kv_usage, double running, double fill);
 
 /* ---- prompts --------------------------------------------------------------------------- */
 /* n_words words from the fixed list, separated by single spaces, chosen by a generator

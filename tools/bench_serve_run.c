@@ -201,6 +201,7 @@ static BsMetricsSnap metrics_parse(bool ok, int status, const char *t, size_t n)
     s.blocks_total = prom(t, n, "pagedserve_kv_blocks_total");
     s.blocks_used = prom(t, n, "pagedserve_kv_blocks_used");
     s.slots_allocated = prom(t, n, "pagedserve_kv_slots_allocated");
+    s.kv_slot_fill = prom(t, n, "pagedserve_kv_slot_fill_ratio");
     s.ok = ok && status == 200 && (!isnan(s.kv_usage) || !isnan(s.running));
     return s;
 }
@@ -223,6 +224,7 @@ static void on_poll_scrape(Bench *b, bool ok, int status, const char *body, size
         peak(&lv->peak_running, s.running);
         peak(&lv->peak_waiting, s.waiting);
         peak(&lv->peak_blocks_used, s.blocks_used);
+        bs_fill_track_add(&lv->fill, s.kv_usage, s.running, s.kv_slot_fill);
         if (!isnan(s.blocks_total))
             lv->blocks_total = s.blocks_total;
         if (s.blocks_used > 0 && s.slots_allocated > 0)
@@ -640,6 +642,7 @@ static void level_begin(Bench *b, int level)
     BsLevel *lv = b->lv;
     lv->peak_kv_usage = lv->peak_running = lv->peak_waiting = lv->peak_blocks_used = NAN;
     lv->block_size = lv->blocks_total = NAN;
+    bs_fill_track_init(&lv->fill);
     lv->before.ok = lv->after.ok = false;
     for (int i = 0; i < lv->n_requests; i++)
         lv->results[i] = (BsRequestResult){.outcome = BS_FAIL_ABORTED, .ttft_s = NAN,

@@ -78,6 +78,7 @@ typedef struct {
     bool ok;
     double kv_usage, running, waiting, preemptions, prefix_hits, prefix_queries;
     double prompt_tokens, generation_tokens, blocks_total, blocks_used, slots_allocated;
+    double kv_slot_fill;   /* pagedserve_kv_slot_fill_ratio */
 } BsMetricsSnap;
 
 typedef struct {
@@ -89,6 +90,7 @@ typedef struct {
     BsSamples itl;         /* gaps between text chunks, seconds, successful requests only */
     BsMetricsSnap before, after;
     double peak_kv_usage, peak_running, peak_waiting, peak_blocks_used; /* NAN: never seen */
+    BsFillTrack fill;      /* KV slot fill at peak use and its low while running */
     double block_size;     /* kv slots per block, derived from a poll with blocks in use */
     double blocks_total;
     int polls_ok, polls_failed;

@@ -240,6 +240,7 @@ static EngineStats sample_stats(void) {
     s.blocks_shared = 5;
     s.tokens_stored = 700;
     s.slots_allocated = 800;
+    s.slots_held = 875; /* a shared block counts once per sequence holding it */
     s.running = 3;
     s.waiting = 2;
     s.preempted = 1;
@@ -310,7 +311,8 @@ static void test_format_and_values(void **state) {
     assert_true(value_of(x, "pagedserve_kv_blocks_shared", "") == 5);
     assert_true(value_of(x, "pagedserve_kv_tokens_stored", "") == 700);
     assert_true(value_of(x, "pagedserve_kv_slots_allocated", "") == 800);
-    assert_true(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") == 0.125);
+    assert_true(fabs(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") - 0.2) < 1e-9);
+    assert_true(value_of(x, "pagedserve_kv_slot_fill_ratio", "") == 700.0 / 875.0);
     assert_true(value_of(x, "pagedserve_num_requests_running", "") == 3);
     assert_true(value_of(x, "pagedserve_num_requests_waiting", "") == 2);
     assert_true(value_of(x, "pagedserve_num_requests_preempted", "") == 1);
@@ -394,17 +396,20 @@ static void test_edges(void **state) {
     check_rules(x);
     assert_true(value_of(x, "pagedserve_kv_cache_usage_ratio", "") == 0);
     assert_true(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") == 0);
+    assert_true(value_of(x, "pagedserve_kv_slot_fill_ratio", "") == 1); /* nothing runs */
     free(text);
     /* shared blocks can make tokens exceed slots: the ratio stays in [0, 1] */
     s.blocks_total = 4;
     s.blocks_used = 4;
     s.slots_allocated = 64;
     s.tokens_stored = 100;
+    s.slots_held = 128; /* counted per sequence, so sharing leaves the fill below 1 */
     s.prompt_tokens = INT64_C(123456789012345); /* big counters print exactly */
     text = api_metrics_render(&m, &s, NULL);
     exposition_parse(text, x);
     assert_true(value_of(x, "pagedserve_kv_cache_usage_ratio", "") == 1);
-    assert_true(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") == 0);
+    assert_true(fabs(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") - 28.0 / 128.0) < 1e-9);
+    assert_true(value_of(x, "pagedserve_kv_slot_fill_ratio", "") == 100.0 / 128.0);
     assert_true(value_of(x, "pagedserve_prompt_tokens_total", "") == 123456789012345.0);
     free(x);
     free(text);

@@ -23,6 +23,7 @@
 #include "tests/support/server_proc.h"
 #include "tools/bench_serve_internal.h"
 
+#include "tools/bench_serve_fill.c"
 #include "tools/bench_serve_http.c"
 #include "tools/bench_serve_prom.c"
 #include "tools/bench_serve_prompt.c"
@@ -250,6 +251,36 @@ static void test_prom_lookup(void **state)
     assert_false(bs_prom_value(t, n, "pagedserve_x", &v));
     assert_false(bs_prom_value(t, n, "pagedserve_absent", &v));
     assert_false(bs_prom_value("", 0, "pagedserve_x_total", &v));
+}
+
+/* ---- KV slot fill across polls ----------------------------------------------------------- */
+
+static void test_fill_track(void **state)
+{
+    (void)state;
+    BsFillTrack t;
+    bs_fill_track_init(&t);
+    assert_true(isnan(t.peak_kv_usage) && isnan(t.fill_at_peak) && isnan(t.min_fill));
+    bs_fill_track_add(&t, 0, 0, 1); /* idle before the first request */
+    assert_true(t.peak_kv_usage == 0 && t.fill_at_peak == 1);
+    assert_true(isnan(t.min_fill)); /* an idle poll is no evidence */
+    bs_fill_track_add(&t, 0.5, 3, 0.9);
+    assert_true(t.fill_at_peak == 0.9 && t.min_fill == 0.9);
+    bs_fill_track_add(&t, 0.8, 5, 0.97); /* a new peak takes its own fill, even if higher */
+    assert_true(t.peak_kv_usage == 0.8 && t.fill_at_peak == 0.97 && t.min_fill == 0.9);
+    bs_fill_track_add(&t, 0.8, 5, 0.95); /* ties at the peak keep the lowest fill */
+    bs_fill_track_add(&t, 0.8, 6, 0.99);
+    assert_true(t.fill_at_peak == 0.95);
+    bs_fill_track_add(&t, 0.6, 2, 0.7); /* below the peak: only the low moves */
+    assert_true(t.fill_at_peak == 0.95 && t.min_fill == 0.7);
+    bs_fill_track_add(&t, NAN, NAN, NAN); /* a scrape without these gauges changes nothing */
+    bs_fill_track_add(&t, 0, 0, 1);
+    assert_true(t.peak_kv_usage == 0.8 && t.fill_at_peak == 0.95 && t.min_fill == 0.7);
+
+    bs_fill_track_init(&t); /* a server without the fill gauge */
+    bs_fill_track_add(&t, 0.5, 2, NAN);
+    assert_true(t.peak_kv_usage == 0.5);
+    assert_true(isnan(t.fill_at_peak) && isnan(t.min_fill));
 }
 
 /* ---- percentiles ------------------------------------------------------------------------ */
@@ -503,6 +534,10 @@ static void test_fake_close_delimited(void **state)
     assert_int_equal(jint(r, "text_chunks"), 3);
     assert_int_equal(jint(r, "prompt_tokens"), 5);
     assert_true(json_is_null(json_object_get(json_object_get(lv, "server"), "before")));
+    /* No /metrics: no fill either, and null rather than a made-up number. */
+    json_t *srv = json_object_get(lv, "server");
+    assert_true(json_is_null(json_object_get(srv, "kv_slot_fill_ratio_at_peak_kv")));
+    assert_true(json_is_null(json_object_get(srv, "min_kv_slot_fill_ratio")));
     assert_string_equal(json_string_value(json_object_get(json_object_get(doc, "server"), "model")),
                         "fake");
     assert_int_equal(fake.completions, 4);
@@ -618,6 +653,17 @@ static void test_real_server_closed_loop(void **state)
     assert_true(jint(srv, "polls_ok") >= 1);
     long peak = jint(srv, "peak_num_requests_running");
     assert_true(peak >= 0 && peak <= 4);
+    /* Slot fill: the server reports it in every poll, so it is known at the peak; it is a
+     * share of slots, and the low while running is no higher than the fill at peak use. */
+    json_t *fill = json_object_get(srv, "kv_slot_fill_ratio_at_peak_kv");
+    assert_true(json_is_number(fill));
+    assert_true(json_number_value(fill) > 0 && json_number_value(fill) <= 1);
+    json_t *low = json_object_get(srv, "min_kv_slot_fill_ratio");
+    if (json_number_value(json_object_get(srv, "peak_kv_cache_usage_ratio")) > 0) {
+        assert_true(json_is_number(low)); /* blocks in use at the peak: something ran */
+        assert_true(json_number_value(low) > 0);
+        assert_true(json_number_value(low) <= json_number_value(fill));
+    }
     json_t *reqs = json_object_get(lv, "per_request");
     assert_int_equal(json_array_size(reqs), 8);
     for (size_t i = 0; i < 8; i++) {
@@ -688,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_sse_any_split),
         cmocka_unit_test(test_sse_limit),
         cmocka_unit_test(test_prom_lookup),
+        cmocka_unit_test(test_fill_track),
         cmocka_unit_test(test_percentiles),
         cmocka_unit_test(test_prompts),
     };
