@@ -8,8 +8,8 @@
  * One entry point serves decode (one query row per sequence) and chunked prefill (a run
  * of query rows of one sequence starting at any position): query row i of a sequence sits
  * at absolute position q_pos + i and attends to positions [0, q_pos + i]. Work items are
- * (sequence, kv_head, tile of query rows) spread over the OpenMP threads (dynamic
- * schedule, longest items first); the query heads that share a KV head (grouped-query
+ * (sequence, kv_head, tile of query rows) spread over the compute pool's threads (claimed
+ * one at a time, longest items first); the query heads that share a KV head (grouped-query
  * attention) are handled together so each K/V tile is read once per group, and a prefill
  * item holds up to 32 (row, head) query vectors so each K/V tile serves all of them.
  * A decode row without GQA (nothing to share) takes several KV heads per item instead,
@@ -21,8 +21,10 @@
  * polynomial; V is accumulated 32 dims at a time in registers. F16 K/V feeding a single
  * query vector (decode without GQA) are widened in registers straight from the cache;
  * a tile shared by several query vectors is gathered (up to 32 positions across
- * blocks) and widened once into a per-thread buffer. Short scattered runs of the next
- * tile are prefetched. Per-thread scratch lives on the stack (~100 KiB).
+ * blocks) and widened once into a per-thread buffer; with 9 or more query vectors the
+ * tile is folded in as two small register-blocked matrix products (scores = K_tile·Qᵀ,
+ * then acc += P·V_tile), fewer vectors take them one at a time. Short scattered runs of
+ * the next tile are prefetched. Per-thread scratch lives on the stack (~132 KiB).
  *
  * RoPE tip: Q and K heads that sit next to each other in a row (a fused QKV buffer) can
  * be rotated by one rope_apply call over n_heads + n_kv_heads heads, which computes the

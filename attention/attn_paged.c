@@ -10,12 +10,16 @@
  * - several (GQA decode, prefill rows): a tile is ATTN_TILE positions gathered from
  *   consecutive blocks into a per-thread F32 buffer (widened once), then folded into
  *   every vector of the item: K/V are read once per GQA group, and a prefill chunk
- *   reuses each tile across up to ATTN_MAX_VECS rows×heads.
+ *   reuses each tile across up to ATTN_MAX_VECS rows×heads. A few vectors (a GQA
+ *   decode row) take the tile one at a time; more than 8 take it as two small
+ *   register-blocked matrix products, scores Sᵀ = K·Qᵀ and acc = diag(rescale)·acc + P·V,
+ *   so each K and V value loaded serves several vectors (see fold_tile_matrix).
  *
- * Extra memory per query vector: acc[head_dim] + one tile of scores. No score row of
- * length N, no N×N matrix.
+ * Extra memory per query vector: acc[head_dim] + one tile of scores (+ its query,
+ * transposed, in the matrix form). No score row of length N, no N×N matrix.
  */
 #include <assert.h>
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -211,6 +215,7 @@ typedef struct {
     const AttnSeq *seq;
     int kv0, n_kv, head0, n_h, row0, n_rows;
     float *m, *l, *acc;
+    int acc_stride; /* floats between accumulators: head_dim, or up to a multiple of 8 */
     FoldFn *fold;
 } ItemState;
 
@@ -232,7 +237,7 @@ static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const 
         for (int h = 0; h < it->n_h; h++) {
             int v = (k * it->n_rows + r) * it->n_h + h;
             const float *q = qrow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
-            it->fold(c, q, kt, vt, n_valid, &it->m[v], &it->l[v], it->acc + (size_t)v * hd);
+            it->fold(c, q, kt, vt, n_valid, &it->m[v], &it->l[v], it->acc + (size_t)v * it->acc_stride);
         }
     }
 }
@@ -262,15 +267,141 @@ static void copy_rows(float *dst, const void *src, int n, int f16)
         memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
+/* Rows of a span into a buffer whose rows are `stride` floats apart (F16 widened). */
+static void gather_rows(float *dst, int stride, const void *src, int n_rows, int hd, int f16)
+{
+    if (stride == hd) {
+        copy_rows(dst, src, n_rows * hd, f16);
+        return;
+    }
+    for (int j = 0; j < n_rows; j++)
+        copy_rows(dst + (size_t)j * stride, kv_row(src, j, hd, f16), hd, f16);
+}
+
+/* ---- several query vectors of one KV head: each tile as two small matrix products ----
+ *
+ * Vector v of the item (row v / n_h, head v % n_h) is column v of qt[head_dim][nvp], its
+ * query times the scale; nvp is n_vecs rounded up to 8 (extra columns zero). A tile's
+ * K rows give the scores transposed, st[j][v] = K[j]·q_v, so that eight vectors sit in
+ * the lanes of one register: their max, exp and sum over the tile's positions run with
+ * no horizontal step. The probabilities then update the accumulators in one product,
+ * acc = diag(rescale)·acc + P·V. Both products are register-blocked (mm_run), so a K or
+ * V value loaded once serves several vectors. */
+typedef struct {
+    int n_vecs, nvp;
+    int32_t last[ATTN_MAX_VECS]; /* last position each vector sees (-1: padding) */
+    float rescale[ATTN_MAX_VECS];
+    float qt[ATTN_MAX_HEAD_DIM * ATTN_MAX_VECS] __attribute__((aligned(32)));
+    float st[ATTN_TILE * ATTN_MAX_VECS] __attribute__((aligned(32)));
+} TileVecs;
+
+/* Below this many query vectors an item folds each tile into them one at a time
+ * (fold_tile). The score product broadcasts every K element to one register of 8
+ * vectors' lanes, where dot8 loads 8 K elements at once for one vector: with 8 vectors or
+ * fewer the matrix form saves nothing (a GQA decode row of group 8 measured ~5% slower
+ * in it), so decode rows of any group up to 8 stay per vector. */
+#define ATTN_MATRIX_MIN_VECS 9
+
+/* Column v of qt is query vector v times the scale (0 past n_vecs): eight vectors at a
+ * time by 8×8 transposes, the rest element by element. */
+static void pack_queries(const ItemState *it, const TileVecs *tv, float *qt)
+{
+    const AttnCall *c = it->c;
+    int hd = c->head_dim, nvp = tv->nvp;
+    const float *q[ATTN_MAX_VECS];
+    for (int v = 0; v < tv->n_vecs; v++) {
+        int r = v / it->n_h, h = v % it->n_h;
+        q[v] = it->seq->q + (size_t)(it->row0 + r) * c->q_stride +
+               (size_t)(it->kv0 * c->group + it->head0 + h) * hd;
+    }
+    int v0 = 0;
+    if (hd % 8 == 0)
+        for (; v0 + 8 <= tv->n_vecs; v0 += 8)
+            for (int d = 0; d < hd; d += 8)
+                transpose8_scaled(qt + (size_t)d * nvp + v0, nvp, q + v0, d, c->scale);
+    for (int d = 0; d < hd; d++)
+        for (int v = v0; v < nvp; v++)
+            qt[(size_t)d * nvp + v] = v < tv->n_vecs ? q[v][d] * c->scale : 0.0f;
+}
+
+/* Scores st[j][v] of positions [t0, t0 + n) become probabilities e^(s - m_new), 0 where
+ * the causal mask hides the position; each vector's running max m and sum l move on,
+ * and tv->rescale[v] = e^(m_old - m_new) is what its accumulator must shrink by. */
+static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, float *l)
+{
+    int nvp = tv->nvp;
+    for (int v = 0; v < nvp; v += 8) {
+        /* Lane x sees position t0 + j iff j < last[x] - t0 + 1. */
+        __m256i see = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(tv->last + v)),
+                                       _mm256_set1_epi32(t0 - 1));
+        __m256 neg_inf = _mm256_set1_ps(-INFINITY), vmax = neg_inf;
+        for (int j = 0; j < n; j++) {
+            __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(see, _mm256_set1_epi32(j)));
+            vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(st + (size_t)j * nvp + v), live));
+        }
+        __m256 m_old = _mm256_loadu_ps(m + v), m_new = _mm256_max_ps(m_old, vmax);
+        /* A padding vector never sees anything and keeps m = -inf: subtract a finite
+         * stand-in so that no lane computes -inf - -inf. */
+        __m256 m_sub = _mm256_max_ps(m_new, _mm256_set1_ps(-FLT_MAX)), sum = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            float *sj = st + (size_t)j * nvp + v;
+            __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(see, _mm256_set1_epi32(j)));
+            __m256 p = _mm256_and_ps(live, exp256(_mm256_sub_ps(_mm256_loadu_ps(sj), m_sub)));
+            _mm256_storeu_ps(sj, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        __m256 shrink = exp256(_mm256_sub_ps(m_old, m_sub));
+        _mm256_storeu_ps(m + v, m_new);
+        _mm256_storeu_ps(l + v, _mm256_fmadd_ps(_mm256_loadu_ps(l + v), shrink, sum));
+        _mm256_storeu_ps(tv->rescale + v, shrink);
+    }
+}
+
+/* Fold one gathered tile (n positions from t0, K rows kbuf[n][hd], V rows
+ * vbuf[n][acc_stride]) into every vector of the item. */
+static void fold_tile_matrix(const ItemState *it, TileVecs *tv, int32_t t0, int n,
+                             const float *kbuf, const float *vbuf)
+{
+    int hd = it->c->head_dim, ldv = it->acc_stride, nvp = tv->nvp;
+    const float *qt = tv->qt;
+    float *st = tv->st;
+    MatProduct scores = {.c = st, .ldc = nvp, .a = kbuf, .a_i = hd, .a_k = 1,
+                         .b = qt, .ldb = nvp, .m = n, .n = nvp, .k = hd};
+    mm_run(&scores);
+    tile_softmax(st, n, t0, tv, it->m, it->l);
+    /* Vectors (rows) whose positions end before the tile keep their state as it is. */
+    int v0 = 0;
+    while (tv->last[v0] < t0)
+        v0++;
+    MatProduct pv = {.c = it->acc + (size_t)v0 * ldv, .ldc = ldv, .row_scale = tv->rescale + v0,
+                     .a = st + v0, .a_i = 1, .a_k = nvp, .b = vbuf, .ldb = ldv,
+                     .m = tv->n_vecs - v0, .n = ldv, .k = n};
+    mm_run(&pv);
+}
+
+static void tile_vecs_init(const ItemState *it, TileVecs *tv)
+{
+    tv->n_vecs = it->n_h * it->n_rows;
+    tv->nvp = (tv->n_vecs + 7) & ~7;
+    for (int v = 0; v < tv->nvp; v++)
+        tv->last[v] = v < tv->n_vecs ? it->seq->q_pos + it->row0 + v / it->n_h : -1;
+    pack_queries(it, tv, tv->qt);
+}
+
 /* Several query vectors of one KV head: tiles of up to ATTN_TILE positions are gathered
  * from as many blocks as it takes (F16 widened on the way) into kbuf/vbuf, then serve
- * them all. */
-static void item_walk_gathered(const ItemState *it, int32_t end, float *kbuf, float *vbuf)
+ * them all -- in matrix form (tv), or one vector at a time (tv NULL). */
+static void item_walk_gathered(const ItemState *it, int32_t end, TileVecs *tv)
 {
     const AttnCall *c = it->c;
     const KvLayout *lay = &c->kv->layout;
-    int hd = c->head_dim, f16 = lay->dtype == KV_DTYPE_F16;
+    int hd = c->head_dim, ldv = it->acc_stride, f16 = lay->dtype == KV_DTYPE_F16;
     assert(it->n_kv == 1);
+    float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    if (ldv != hd) /* V's padding columns only ever reach the accumulators' padding */
+        memset(vbuf, 0, sizeof(float) * ATTN_TILE * (size_t)ldv);
+
     TileSpan span = tile_first(lay, it->seq, end);
     while (span.n > 0) {
         int32_t t0 = span.pos;
@@ -279,11 +410,14 @@ static void item_walk_gathered(const ItemState *it, int32_t end, float *kbuf, fl
             TileSpan next = tile_next(lay, it->seq, span, end);
             tile_prefetch(c, it->kv0, it->n_kv, &next);
             copy_rows(kbuf + (size_t)n * hd, tile_ptr(c, &span, 0, it->kv0), span.n * hd, f16);
-            copy_rows(vbuf + (size_t)n * hd, tile_ptr(c, &span, 1, it->kv0), span.n * hd, f16);
+            gather_rows(vbuf + (size_t)n * ldv, ldv, tile_ptr(c, &span, 1, it->kv0), span.n, hd, f16);
             n += span.n;
             span = next;
         }
-        item_fold_tile(it, 0, t0, n, kbuf, vbuf);
+        if (tv)
+            fold_tile_matrix(it, tv, t0, n, kbuf, vbuf);
+        else
+            item_fold_tile(it, 0, t0, n, kbuf, vbuf);
     }
 }
 
@@ -293,13 +427,19 @@ static void attend_item(ItemState *it)
     int hd = c->head_dim;
     int n_vecs = it->n_kv * it->n_h * it->n_rows;
     assert(n_vecs <= ATTN_MAX_VECS);
+    /* A lone vector per KV head (decode without GQA) reads F16 straight from the cache;
+     * vectors that share tiles get them widened once, and many of them take the tiles
+     * in as matrix products, whose rows of V and accumulators are a whole number of
+     * registers long. */
+    int lone = it->n_h * it->n_rows == 1, matrix = n_vecs >= ATTN_MATRIX_MIN_VECS;
+    it->acc_stride = matrix ? (hd + 7) & ~7 : hd;
     float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
-    for (int v = 0; v < n_vecs; v++) {
+    for (int v = 0; v < ATTN_MAX_VECS; v++) {
         m[v] = -INFINITY;
         l[v] = 0.0f;
     }
-    memset(acc, 0, (size_t)n_vecs * hd * sizeof(float));
+    memset(acc, 0, (size_t)n_vecs * it->acc_stride * sizeof(float));
     it->m = m;
     it->l = l;
     it->acc = acc;
@@ -307,16 +447,16 @@ static void attend_item(ItemState *it)
 
     /* The item's last row sees the most positions; earlier rows stop sooner. */
     int32_t end = it->seq->q_pos + it->row0 + it->n_rows;
-    /* A lone vector per KV head (decode without GQA) reads F16 straight from the cache;
-     * vectors that share tiles get them widened once. */
-    if (it->n_h * it->n_rows == 1) {
+    if (lone) {
         if (c->kv->layout.dtype == KV_DTYPE_F16)
             it->fold = fold_tile_f16;
         item_walk_direct(it, end);
+    } else if (matrix) {
+        TileVecs tv;
+        tile_vecs_init(it, &tv);
+        item_walk_gathered(it, end, &tv);
     } else {
-        float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-        float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
-        item_walk_gathered(it, end, kbuf, vbuf);
+        item_walk_gathered(it, end, NULL);
     }
 
     for (int k = 0; k < it->n_kv; k++)
@@ -325,9 +465,10 @@ static void attend_item(ItemState *it)
             for (int h = 0; h < it->n_h; h++) {
                 int v = (k * it->n_rows + r) * it->n_h + h;
                 float *o = orow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
+                const float *a = acc + (size_t)v * it->acc_stride;
                 float inv = 1.0f / l[v];
                 for (int d = 0; d < hd; d++)
-                    o[d] = acc[(size_t)v * hd + d] * inv;
+                    o[d] = a[d] * inv;
             }
         }
 }

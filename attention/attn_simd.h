@@ -178,6 +178,118 @@ ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *
     }
 }
 
+/* A small matrix product C = diag(row_scale)·C + A·B, as the many-vector tile path uses
+ * it (scores Sᵀ = K·Qᵀ, then O = diag(rescale)·O + P·V). A(i,k) sits at a[i*a_i + k*a_k]:
+ * it is only ever broadcast, so either layout of A serves without a copy. B and C are
+ * row-major F32 with rows of n floats, n a multiple of 8. row_scale NULL: C = A·B. */
+typedef struct {
+    float *c;
+    int ldc;
+    const float *row_scale;
+    const float *a;
+    int a_i, a_k;
+    const float *b;
+    int ldb;
+    int m, n, k;
+} MatProduct;
+
+/* At most this many rows of C per register block: 6 rows × 16 columns is 12 sums in
+ * registers (of 16), enough independent FMA chains to hide the FMA latency, and each k
+ * costs 2 loads of B and 6 broadcasts of A for 12 FMAs. */
+#define MM_MAX_ROWS 6
+
+/* The block of rows [i, i + mr) and columns [j, j + 8*nb) of C. mr and nb are
+ * compile-time constants at every call site, so the loops over them unroll and the
+ * sums stay in registers. */
+ATTN_INLINE void mm_block(const MatProduct *p, int i, int j, int mr, int nb)
+{
+    __m256 s[MM_MAX_ROWS][2];
+    for (int r = 0; r < mr; r++)
+        for (int c = 0; c < nb; c++) {
+            const float *row = p->c + (size_t)(i + r) * p->ldc + j + 8 * c;
+            s[r][c] = p->row_scale ? _mm256_mul_ps(_mm256_set1_ps(p->row_scale[i + r]), _mm256_loadu_ps(row))
+                                   : _mm256_setzero_ps();
+        }
+    const float *a = p->a + (size_t)i * p->a_i, *b = p->b + j;
+    for (int k = 0; k < p->k; k++, a += p->a_k, b += p->ldb) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = nb > 1 ? _mm256_loadu_ps(b + 8) : b0;
+        /* Keep B in registers: folded into every FMA as a memory operand (what GCC
+         * does by itself) it costs mr*nb loads per k, and the loads become the limit. */
+        __asm__("" : "+x"(b0), "+x"(b1));
+        for (int r = 0; r < mr; r++) {
+            __m256 ar = _mm256_broadcast_ss(a + (size_t)r * p->a_i);
+            s[r][0] = _mm256_fmadd_ps(ar, b0, s[r][0]);
+            if (nb > 1)
+                s[r][1] = _mm256_fmadd_ps(ar, b1, s[r][1]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int c = 0; c < nb; c++)
+            _mm256_storeu_ps(p->c + (size_t)(i + r) * p->ldc + j + 8 * c, s[r][c]);
+}
+
+/* Rows [i, i + mr) of C, all columns: 16 at a time, then the last 8. */
+ATTN_INLINE void mm_rows(const MatProduct *p, int i, int mr)
+{
+    int j = 0;
+    for (; j + 16 <= p->n; j += 16)
+        mm_block(p, i, j, mr, 2);
+    if (j < p->n)
+        mm_block(p, i, j, mr, 1);
+}
+
+static inline void mm_rows_n(const MatProduct *p, int i, int mr)
+{
+    switch (mr) {
+    case 6: mm_rows(p, i, 6); break;
+    case 5: mm_rows(p, i, 5); break;
+    case 4: mm_rows(p, i, 4); break;
+    case 3: mm_rows(p, i, 3); break;
+    case 2: mm_rows(p, i, 2); break;
+    case 1: mm_rows(p, i, 1); break;
+    default: break;
+    }
+}
+
+/* The whole product, in row blocks of 6 -- except that a remainder of 1..3 rows shares
+ * the last two blocks with the 6 before it (32 rows: 6,6,6,6,4,4): a block of 1 or 2
+ * rows has too few FMA chains to keep the FMA units busy. */
+static inline void mm_run(const MatProduct *p)
+{
+    int i = 0, left = p->m;
+    while (left > 0) {
+        int mr = left;
+        if (left > MM_MAX_ROWS)
+            mr = left >= MM_MAX_ROWS + 4 ? MM_MAX_ROWS : (left + 1) / 2;
+        mm_rows_n(p, i, mr);
+        i += mr;
+        left -= mr;
+    }
+}
+
+/* An 8×8 transpose in registers, scaled: dst row e (at dst + e*ld, 8 floats) gets
+ * element d + e of each of the 8 F32 rows src[0..8), times scale. */
+ATTN_INLINE void transpose8_scaled(float *dst, int ld, const float *const src[8], int d, float scale)
+{
+    __m256 t[8], u[8];
+    for (int r = 0; r < 8; r += 2) {
+        __m256 a = _mm256_loadu_ps(src[r] + d), b = _mm256_loadu_ps(src[r + 1] + d);
+        t[r] = _mm256_unpacklo_ps(a, b); /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+        t[r + 1] = _mm256_unpackhi_ps(a, b); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+    }
+    for (int h = 0; h < 8; h += 4) { /* rows h..h+3, columns c | c+4 */
+        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);     /* column 0 | 4 */
+        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee); /* column 1 | 5 */
+        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44); /* column 2 | 6 */
+        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee); /* column 3 | 7 */
+    }
+    __m256 vs = _mm256_set1_ps(scale);
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(dst + (size_t)c * ld, _mm256_mul_ps(vs, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20)));
+        _mm256_storeu_ps(dst + (size_t)(c + 4) * ld, _mm256_mul_ps(vs, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31)));
+    }
+}
+
 /* dst[0..n) = src[0..n) widened from F16. */
 static inline void widen_f16(float *dst, const uint16_t *src, int n)
 {

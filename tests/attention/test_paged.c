@@ -372,6 +372,31 @@ static void test_odd_and_max_head_dim(void **state)
         }
 }
 
+/* ---- every count of query vectors per item ------------------------------------------
+ * An item holds up to 32 (row, head) vectors; from 9 on they take each tile as matrix
+ * products whose columns come 8 vectors at a time (padding the last 8) and whose row
+ * blocks split unevenly. Chunks of 1..33 rows, with group 1 and 3, give every count on
+ * both sides of that switch; head_dim 40 is two 16-wide column blocks and an 8-wide one. */
+
+static void test_vector_counts(void **state)
+{
+    (void)state;
+    int groups[] = {1, 3};
+    for (int g = 0; g < 2; g++)
+        for (int dt = 0; dt < 2; dt++) {
+            Config c = {2 * groups[g], 2, 40, 16, (KvDtype)dt};
+            int len = 150;
+            Fixture f;
+            fixture_init(&f, &c, &len, 1);
+            fixture_store(&f, 0, 1, 0, len);
+            for (int n = 1; n <= 33; n++) {
+                int which = 0, pos = len - n;
+                check_call(&f, &which, &pos, &n, 1);
+            }
+            fixture_free(&f);
+        }
+}
+
 /* ---- a single position: the output is that position's V exactly -------------------- */
 
 static void test_first_position_is_v(void **state)
@@ -481,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_wide_group),
         cmocka_unit_test(test_odd_and_max_head_dim),
+        cmocka_unit_test(test_vector_counts),
         cmocka_unit_test(test_real_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
