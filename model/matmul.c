@@ -29,7 +29,9 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type)
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
 }
 
-#define F16_MAX 65504.0f
+/* From here on a float rounds to infinity in F16 (65504 is the largest half; below 65520
+ * round-to-nearest-even still gives 65504). */
+#define F16_OVERFLOW 65520.0f
 
 /* Row by row: reads W in order; a panel's writes stay within its in * 16 weights. */
 static int pack_rows(void *panels, const float *w, int in, int out, MatmulType type)
@@ -42,7 +44,7 @@ static int pack_rows(void *panels, const float *w, int in, int out, MatmulType t
             if (type == MATMUL_F32) {
                 ((float *)panels)[at] = src[k];
             } else {
-                if (!(fabsf(src[k]) <= F16_MAX))
+                if (!(fabsf(src[k]) < F16_OVERFLOW))
                     return -2;
                 ((uint16_t *)panels)[at] = _cvtss_sh(src[k], _MM_FROUND_TO_NEAREST_INT);
             }

@@ -34,8 +34,8 @@ size_t matmul_weights_floats(int in, int out);
 /* Bytes of that packed form in the given type. */
 size_t matmul_weights_bytes(int in, int out, MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
- * out of memory; -2 when type is F16 and a value is beyond its range (|w| > 65504, or
- * not finite), which would turn into infinity. */
+ * out of memory; -2 when type is F16 and a value would become infinity (|w| >= 65520) or
+ * is not finite. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
 /* Writes the matrix back as row-major [out][in] (tests, tools). */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);

@@ -2,15 +2,17 @@
  *
  * W is stored in panels of 16 outputs, each panel k-major: for every input k, the 16
  * weights that multiply x[k] lie side by side, two ymm vectors (as F32, or as F16 that
- * F16C widens on load: half the bytes for the memory-bound few-row case). A block of `mr` rows of x
- * times `np` panels keeps mr x 2np accumulators in registers; every step of k loads the
+ * F16C widens on load: half the bytes for the memory-bound few-row case). A block of `mr`
+ * rows of x times `np` panels keeps mr x 2np accumulators in registers; every step of k loads the
  * panels' 2np vectors once and broadcasts each row's x[k] once, so each weight loaded
  * feeds mr multiply-adds and each x element 2np. That ratio, not memory, bounds the
  * product once rows are many; with one row the kernel streams W exactly once.
  *
  * Shapes chosen for the 16 ymm registers of AVX2: 6 rows x 1 panel (12 accumulators +
- * 2 weights + 1 broadcast = 15), and for few rows more panels at once so at least 8
- * independent accumulators hide the 4-cycle FMA latency: 1 x 4, 2 x 2, 3 x 2, 4 x 2.
+ * 2 weights + 1 broadcast = 15); for one or two rows more panels at once, so that 8
+ * independent accumulators hide the 4-cycle FMA latency: 1 x 4 (the FMAs read the
+ * weights from memory), 2 x 2 (8 + 4 + 1). 3, 4 and 5 rows take one panel (6 to 10
+ * accumulators): 3 x 2 or 4 x 2 would need 17 or 21 registers and spill.
  */
 #include "model/matmul_kernel.h"
 
@@ -118,8 +120,8 @@ run(const MatmulTask *t, int p0, int p1, int f16)
     switch (t->rows - r) {
     case 1: sweep(t, r, p0, p1, 1, 4, f16); break;
     case 2: sweep(t, r, p0, p1, 2, 2, f16); break;
-    case 3: sweep(t, r, p0, p1, 3, 2, f16); break;
-    case 4: sweep(t, r, p0, p1, 4, 2, f16); break;
+    case 3: sweep(t, r, p0, p1, 3, 1, f16); break;
+    case 4: sweep(t, r, p0, p1, 4, 1, f16); break;
     case 5: sweep(t, r, p0, p1, 5, 1, f16); break;
     default: break;
     }

@@ -18,6 +18,13 @@ int model_weight_type_parse(const char *name, ModelWeightType *out)
     return -1;
 }
 
+const char *model_matrix_type_name(const ModelConfig *c)
+{
+    if (c->packed_matrices_f16 == 0)
+        return "f32";
+    return c->packed_matrices_f16 == c->packed_matrices ? "f16" : "mixed";
+}
+
 int model_load(const char *path, Model **out, char *err, size_t err_len)
 {
     return model_load_as(path, MODEL_WEIGHTS_AUTO, out, err, err_len);

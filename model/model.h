@@ -32,18 +32,22 @@ typedef struct {
     float rope_theta;
     float rms_eps;
     uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
-    int weights_f16;      /* matrices are held as F16 in memory (else F32) */
+    int packed_matrices;     /* weight matrices held for the products (fused ones count once) */
+    int packed_matrices_f16; /* how many of them are F16 in memory (the rest F32) */
 } ModelConfig;
 
-/* How the weight matrices are held in memory. AUTO keeps an F16 file's matrices F16
- * (exact, half the memory and half the bytes each decode step reads) and turns everything
- * else (F32, BF16, Q8_0, Q4_0) into F32. F16 also rounds F32/BF16/quantised matrices to
- * F16: lossy (about 3 significant digits), for speed; a value beyond F16's range fails the
- * load. Vectors (norms) and the embedding table are always F32. */
+/* How the weight matrices are held in memory. AUTO keeps each matrix stored F16 in the
+ * file F16 (exact, half the memory and half the bytes each decode step reads) and turns
+ * everything else (F32, BF16, Q8_0, Q4_0) into F32, matrix by matrix (a fused group is F16
+ * only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
+ * (about 3 significant digits), for speed; a weight F16 cannot hold (|w| >= 65520) fails
+ * the load. Vectors (norms) and the embedding table are always F32. */
 typedef enum { MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16 } ModelWeightType;
 
 /* "auto", "f32", "f16" -> the type; -1 for anything else. */
 int model_weight_type_parse(const char *name, ModelWeightType *out);
+/* "f32", "f16" or "mixed": how the model's matrices ended up in memory (for logs). */
+const char *model_matrix_type_name(const ModelConfig *c);
 
 typedef struct Model Model;
 

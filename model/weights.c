@@ -152,7 +152,8 @@ typedef struct {
     char *err;
     size_t err_len;
     bool dry; /* check every tensor, allocate and convert nothing */
-    MatmulType pack_type; /* how matrices are packed */
+    ModelWeightType want;  /* how matrices are packed (see pack_type_for) */
+    int n_packed, n_packed_f16; /* packed matrices, and how many of them as F16 */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -231,20 +232,35 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
+/* F16 when asked, or under AUTO when every source tensor is stored F16 (then packing is
+ * exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
+static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
+    if (ld->want != MODEL_WEIGHTS_AUTO)
+        return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16 : MATMUL_F32;
+    for (int i = 0; i < n; i++) {
+        const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
+        if (!t || t->type != GGML_TYPE_F16)
+            return MATMUL_F32;
+    }
+    return MATMUL_F16;
+}
+
 /* Packs a loaded row-major matrix into dst and frees it (a dry run has nothing to pack). */
-static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulWeights *dst,
-                      const char *what) {
+static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
+                      MatmulWeights *dst, const char *what) {
     if (ld->dry)
         return 0;
-    int rc = matmul_weights_pack(dst, rows, in, out, ld->pack_type);
+    int rc = matmul_weights_pack(dst, rows, in, out, type);
     free(rows);
     ld->bytes -= (size_t)in * out * sizeof(float);
     if (rc == -2)
-        return fail(ld->err, ld->err_len, "%s has a value beyond F16's range: load it as f32",
-                    what);
+        return fail(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
+                    "not finite): load the model with --weight-type f32", what);
     if (rc < 0)
         return fail(ld->err, ld->err_len, "out of memory packing %s", what);
-    ld->bytes += matmul_weights_bytes(in, out, ld->pack_type);
+    ld->bytes += matmul_weights_bytes(in, out, type);
+    ld->n_packed++;
+    ld->n_packed_f16 += type == MATMUL_F16;
     return 0;
 }
 
@@ -268,11 +284,11 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
         }
         at += (size_t)outs[i];
     }
-    return pack_owned(ld, rows, in, (int)total, dst, what);
+    return pack_owned(ld, rows, in, (int)total, pack_type_for(ld, n, names), dst, what);
 }
 
 static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
-    char q[96], k[96], v[96], o[96], gate[96], up[96], down[96], name[96];
+    char q[96], k[96], v[96], o[96], gate[96], up[96], down[96], name[96], what[4][32];
     int dim = c->dim, q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
     int ffn = c->ffn_dim;
 #define NAME(buf, suffix) (snprintf(buf, sizeof buf, "blk.%d." suffix, l), buf)
@@ -285,12 +301,16 @@ static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw)
     const char *const gate_up_names[] = { NAME(gate, "ffn_gate.weight"), NAME(up, "ffn_up.weight") };
     const char *const down_names[] = { NAME(down, "ffn_down.weight") };
 #undef NAME
-    if (load_stacked(ld, &lw->wqkv, "wqkv", dim, 3, qkv_names,
+    snprintf(what[0], sizeof what[0], "blk.%d attn_q/k/v", l);
+    snprintf(what[1], sizeof what[1], "blk.%d attn_output", l);
+    snprintf(what[2], sizeof what[2], "blk.%d ffn_gate/up", l);
+    snprintf(what[3], sizeof what[3], "blk.%d ffn_down", l);
+    if (load_stacked(ld, &lw->wqkv, what[0], dim, 3, qkv_names,
                      (const int[]){ q_rows, kv_rows, kv_rows }) < 0 ||
-        load_stacked(ld, &lw->wo, "wo", q_rows, 1, o_names, (const int[]){ dim }) < 0 ||
-        load_stacked(ld, &lw->w_gate_up, "w_gate_up", dim, 2, gate_up_names,
+        load_stacked(ld, &lw->wo, what[1], q_rows, 1, o_names, (const int[]){ dim }) < 0 ||
+        load_stacked(ld, &lw->w_gate_up, what[2], dim, 2, gate_up_names,
                      (const int[]){ ffn, ffn }) < 0 ||
-        load_stacked(ld, &lw->w_down, "w_down", ffn, 1, down_names, (const int[]){ dim }) < 0)
+        load_stacked(ld, &lw->w_down, what[3], ffn, 1, down_names, (const int[]){ dim }) < 0)
         return -1;
     return 0;
 }
@@ -314,15 +334,20 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     w->output_tied = gguf_find_tensor(ld->f, "output.weight") == NULL;
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
+        const char *const embd[] = { "token_embd.weight" };
+        MatmulType type = pack_type_for(ld, 1, embd);
         int rc = ld->dry ? 0 : matmul_weights_pack(&w->output, w->token_embd, (int)dim,
-                                                   (int)vocab, ld->pack_type);
+                                                   (int)vocab, type);
         if (rc == -2)
-            return fail(ld->err, ld->err_len, "token_embd.weight (tied output) has a value "
-                        "beyond F16's range: load it as f32");
+            return fail(ld->err, ld->err_len, "token_embd.weight (tied output) has a weight "
+                        "F16 cannot hold: load the model with --weight-type f32");
         if (rc < 0)
             return fail(ld->err, ld->err_len, "out of memory packing the tied output matrix");
-        if (!ld->dry)
-            ld->bytes += matmul_weights_bytes((int)dim, (int)vocab, ld->pack_type);
+        if (!ld->dry) {
+            ld->bytes += matmul_weights_bytes((int)dim, (int)vocab, type);
+            ld->n_packed++;
+            ld->n_packed_f16 += type == MATMUL_F16;
+        }
     } else {
         const char *const names[] = { "output.weight" };
         if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)
@@ -357,17 +382,14 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     memset(w, 0, sizeof *w);
     if (checked < 0)
         return -1;
-    /* AUTO: F16 when the file's matrices mostly are (no loss), else F32. */
-    bool f16 = want == MODEL_WEIGHTS_F16 ||
-               (want == MODEL_WEIGHTS_AUTO && most_common_type(&dry) == GGML_TYPE_F16);
-    Loader ld = {.f = f, .err = err, .err_len = err_len,
-                 .pack_type = f16 ? MATMUL_F16 : MATMUL_F32};
+    Loader ld = {.f = f, .err = err, .err_len = err_len, .want = want};
     if (load_tensors(&ld, &c, w) < 0) {
         weights_free(w, &c);
         return -1;
     }
     c.weight_type = most_common_type(&ld);
-    c.weights_f16 = f16;
+    c.packed_matrices = ld.n_packed;
+    c.packed_matrices_f16 = ld.n_packed_f16;
     *config = c;
     *weight_bytes = ld.bytes;
     return 0;

@@ -37,6 +37,7 @@ CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-288}
 MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
 WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
+case $WEIGHT_TYPE in f32|f16) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32 or f16" >&2; exit 2 ;; esac
 read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE ${BENCH_SERVER_FLAGS:-}"
 MAX_SEQS=64
 
@@ -82,18 +83,25 @@ fi
 
 # ---- machine peaks (optional) ---------------------------------------------------------
 GFLOPS=0
+GFLOPS32=0
 GBPS=0
 if "$BIN/bench" matmul --help >/dev/null 2>&1; then
     log "machine: bench matmul (GFLOP/s at 256 rows: the best of pagedserve's kernel and OpenBLAS)"
     "$BIN/bench" matmul --rows 256 --min-time 0.2 > "$OUT/machine-matmul.txt" 2>&1 || true
-    # Shape lines say "in N -> out M"; 256-row lines are "256 | matmul-us GFLOP/s W-GB/s |
-    # slices-us sgemm-MT-us -": the roofline is the fastest of the three on any shape.
-    GFLOPS=$(awk -F'|' '/ in [0-9]+ -> out / { split($0, w, " "); for (i = 1; i < length(w); i++) {
-                             if (w[i] == "in") inp = w[i + 1]; if (w[i] == "out") outp = w[i + 1] + 0 } }
-                         $1 ~ /^ *256 *$/ { split($2, a, " "); split($3, b, " ");
-                             t = a[1]; if (b[1] + 0 > 0 && b[1] < t) t = b[1]; if (b[2] + 0 > 0 && b[2] < t) t = b[2];
-                             g = 2 * 256 * inp * outp / t / 1000; if (g > best) best = g }
-                         END { printf "%.1f", best + 0 }' "$OUT/machine-matmul.txt")
+    # Shape lines say "in N -> out M"; row lines are "R | matmul-us GFLOP/s W-GB/s |
+    # slices-us sgemm-MT-us -": the rate is the fastest of the three on any shape.
+    best_rate() {
+        awk -F'|' -v rows="$2" '/ in [0-9]+ -> out / { split($0, w, " "); for (i = 1; i < length(w); i++) {
+                 if (w[i] == "in") inp = w[i + 1]; if (w[i] == "out") outp = w[i + 1] + 0 } }
+             $1 + 0 == rows { split($2, a, " "); split($3, b, " ");
+                 t = a[1]; if (b[1] + 0 > 0 && b[1] < t) t = b[1]; if (b[2] + 0 > 0 && b[2] < t) t = b[2];
+                 g = 2 * rows * inp * outp / t / 1000; if (g > best) best = g }
+             END { printf "%.1f", best + 0 }' "$1"
+    }
+    GFLOPS=$(best_rate "$OUT/machine-matmul.txt" 256)
+    # For reading decode numbers: the same at 32 rows (one decode step of 32 sequences).
+    "$BIN/bench" matmul --rows 32 --min-time 0.2 > "$OUT/machine-matmul-32.txt" 2>&1 || true
+    GFLOPS32=$(best_rate "$OUT/machine-matmul-32.txt" 32)
 else
     log "machine: no 'bench matmul' in this build: no compute roofline"
 fi
@@ -209,7 +217,7 @@ fi
     echo "- commit: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown);" \
          "server flags (besides each run's): ${SERVER_FLAGS[*]}"
     echo "- machine peaks: products ${GFLOPS} GFLOP/s (the faster of pagedserve's kernel and" \
-         "OpenBLAS, 256 rows), memory read ${GBPS} GB/s (0 = not measured)"
+         "OpenBLAS, 256 rows; ${GFLOPS32} at 32 rows), memory read ${GBPS} GB/s (0 = not measured)"
     echo "- how to read: docs/benchmarks-howto.md"
     cat "$OUT/results-body.md"
 } > "$OUT/results.md"

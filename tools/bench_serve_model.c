@@ -2,9 +2,9 @@
  * arithmetic, read from the GGUF header (the file is mapped, no weight is loaded).
  *
  * Weight bytes are counted as F32, 4 per element, whatever the file stores: pagedserve
- * dequantises every matrix to F32 when it loads (model/model.h), so that is what each
- * decode step streams from memory; bench serve --weight-type f16 makes it 2 (a server run
- * with --weight-type f16, or auto on an F16 file). */
+ * holds F32, BF16 and quantised matrices as F32 (model/model.h), so that is what each
+ * decode step streams from memory; bench serve --weight-type f16 makes it 2, for a server
+ * run with --weight-type f16 or on an F16 file (whose matrices auto keeps F16). */
 #include "tools/bench_serve_internal.h"
 
 #include <stdio.h>

@@ -202,19 +202,24 @@ static void check_tokenizer(const GgufFile *f) {
     tokenizer_free(tok);
 }
 
+/* Loaded as the file says (auto) and, if that works, again rounded to F16: the forced
+ * type has its own failure path (a weight F16 cannot hold). */
 static void check_weights(const GgufFile *f) {
-    ModelConfig c;
-    TransformerWeights w;
-    size_t bytes = 0;
-    char err[256] = "";
-    if (weights_load(f, &c, &w, &bytes, err, sizeof err) != 0) {
-        FZ_CHECK(err[0] != '\0', "failed weights_load without a message");
-        return;
+    for (int forced = 0; forced < 2; forced++) {
+        ModelConfig c;
+        TransformerWeights w;
+        size_t bytes = 0;
+        char err[256] = "";
+        ModelWeightType type = forced ? MODEL_WEIGHTS_F16 : MODEL_WEIGHTS_AUTO;
+        if (weights_load_as(f, type, &c, &w, &bytes, err, sizeof err) != 0) {
+            FZ_CHECK(err[0] != '\0', "failed weights_load without a message");
+            return;
+        }
+        FZ_CHECK(c.dim >= 1 && c.n_layers >= 1 && c.n_heads >= 1 && c.vocab_size >= 1 &&
+                     c.head_dim * c.n_heads == c.dim,
+                 "weights_load accepted a bad config");
+        weights_free(&w, &c);
     }
-    FZ_CHECK(c.dim >= 1 && c.n_layers >= 1 && c.n_heads >= 1 && c.vocab_size >= 1 &&
-                 c.head_dim * c.n_heads == c.dim,
-             "weights_load accepted a bad config");
-    weights_free(&w, &c);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -88,10 +88,13 @@ COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_wri
         model/tokenizer.c)
 API=(api/buf.c api/completion.c api/endpoints.c api/error.c api/json_util.c api/metrics.c
      api/request.c api/request_tokenize.c api/vocab_tokenizer.c model/sampler.c)
+# Loading weights packs them for the product kernel (model/matmul*.c, which run on the
+# compute pool).
+WEIGHTS=(model/weights.c model/matmul.c model/matmul_kernel.c compute/pool.c)
 sources_of() {
   case "$1" in
     fuzz_request|fuzz_sse) echo "${COMMON[*]} ${API[*]}" ;;
-    fuzz_gguf) echo "${COMMON[*]} model/weights.c" ;;
+    fuzz_gguf) echo "${COMMON[*]} ${WEIGHTS[*]}" ;;
     fuzz_tokenizer) echo "${COMMON[*]}" ;;
     fuzz_stop) echo "${COMMON[*]} scheduler/stop_text.c" ;;
   esac
@@ -122,11 +125,11 @@ for t in "${targets[@]}"; do
   objs=$(objects_of "$t")
   # the harness itself: warnings are errors here
   "$CC" "${CFLAGS[@]}" -Werror -fsanitize=fuzzer,address,undefined "$FUZZ_DIR/$t.c" $objs \
-    "${JANSSON[@]}" -lm -o "$BUILD/bin/$t" || { echo "run.sh: building $t failed" >&2; exit 2; }
+    "${JANSSON[@]}" -lm -pthread -o "$BUILD/bin/$t" || { echo "run.sh: building $t failed" >&2; exit 2; }
 done
 echo "building gen_seeds"
 "$CC" "${CFLAGS[@]}" -Werror -fsanitize=address,undefined "$FUZZ_DIR/gen_seeds.c" \
-  $(for s in "${COMMON[@]}" model/weights.c; do echo "$ROOT/$s"; done) -lm \
+  $(for s in "${COMMON[@]}" "${WEIGHTS[@]}"; do echo "$ROOT/$s"; done) -lm -pthread \
   -o "$BUILD/bin/gen_seeds" 2>"$BUILD/logs/gen_seeds.build.log" || {
   cat "$BUILD/logs/gen_seeds.build.log" >&2; echo "run.sh: building gen_seeds failed" >&2; exit 2; }
 rm -rf "$BUILD/seeds"

@@ -216,18 +216,23 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
 }
 
 /* Matrices are counted packed: their outputs rounded up to whole 16-wide panels, 2 or 4
- * bytes a weight. The output matrix is packed even when tied (the embedding table stays
- * row-major F32, like the norms). */
-static size_t expected_bytes(const ModelConfig *c) {
+ * bytes a weight as each was packed (which type each should have is checked apart). The
+ * output matrix is packed even when tied (the embedding table stays row-major F32, like
+ * the norms). */
+static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) {
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-#define PACKED(in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in))
-    size_t matrices = PACKED(dim, c->vocab_size) +
-                      (PACKED(dim, q + 2 * kv) + PACKED(q, dim) + PACKED(dim, 2 * ffn) +
-                       PACKED(ffn, dim)) * (size_t)c->n_layers;
+#define PACKED(m, in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in) * \
+                            ((m).type == MATMUL_F16 ? 2 : sizeof(float)))
+    size_t bytes = PACKED(w->output, dim, c->vocab_size);
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *lw = &w->layers[l];
+        bytes += PACKED(lw->wqkv, dim, q + 2 * kv) + PACKED(lw->wo, q, dim) +
+                 PACKED(lw->w_gate_up, dim, 2 * ffn) + PACKED(lw->w_down, ffn, dim);
+    }
 #undef PACKED
     size_t plain = dim * (size_t)c->vocab_size + dim + 2 * dim * (size_t)c->n_layers;
-    return plain * sizeof(float) + matrices * (c->weights_f16 ? 2 : sizeof(float));
+    return plain * sizeof(float) + bytes;
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -263,7 +268,7 @@ static void test_stories260k(void **state) {
     assert_true(c.rope_theta == 10000.0f);
     assert_float_equal(c.rms_eps, 1e-5f, 1e-10f);
     assert_int_equal(c.weight_type, GGML_TYPE_F32);
-    assert_int_equal(bytes, expected_bytes(&c));
+    assert_int_equal(bytes, expected_bytes(&c, &w));
     check_against_file(f, &c, &w);
     weights_free(&w, &c);
     gguf_close(f);
@@ -296,7 +301,7 @@ static void check_tiny(const GgufFile *f, const ModelConfig *c, const Transforme
     assert_int_equal(c->vocab_size, 40);
     assert_int_equal(c->ctx_len, 128);
     assert_int_equal(c->rope_dim, 16);
-    assert_int_equal(bytes, expected_bytes(c));
+    assert_int_equal(bytes, expected_bytes(c, w));
     check_against_file(f, c, w);
     /* the F32 file holds exactly the generated values: compare one fused matrix to them */
     if (c->weight_type == GGML_TYPE_F32) {
@@ -368,7 +373,8 @@ static void check_f16_kept(const GgufFile *f, const ModelConfig *c, const Transf
                            size_t bytes) {
     check_tiny(f, c, w, bytes); /* exact: every F16 value survives F32 and back */
     assert_int_equal(c->weight_type, GGML_TYPE_F16);
-    assert_true(c->weights_f16);
+    assert_string_equal(model_matrix_type_name(c), "f16");
+    assert_int_equal(c->packed_matrices, 1 + 4 * c->n_layers);
     assert_int_equal(w->layers[1].w_down.type, MATMUL_F16);
     assert_int_equal(w->output.type, MATMUL_F16);
 }
@@ -381,6 +387,28 @@ static void test_f16_file_stays_f16(void **state) {
     load_ok(&s, check_f16_kept);
     s.tied = true;
     load_ok(&s, check_f16_kept);
+}
+
+static void check_f16_mixed(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
+                            size_t bytes) {
+    check_tiny(f, c, w, bytes); /* every matrix exact: nothing was rounded */
+    assert_string_equal(model_matrix_type_name(c), "mixed");
+    for (int l = 0; l < c->n_layers; l++) {
+        assert_int_equal(w->layers[l].wqkv.type, MATMUL_F32); /* attn_q is Q8_0 in the file */
+        assert_int_equal(w->layers[l].wo.type, MATMUL_F16);
+        assert_int_equal(w->layers[l].w_gate_up.type, MATMUL_F16);
+        assert_int_equal(w->layers[l].w_down.type, MATMUL_F16);
+    }
+}
+
+/* auto decides matrix by matrix: in an F16 file whose attn_q matrices are Q8_0, the fused
+ * Q/K/V is held F32 (nothing rounded to F16) and everything else F16. */
+static void test_auto_mixed_file(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.type = GGML_TYPE_F16;
+    s.type_override_q = GGML_TYPE_Q8_0;
+    load_ok(&s, check_f16_mixed);
 }
 
 /* Forced types: F32 file as F16 rounds each weight to the nearest half; F16 file as F32. */
@@ -398,12 +426,14 @@ static void test_forced_weight_types(void **state) {
         ModelWeightType want = file_f16 ? MODEL_WEIGHTS_F32 : MODEL_WEIGHTS_F16;
         if (weights_load_as(f, want, &c, &w, &bytes, err, sizeof err) < 0)
             fail_msg("%s", err);
-        assert_int_equal(c.weights_f16, !file_f16);
-        assert_int_equal(bytes, expected_bytes(&c));
+        assert_string_equal(model_matrix_type_name(&c), file_f16 ? "f32" : "f16");
+        assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
         float *down = unpacked(&w.layers[1].w_down);
         for (int i = 0; i < c.dim * c.ffn_dim; i++)
-            assert_true(fabsf(down[i] - file_down[i]) <= fabsf(file_down[i]) / 2048.0f);
+            /* relative 2^-11, or absolute 2^-25 where F16 is subnormal (below 2^-14) */
+            assert_true(fabsf(down[i] - file_down[i]) <=
+                        fmaxf(fabsf(file_down[i]) / 2048.0f, 0x1p-25f));
         free(down);
         free(file_down);
         weights_free(&w, &c);
@@ -530,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_q8_0),
         cmocka_unit_test(test_mixed_types),
         cmocka_unit_test(test_f16_file_stays_f16),
+        cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),

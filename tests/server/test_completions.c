@@ -425,9 +425,17 @@ static void test_client_drop_waiting(void **state)
     free(log);
 }
 
+/* --weight-type f16 reached the model: the startup line says how the matrices are held. */
+static void test_weight_type_applied(void **state)
+{
+    (void)state;
+    assert_true(server_proc_wait_log(&srv, "(matrices f16)", T_IO));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_weight_type_applied),
         cmocka_unit_test(test_nonstream),
         cmocka_unit_test(test_stream_matches_nonstream),
         cmocka_unit_test(test_stream_headers),
