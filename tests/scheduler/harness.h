@@ -236,6 +236,29 @@ static inline void h_assert_pool_idle(Engine *e)
         fail_msg("block_pool_check: %s", err);
 }
 
+/* A heap fake model of 64 tokens (it is large: keep it off the stack). */
+static inline FakeModel *h_fake_new(FakeMode mode)
+{
+    FakeModel *f = malloc(sizeof *f);
+    assert_non_null(f);
+    fake_init(f, 64, mode);
+    return f;
+}
+
+static inline void h_fake_free(FakeModel *f)
+{
+    fake_free(f);
+    free(f);
+}
+
+/* A prompt of n tokens starting with a tag (unique per request in a test), never EOS. */
+static inline void h_prompt(int32_t *p, int n, int32_t tag, uint64_t salt)
+{
+    p[0] = tag;
+    for (int i = 1; i < n; i++)
+        p[i] = 1 + (int32_t)(fake_mix(salt * 1000 + (uint64_t)i) % 63);
+}
+
 static inline Engine *h_engine(FakeModel *f, int block_size, int n_blocks, int max_seqs,
                                int max_batch_tokens, bool prefix_cache)
 {

@@ -8,27 +8,6 @@
 
 #include "tests/scheduler/harness.h"
 
-static FakeModel *new_fake(FakeMode mode)
-{
-    FakeModel *f = malloc(sizeof *f);
-    fake_init(f, 64, mode);
-    return f;
-}
-
-static void free_fake(FakeModel *f)
-{
-    fake_free(f);
-    free(f);
-}
-
-/* A prompt of n tokens starting with a tag (unique per request in a test), never EOS. */
-static void make_prompt(int32_t *p, int n, int32_t tag, uint64_t salt)
-{
-    p[0] = tag;
-    for (int i = 1; i < n; i++)
-        p[i] = 1 + (int32_t)(fake_mix(salt * 1000 + (uint64_t)i) % 63);
-}
-
 static void assert_matches_reference(const FakeModel *f, const HChoice *c, const int32_t *prompt,
                                      int n_prompt, int max_tokens)
 {
@@ -52,11 +31,11 @@ static void assert_matches_reference(const FakeModel *f, const HChoice *c, const
 static void test_single_request_greedy(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t prompt[7];
-    make_prompt(prompt, 7, 5, 1);
+    h_prompt(prompt, 7, 5, 1);
     EngineRequest q = h_request(prompt, 7, 20);
     q.user = (void *)0x1234;
     uint64_t id = h_submit(e, &q);
@@ -90,20 +69,20 @@ static void test_single_request_greedy(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_batch_respects_budget_and_matches_reference(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 256, 16, 8, false);
     Harness *h = calloc(1, sizeof *h);
     enum { N = 6 };
     int32_t prompts[N][13];
     uint64_t ids[N];
     for (int i = 0; i < N; i++) {
-        make_prompt(prompts[i], 13, 10 + i, (uint64_t)i + 7);
+        h_prompt(prompts[i], 13, 10 + i, (uint64_t)i + 7);
         EngineRequest q = h_request(prompts[i], 13, 9);
         ids[i] = h_submit(e, &q);
     }
@@ -126,20 +105,20 @@ static void test_batch_respects_budget_and_matches_reference(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* One sequence at a time: requests run strictly in submission order. */
 static void test_fcfs_order(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 1, 16, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t prompts[4][6];
     uint64_t ids[4];
     for (int i = 0; i < 4; i++) {
-        make_prompt(prompts[i], 6, 20 + i, (uint64_t)i);
+        h_prompt(prompts[i], 6, 20 + i, (uint64_t)i);
         EngineRequest q = h_request(prompts[i], 6, 3);
         ids[i] = h_submit(e, &q);
     }
@@ -163,7 +142,7 @@ static void test_fcfs_order(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* FCFS under a row budget: a later request never gets rows before an earlier one's
@@ -171,12 +150,12 @@ static void test_fcfs_order(void **state)
 static void test_fcfs_admission_under_budget(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 256, 8, 5, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t prompts[5][9];
     for (int i = 0; i < 5; i++) {
-        make_prompt(prompts[i], 9, 30 + i, (uint64_t)i + 3);
+        h_prompt(prompts[i], 9, 30 + i, (uint64_t)i + 3);
         EngineRequest q = h_request(prompts[i], 9, 4);
         h_submit(e, &q);
     }
@@ -196,19 +175,19 @@ static void test_fcfs_admission_under_budget(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* A long prompt is split into chunks while a running request keeps decoding every step. */
 static void test_chunked_prefill_keeps_decodes_going(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 256, 8, 8, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[3], b[40];
-    make_prompt(a, 3, 40, 1);
-    make_prompt(b, 40, 41, 2);
+    h_prompt(a, 3, 40, 1);
+    h_prompt(b, 40, 41, 2);
     EngineRequest qa = h_request(a, 3, 30);
     uint64_t ida = h_submit(e, &qa);
     h_step(h, e, f); /* A's prompt */
@@ -244,7 +223,7 @@ static void test_chunked_prefill_keeps_decodes_going(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* max_prefill_chunk: a prompt alone gets the whole budget; once something decodes, each step
@@ -252,7 +231,7 @@ static void test_chunked_prefill_keeps_decodes_going(void **state)
 static void test_prefill_chunk_cap_while_decoding(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     EngineConfig cfg;
     engine_config_default(&cfg);
     cfg.block_size = 4;
@@ -268,8 +247,8 @@ static void test_prefill_chunk_cap_while_decoding(void **state)
     assert_int_equal(engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err), 0);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[40], b[40];
-    make_prompt(a, 40, 50, 1);
-    make_prompt(b, 40, 51, 2);
+    h_prompt(a, 40, 50, 1);
+    h_prompt(b, 40, 51, 2);
     EngineRequest qa = h_request(a, 40, 20);
     uint64_t ida = h_submit(e, &qa);
     EngineStats st;
@@ -307,7 +286,7 @@ static void test_prefill_chunk_cap_while_decoding(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* The prefix hashes include a per-engine random secret: the same prompt (and salt) cached by
@@ -318,9 +297,9 @@ static void test_prefix_hashes_carry_a_secret(void **state)
     BlockHash seen[2][16];
     int n_seen[2] = {0, 0};
     int32_t p[12];
-    make_prompt(p, 12, 60, 3);
+    h_prompt(p, 12, 60, 3);
     for (int k = 0; k < 2; k++) {
-        FakeModel *f = new_fake(FAKE_HASH);
+        FakeModel *f = h_fake_new(FAKE_HASH);
         Engine *e = h_engine(f, 4, 64, 8, 64, true);
         Harness *h = calloc(1, sizeof *h);
         EngineRequest q = h_request(p, 12, 2);
@@ -335,7 +314,7 @@ static void test_prefix_hashes_carry_a_secret(void **state)
         engine_destroy(e);
         h_free(h);
         free(h);
-        free_fake(f);
+        h_fake_free(f);
     }
     assert_int_equal(n_seen[0], 3); /* 12 prompt tokens: three full blocks of 4 published */
     assert_int_equal(n_seen[1], 3);
@@ -361,7 +340,7 @@ static void make_jobs(Job *jobs, int n_jobs, uint64_t seed)
         j->max_tokens = 4 + (int)((r >> 8) % 24);
         j->n = 1 + (int)((r >> 16) % 2);
         j->temperature = (r >> 24) % 2 ? 1.0f : 0.0f;
-        make_prompt(j->prompt, j->n_prompt, 1 + (int32_t)((r >> 32) % 63), seed * 77 + (uint64_t)i);
+        h_prompt(j->prompt, j->n_prompt, 1 + (int32_t)((r >> 32) % 63), seed * 77 + (uint64_t)i);
     }
 }
 
@@ -369,7 +348,7 @@ static void make_jobs(Job *jobs, int n_jobs, uint64_t seed)
 static void run_jobs(Harness *h, const Job *jobs, int n_jobs, int n_blocks, bool prefix,
                      int64_t *preemptions, uint64_t *ids)
 {
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, n_blocks, 6, 16, prefix);
     for (int i = 0; i < n_jobs; i++) {
         EngineRequest q = h_request(jobs[i].prompt, jobs[i].n_prompt, jobs[i].max_tokens);
@@ -384,7 +363,7 @@ static void run_jobs(Harness *h, const Job *jobs, int n_jobs, int n_blocks, bool
     *preemptions = st.preemptions;
     h_assert_pool_idle(e);
     engine_destroy(e);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void check_preemption_equivalence(bool prefix)
@@ -435,13 +414,13 @@ static void test_preemption_gives_identical_outputs_with_prefix_cache(void **sta
 static void test_preemption_counts_and_requeues(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     /* 6 blocks of 4: two requests of 8-token prompts each need 2 blocks, then grow. */
     Engine *e = h_engine(f, 4, 6, 4, 32, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[8], b[8];
-    make_prompt(a, 8, 50, 1);
-    make_prompt(b, 8, 51, 2);
+    h_prompt(a, 8, 50, 1);
+    h_prompt(b, 8, 51, 2);
     EngineRequest qa = h_request(a, 8, 12), qb = h_request(b, 8, 12);
     uint64_t ida = h_submit(e, &qa), idb = h_submit(e, &qb);
     int saw_preempted = 0;
@@ -468,18 +447,18 @@ static void test_preemption_counts_and_requeues(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_request_larger_than_pool_fails(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 5, 4, 32, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t big[18], ok[6];
-    make_prompt(big, 18, 60, 1);
-    make_prompt(ok, 6, 61, 2);
+    h_prompt(big, 18, 60, 1);
+    h_prompt(ok, 6, 61, 2);
     /* 18 + 3 - 1 = 20 positions = 5 blocks: fits exactly. 18 + 4 - 1 = 21: does not. */
     EngineRequest q1 = h_request(big, 18, 4), q2 = h_request(ok, 6, 5), q3 = h_request(big, 18, 3);
     q1.n = 2;
@@ -501,7 +480,7 @@ static void test_request_larger_than_pool_fails(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- prefix cache ------------------------------------------------------------------------ */
@@ -509,11 +488,11 @@ static void test_request_larger_than_pool_fails(void **state)
 static void test_prefix_cache_hits(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 4, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[10];
-    make_prompt(p, 10, 7, 3);
+    h_prompt(p, 10, 7, 3);
     EngineRequest q = h_request(p, 10, 8);
     uint64_t id1 = h_submit(e, &q);
     h_run(h, e, f, 100);
@@ -555,17 +534,17 @@ static void test_prefix_cache_hits(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* With no cache, nothing is found; same prompt with a different salt finds nothing. */
 static void test_prefix_cache_off_and_salt(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[12];
-    make_prompt(p, 12, 9, 4);
+    h_prompt(p, 12, 9, 4);
 
     Engine *off = h_engine(f, 4, 64, 4, 64, false);
     EngineRequest q = h_request(p, 12, 3);
@@ -599,19 +578,19 @@ static void test_prefix_cache_off_and_salt(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* Cached blocks are reclaimed when the pool runs short, tails first. */
 static void test_prefix_cache_eviction(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 8, 4, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[12], b[24];
-    make_prompt(a, 12, 11, 5);
-    make_prompt(b, 24, 12, 6);
+    h_prompt(a, 12, 11, 5);
+    h_prompt(b, 24, 12, 6);
     EngineRequest qa = h_request(a, 12, 1);
     h_submit(e, &qa);
     h_run(h, e, f, 100);
@@ -634,7 +613,7 @@ static void test_prefix_cache_eviction(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- n choices --------------------------------------------------------------------------- */
@@ -642,11 +621,11 @@ static void test_prefix_cache_eviction(void **state)
 static void test_choices_share_prompt_blocks(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[10];
-    make_prompt(p, 10, 13, 7);
+    h_prompt(p, 10, 13, 7);
     EngineRequest q = h_request(p, 10, 8);
     q.n = 3;
     q.sampling.temperature = 1.0f;
@@ -686,17 +665,17 @@ static void test_choices_share_prompt_blocks(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_greedy_choices_are_identical(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 64, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[5];
-    make_prompt(p, 5, 14, 8);
+    h_prompt(p, 5, 14, 8);
     EngineRequest q = h_request(p, 5, 6);
     q.n = 4;
     uint64_t id = h_submit(e, &q);
@@ -710,19 +689,19 @@ static void test_greedy_choices_are_identical(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* A request with n choices needs n seats: it waits until they are free. */
 static void test_choices_count_against_max_seqs(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 3, 64, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[4], b[4];
-    make_prompt(a, 4, 15, 1);
-    make_prompt(b, 4, 16, 2);
+    h_prompt(a, 4, 15, 1);
+    h_prompt(b, 4, 16, 2);
     EngineRequest qa = h_request(a, 4, 5), qb = h_request(b, 4, 5);
     qb.n = 3;
     h_submit(e, &qa);
@@ -739,7 +718,7 @@ static void test_choices_count_against_max_seqs(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- logprobs ---------------------------------------------------------------------------- */
@@ -757,11 +736,11 @@ static double naive_logprob(const float *logits, int n, int token)
 static void test_logprobs_and_prompt_logprobs(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 4, 4, true); /* 4-row budget: the prompt comes in chunks */
     Harness *h = calloc(1, sizeof *h);
     int32_t p[9];
-    make_prompt(p, 9, 17, 9);
+    h_prompt(p, 9, 17, 9);
     EngineRequest q = h_request(p, 9, 5);
     q.logprobs = 3;
     q.prompt_logprobs = true;
@@ -813,17 +792,17 @@ static void test_logprobs_and_prompt_logprobs(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_max_tokens_zero(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 4, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[6];
-    make_prompt(p, 6, 18, 10);
+    h_prompt(p, 6, 18, 10);
     EngineRequest q = h_request(p, 6, 0);
     q.n = 2;
     uint64_t id = h_submit(e, &q);
@@ -854,7 +833,7 @@ static void test_max_tokens_zero(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- EOS ---------------------------------------------------------------------------------- */
@@ -862,7 +841,7 @@ static void test_max_tokens_zero(void **state)
 static void test_eos_and_ignore_eos(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_SUCC);
+    FakeModel *f = h_fake_new(FAKE_SUCC);
     f->succ[5] = 0; /* after token 5 comes EOS */
     f->succ[0] = 1;
     Engine *e = h_engine(f, 4, 64, 4, 64, false);
@@ -886,7 +865,7 @@ static void test_eos_and_ignore_eos(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- cancellation ----------------------------------------------------------------------- */
@@ -894,14 +873,14 @@ static void test_eos_and_ignore_eos(void **state)
 static void test_cancel_everywhere(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 8, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p1[5], p2[30], p3[4], p4[4];
-    make_prompt(p1, 5, 19, 11);
-    make_prompt(p2, 30, 20, 12);
-    make_prompt(p3, 4, 21, 13);
-    make_prompt(p4, 4, 22, 14);
+    h_prompt(p1, 5, 19, 11);
+    h_prompt(p2, 30, 20, 12);
+    h_prompt(p3, 4, 21, 13);
+    h_prompt(p4, 4, 22, 14);
 
     /* before admission */
     EngineRequest q1 = h_request(p1, 5, 10);
@@ -964,19 +943,19 @@ static void test_cancel_everywhere(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_stop_with_work_in_flight(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 16, 4, 8, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[10][12];
     uint64_t ids[10];
     for (int i = 0; i < 10; i++) {
-        make_prompt(p[i], 12, 23 + i, (uint64_t)i);
+        h_prompt(p[i], 12, 23 + i, (uint64_t)i);
         EngineRequest q = h_request(p[i], 12, 20);
         q.n = 1 + i % 2;
         ids[i] = h_submit(e, &q);
@@ -1008,7 +987,7 @@ static void test_stop_with_work_in_flight(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* ---- submit validation ----------------------------------------------------------------- */
@@ -1026,7 +1005,7 @@ static void expect_refused(Engine *e, const EngineRequest *q, const char *needle
 static void test_submit_validation(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     f->ctx_len = 32;
     Engine *e = h_engine(f, 4, 64, 4, 64, true);
     int32_t p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -1053,13 +1032,13 @@ static void test_submit_validation(void **state)
     q = h_request(p, 8, 24); /* exactly the context: accepted */
     assert_true(h_submit(e, &q) > 0);
     engine_destroy(e);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_queue_full(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     EngineConfig cfg;
     engine_config_default(&cfg);
     cfg.block_size = 4;
@@ -1094,13 +1073,13 @@ static void test_queue_full(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static void test_bad_config(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     EngineModelOps ops = fake_ops(f);
     EngineConfig cfg;
     Engine *e = (Engine *)1;
@@ -1125,18 +1104,18 @@ static void test_bad_config(void **state)
     ops.forward = NULL;
     engine_config_default(&cfg);
     assert_int_equal(engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err), -1);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* A failing forward pass ends the sequences in it with an error, not the engine. */
 static void test_forward_failure(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 4, 64, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[5];
-    make_prompt(p, 5, 33, 1);
+    h_prompt(p, 5, 33, 1);
     EngineRequest q = h_request(p, 5, 5);
     q.n = 2;
     h_submit(e, &q);
@@ -1155,7 +1134,7 @@ static void test_forward_failure(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 static int notified;
@@ -1168,7 +1147,7 @@ static void count_notify(void *arg)
 static void test_notify_called_when_events(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake(FAKE_HASH);
+    FakeModel *f = h_fake_new(FAKE_HASH);
     EngineConfig cfg;
     engine_config_default(&cfg);
     cfg.block_size = 4;
@@ -1191,7 +1170,7 @@ static void test_notify_called_when_events(void **state)
     assert_int_equal(ev[0].kind, EVENT_TOKEN);
     engine_event_free(&ev[0]);
     engine_destroy(e);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 int main(void)

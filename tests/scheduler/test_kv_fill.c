@@ -9,27 +9,6 @@
 
 #include "tests/scheduler/harness.h"
 
-static FakeModel *new_fake(void)
-{
-    FakeModel *f = malloc(sizeof *f);
-    fake_init(f, 64, FAKE_HASH);
-    return f;
-}
-
-static void free_fake(FakeModel *f)
-{
-    fake_free(f);
-    free(f);
-}
-
-/* A prompt of n tokens starting with a tag (unique per request in a test), never EOS. */
-static void make_prompt(int32_t *p, int n, int32_t tag, uint64_t salt)
-{
-    p[0] = tag;
-    for (int i = 1; i < n; i++)
-        p[i] = 1 + (int32_t)(fake_mix(salt * 1000 + (uint64_t)i) % 63);
-}
-
 /* Slots of the blocks a table of `len` positions holds, the slow way. */
 static int64_t slots_for(int64_t len, int block_size)
 {
@@ -54,7 +33,7 @@ static void run_to_end(Harness *h, Engine *e, FakeModel *f)
 static void test_two_sequences_by_hand(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake();
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 16, 64, 8, 256, false);
     Harness *h = calloc(1, sizeof *h);
     EngineStats st;
@@ -63,8 +42,8 @@ static void test_two_sequences_by_hand(void **state)
     assert_int_equal(st.slots_held, 0);
 
     int32_t a[17], b[32];
-    make_prompt(a, 17, 3, 1);
-    make_prompt(b, 32, 4, 2);
+    h_prompt(a, 17, 3, 1);
+    h_prompt(b, 32, 4, 2);
     EngineRequest qa = h_request(a, 17, 5), qb = h_request(b, 32, 5);
     qa.ignore_eos = qb.ignore_eos = true;
     h_submit(e, &qa);
@@ -85,7 +64,7 @@ static void test_two_sequences_by_hand(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* Three choices forked from one 10-token prompt (block size 4) share its 3 blocks: each
@@ -93,11 +72,11 @@ static void test_two_sequences_by_hand(void **state)
 static void test_shared_blocks_count_per_table(void **state)
 {
     (void)state;
-    FakeModel *f = new_fake();
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 64, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[10];
-    make_prompt(p, 10, 7, 3);
+    h_prompt(p, 10, 7, 3);
     EngineRequest q = h_request(p, 10, 6);
     q.n = 3;
     q.ignore_eos = true;
@@ -121,7 +100,7 @@ static void test_shared_blocks_count_per_table(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* Many sequences of assorted lengths, with room for all: after step k a sequence with a
@@ -134,13 +113,13 @@ static void test_matches_naive_reference_every_step(void **state)
     static const int prompt_len[N_SEQ] = {1, 3, 7, 8, 9, 15, 16, 17, 31};
     static const int new_tokens[N_SEQ] = {1, 2, 20, 9, 8, 4, 17, 1, 12};
     const int block_size = 8;
-    FakeModel *f = new_fake();
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, block_size, 256, 16, 512, false);
     Harness *h = calloc(1, sizeof *h);
     int32_t prompts[N_SEQ][32];
     int max_steps = 0;
     for (int i = 0; i < N_SEQ; i++) {
-        make_prompt(prompts[i], prompt_len[i], 10 + i, 20 + (uint64_t)i);
+        h_prompt(prompts[i], prompt_len[i], 10 + i, 20 + (uint64_t)i);
         EngineRequest q = h_request(prompts[i], prompt_len[i], new_tokens[i]);
         q.ignore_eos = true;
         h_submit(e, &q);
@@ -168,7 +147,7 @@ static void test_matches_naive_reference_every_step(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 /* Under preemption (a pool too small for everyone, prefix cache on) the per-step bounds
@@ -178,12 +157,12 @@ static void test_bounds_under_preemption(void **state)
 {
     (void)state;
     const int block_size = 4;
-    FakeModel *f = new_fake();
+    FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, block_size, 12, 6, 32, true);
     Harness *h = calloc(1, sizeof *h);
     int32_t p[6][12];
     for (int i = 0; i < 6; i++) {
-        make_prompt(p[i], 6 + i, 30 + i, i < 3 ? 5 : 6 + (uint64_t)i);
+        h_prompt(p[i], 6 + i, 30 + i, i < 3 ? 5 : 6 + (uint64_t)i);
         EngineRequest q = h_request(p[i], 6 + i, 10);
         q.ignore_eos = true;
         h_submit(e, &q);
@@ -206,7 +185,7 @@ static void test_bounds_under_preemption(void **state)
     engine_destroy(e);
     h_free(h);
     free(h);
-    free_fake(f);
+    h_fake_free(f);
 }
 
 int main(void)
