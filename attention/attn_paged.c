@@ -2,7 +2,7 @@
  *
  * Work item: one sequence, a tile of its query rows, one KV head and the query heads of
  * its group (all of them, or a chunk when a group is very large) -- or, for a decode row
- * without GQA, a run of KV heads (see item_split). Every (KV head, row, query head) of
+ * without GQA, a run of KV heads (see attn_item_split). Every (KV head, row, query head) of
  * the item is one "query vector" with its own running max m, sum l and accumulator
  * acc[head_dim]. The item walks the sequence's K/V a tile at a time:
  * - one query vector per KV head (decode without GQA): a tile is a block (at most
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/attn_internal.h"
 #include "attention/attn_simd.h"
 #include "compute/compute.h"
 
@@ -40,31 +41,13 @@ enum {
  * workers costs more than the work (a short decode step of a small model). */
 #define ATTN_PARALLEL_MIN_WORK (1L << 15)
 
-typedef struct {
-    const KvView *kv;
-    int layer;
-    int head_dim;
-    int n_kv_heads;
-    int group; /* query heads per KV head */
-    float scale;
-    int q_stride, out_stride;
-    int decode_kv_per_item; /* KV heads per item of a lone decode row (see item_split) */
-} AttnCall;
-
-/* How a sequence's items are cut: KV-head chunks × query-head chunks × row tiles. */
-typedef struct {
-    int kv_per_item, n_kv_chunks;
-    int heads_per_item, n_head_chunks;
-    int rows_per_item, n_row_tiles;
-} ItemSplit;
-
 /* A decode row without GQA has one query vector per KV head and no reuse of K/V: its
  * item takes several KV heads, so that it streams each block's K (and V) runs of those
  * heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
  * reads run at half the DRAM bandwidth of 24 KiB ones). Everything else has one KV
  * head per item; the group's query heads and up to ATTN_MAX_VECS rows×heads share its
  * tiles. */
-static ItemSplit item_split(const AttnCall *c, int n_q)
+ItemSplit attn_item_split(const AttnCall *c, int n_q)
 {
     ItemSplit s;
     if (n_q == 1 && c->group == 1) {
@@ -105,9 +88,10 @@ static TileSpan tile_clip(const KvLayout *lay, const AttnSeq *seq, TileSpan t, i
     return t;
 }
 
-static TileSpan tile_first(const KvLayout *lay, const AttnSeq *seq, int32_t end)
+/* The first tile of positions [start, end). */
+static TileSpan tile_first(const KvLayout *lay, const AttnSeq *seq, int32_t start, int32_t end)
 {
-    TileSpan t = {0, 0, -1, 0, 0};
+    TileSpan t = {start, start / lay->block_size, -1, start % lay->block_size, 0};
     return tile_clip(lay, seq, t, end);
 }
 
@@ -207,17 +191,39 @@ static void fold_tile_f16(const AttnCall *c, const float *q, const void *kt, con
 }
 
 /* One work item: KV heads [kv0, kv0 + n_kv), query heads [head0, head0 + n_h) of each
- * one's group, rows [row0, row0 + n_rows) of a sequence. Either n_kv == 1 or the item is
- * a lone decode row (n_h == n_rows == 1). Query vector (k, r, h) keeps its running max,
- * sum and accumulator at index (k*n_rows + r)*n_h + h. */
+ * one's group, rows [row0, row0 + n_rows) of a sequence, over its positions
+ * [start, end). Either n_kv == 1 or the item is a lone decode row (n_h == n_rows == 1).
+ * Query vector (k, r, h) keeps its running max, sum and accumulator at index
+ * (k*n_rows + r)*n_h + h.
+ * A shared-prefix item (members != NULL) has the decode rows of a prefix group as its
+ * rows: row r is members[row0 + r], which sees all of [0, end) (the shared blocks,
+ * walked through seq's table); it leaves partial states in the cascade's slots
+ * slot + row0 + r. A member's own item (slot >= 0, start = the shared end) merges its
+ * state with slot `slot` before it writes its output. */
 typedef struct {
     const AttnCall *c;
     const AttnSeq *seq;
+    const AttnSeq *const *members;
+    int slot;
+    int32_t start, end;
     int kv0, n_kv, head0, n_h, row0, n_rows;
     float *m, *l, *acc;
     int acc_stride; /* floats between accumulators: head_dim, or up to a multiple of 8 */
     FoldFn *fold;
 } ItemState;
+
+/* Query row r of the item, and the last position it sees (causal). */
+static const float *item_q_row(const ItemState *it, int r)
+{
+    if (it->members)
+        return it->members[it->row0 + r]->q;
+    return it->seq->q + (size_t)(it->row0 + r) * it->c->q_stride;
+}
+
+static int32_t item_row_last(const ItemState *it, int r)
+{
+    return it->members ? it->end - 1 : it->seq->q_pos + it->row0 + r;
+}
 
 /* Fold the tile of positions [t0, t0 + n) of KV head kv0 + k into every query vector of
  * that head that sees them. */
@@ -227,13 +233,13 @@ static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const 
     const AttnCall *c = it->c;
     int hd = c->head_dim;
     for (int r = 0; r < it->n_rows; r++) {
-        int32_t last = it->seq->q_pos + it->row0 + r; /* causal: positions [0, last] */
+        int32_t last = item_row_last(it, r); /* causal: positions [0, last] */
         int n_valid = last - t0 + 1;
         if (n_valid <= 0)
             continue; /* this row's positions end before the tile */
         if (n_valid > n)
             n_valid = n;
-        const float *qrow = it->seq->q + (size_t)(it->row0 + r) * c->q_stride;
+        const float *qrow = item_q_row(it, r);
         for (int h = 0; h < it->n_h; h++) {
             int v = (k * it->n_rows + r) * it->n_h + h;
             const float *q = qrow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
@@ -244,10 +250,11 @@ static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const 
 
 /* One query vector per KV head: tiles are read where they lie in the cache, a block (or
  * ATTN_TILE positions of it) at a time, all the item's KV heads block by block. */
-static void item_walk_direct(const ItemState *it, int32_t end)
+static void item_walk_direct(const ItemState *it)
 {
     const KvLayout *lay = &it->c->kv->layout;
-    TileSpan t = tile_first(lay, it->seq, end);
+    int32_t end = it->end;
+    TileSpan t = tile_first(lay, it->seq, it->start, end);
     while (t.n > 0) {
         /* Blocks are scattered: the hardware cannot guess the next one, so ask now. */
         TileSpan next = tile_next(lay, it->seq, t, end);
@@ -311,8 +318,7 @@ static void pack_queries(const ItemState *it, const TileVecs *tv, float *qt)
     const float *q[ATTN_MAX_VECS];
     for (int v = 0; v < tv->n_vecs; v++) {
         int r = v / it->n_h, h = v % it->n_h;
-        q[v] = it->seq->q + (size_t)(it->row0 + r) * c->q_stride +
-               (size_t)(it->kv0 * c->group + it->head0 + h) * hd;
+        q[v] = item_q_row(it, r) + (size_t)(it->kv0 * c->group + it->head0 + h) * hd;
     }
     int v0 = 0;
     if (hd % 8 == 0)
@@ -384,15 +390,16 @@ static void tile_vecs_init(const ItemState *it, TileVecs *tv)
     tv->n_vecs = it->n_h * it->n_rows;
     tv->nvp = (tv->n_vecs + 7) & ~7;
     for (int v = 0; v < tv->nvp; v++)
-        tv->last[v] = v < tv->n_vecs ? it->seq->q_pos + it->row0 + v / it->n_h : -1;
+        tv->last[v] = v < tv->n_vecs ? item_row_last(it, v / it->n_h) : -1;
     pack_queries(it, tv, tv->qt);
 }
 
 /* Several query vectors of one KV head: tiles of up to ATTN_TILE positions are gathered
  * from as many blocks as it takes (F16 widened on the way) into kbuf/vbuf, then serve
  * them all -- in matrix form (tv), or one vector at a time (tv NULL). */
-static void item_walk_gathered(const ItemState *it, int32_t end, TileVecs *tv)
+static void item_walk_gathered(const ItemState *it, TileVecs *tv)
 {
+    int32_t end = it->end;
     const AttnCall *c = it->c;
     const KvLayout *lay = &c->kv->layout;
     int hd = c->head_dim, ldv = it->acc_stride, f16 = lay->dtype == KV_DTYPE_F16;
@@ -402,7 +409,7 @@ static void item_walk_gathered(const ItemState *it, int32_t end, TileVecs *tv)
     if (ldv != hd) /* V's padding columns only ever reach the accumulators' padding */
         memset(vbuf, 0, sizeof(float) * ATTN_TILE * (size_t)ldv);
 
-    TileSpan span = tile_first(lay, it->seq, end);
+    TileSpan span = tile_first(lay, it->seq, it->start, end);
     while (span.n > 0) {
         int32_t t0 = span.pos;
         int n = 0;
@@ -419,6 +426,34 @@ static void item_walk_gathered(const ItemState *it, int32_t end, TileVecs *tv)
         else
             item_fold_tile(it, 0, t0, n, kbuf, vbuf);
     }
+}
+
+/* ---- decode rows on a shared prefix (cascade) ---------------------------------------
+ *
+ * With the prefix cache, many decode rows' block tables start with the same physical
+ * blocks (a system prompt, a document). Walked row by row, those blocks are read and
+ * multiplied against one query vector at a time, once per row. Instead, the rows of a
+ * "prefix group" are split in two: the shared positions [0, end) become items whose
+ * query vectors are all members' (one KV head each, like a prefill chunk's rows: a tile
+ * read once serves every member, in matrix form from 9 vectors on), and each member's
+ * own positions [end, q_pos] stay a usual lone-row item. Each part leaves an online
+ * softmax state (max m, sum l, unnormalised acc); the own item merges them exactly,
+ * rescaling both to the larger max. The shared items run first (a separate parallel
+ * loop) so that their states are complete when any own item ends. */
+
+/* out = the softmax over both parts, from the shared part's state (m1, l1, a1) and the
+ * own part's (m2, l2, a2): each is rescaled to the larger max. A member with no own
+ * positions has m2 = -inf, l2 = 0, a2 = 0, whose weight e^(-inf) is 0. */
+static void merge_states(float *o, int hd, float m1, float l1, const float *a1, float m2,
+                         float l2, const float *a2)
+{
+    float mx = m1 > m2 ? m1 : m2;
+    float w1 = m1 == mx ? 1.0f : expf(m1 - mx), w2 = m2 == mx ? 1.0f : expf(m2 - mx);
+    float inv = 1.0f / (l1 * w1 + l2 * w2);
+    w1 *= inv;
+    w2 *= inv;
+    for (int d = 0; d < hd; d++)
+        o[d] = a1[d] * w1 + a2[d] * w2;
 }
 
 static void attend_item(ItemState *it)
@@ -445,27 +480,39 @@ static void attend_item(ItemState *it)
     it->acc = acc;
     it->fold = fold_tile_f32;
 
-    /* The item's last row sees the most positions; earlier rows stop sooner. */
-    int32_t end = it->seq->q_pos + it->row0 + it->n_rows;
     if (lone) {
         if (c->kv->layout.dtype == KV_DTYPE_F16)
             it->fold = fold_tile_f16;
-        item_walk_direct(it, end);
+        item_walk_direct(it);
     } else if (matrix) {
         TileVecs tv;
         tile_vecs_init(it, &tv);
-        item_walk_gathered(it, end, &tv);
+        item_walk_gathered(it, &tv);
     } else {
-        item_walk_gathered(it, end, NULL);
+        item_walk_gathered(it, NULL);
     }
 
+    const Cascade *cc = c->cascade;
     for (int k = 0; k < it->n_kv; k++)
         for (int r = 0; r < it->n_rows; r++) {
-            float *orow = it->seq->out + (size_t)(it->row0 + r) * c->out_stride;
+            float *orow = it->members ? NULL : it->seq->out + (size_t)(it->row0 + r) * c->out_stride;
             for (int h = 0; h < it->n_h; h++) {
                 int v = (k * it->n_rows + r) * it->n_h + h;
-                float *o = orow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
+                int head = (it->kv0 + k) * c->group + it->head0 + h;
                 const float *a = acc + (size_t)v * it->acc_stride;
+                if (it->members) { /* shared part: the state waits for the member's own item */
+                    size_t p = (size_t)(it->slot + it->row0 + r) * c->n_heads + head;
+                    cc->m[p] = m[v];
+                    cc->l[p] = l[v];
+                    memcpy(cc->acc + p * hd, a, (size_t)hd * sizeof(float));
+                    continue;
+                }
+                float *o = orow + (size_t)head * hd;
+                if (it->slot >= 0) {
+                    size_t p = (size_t)it->slot * c->n_heads + head;
+                    merge_states(o, hd, cc->m[p], cc->l[p], cc->acc + p * hd, m[v], l[v], a);
+                    continue;
+                }
                 float inv = 1.0f / l[v];
                 for (int d = 0; d < hd; d++)
                     o[d] = a[d] * inv;
@@ -475,7 +522,8 @@ static void attend_item(ItemState *it)
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-static void attend_seq_item(const AttnCall *c, const AttnSeq *seq, const ItemSplit *sp, int item)
+/* Place item `item` of a set of n_rows rows cut by sp: its KV heads, query heads, rows. */
+static void item_place(ItemState *it, const ItemSplit *sp, int item, int n_rows)
 {
     /* Later rows see more positions: hand the biggest items out first, so that the
      * dynamic schedule does not end on one thread finishing a long one. */
@@ -483,15 +531,56 @@ static void attend_seq_item(const AttnCall *c, const AttnSeq *seq, const ItemSpl
     int rest = item / sp->n_row_tiles;
     int head_chunk = rest % sp->n_head_chunks;
     int kv_chunk = rest / sp->n_head_chunks;
-    ItemState it = {.c = c, .seq = seq};
-    it.kv0 = kv_chunk * sp->kv_per_item;
-    it.n_kv = min_int(sp->kv_per_item, c->n_kv_heads - it.kv0);
-    it.head0 = head_chunk * sp->heads_per_item;
-    it.n_h = min_int(sp->heads_per_item, c->group - it.head0);
-    it.row0 = row_tile * sp->rows_per_item;
-    it.n_rows = min_int(sp->rows_per_item, seq->n_q - it.row0);
+    it->kv0 = kv_chunk * sp->kv_per_item;
+    it->n_kv = min_int(sp->kv_per_item, it->c->n_kv_heads - it->kv0);
+    it->head0 = head_chunk * sp->heads_per_item;
+    it->n_h = min_int(sp->heads_per_item, it->c->group - it->head0);
+    it->row0 = row_tile * sp->rows_per_item;
+    it->n_rows = min_int(sp->rows_per_item, n_rows - it->row0);
+}
+
+/* Item `item` of sequence s: its own positions (after its group's shared ones). */
+static void attend_seq_item(const AttnCall *c, const AttnSeq *seqs, int s, const ItemSplit *sp, int item)
+{
+    ItemState it = {.c = c, .seq = &seqs[s], .slot = -1};
+    const Cascade *cc = c->cascade;
+    if (cc && cc->slot_of[s] >= 0) {
+        it.slot = cc->slot_of[s];
+        it.start = cc->shared_end[it.slot];
+    }
+    item_place(&it, sp, item, seqs[s].n_q);
+    /* The item's last row sees the most positions; earlier rows stop sooner. */
+    it.end = seqs[s].q_pos + it.row0 + it.n_rows;
     attend_item(&it);
 }
+
+/* The index i with first[i] <= item < first[i + 1], among n ranges. */
+static int range_find(const int *first, int n, int item)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Shared item `item` (over all groups): the members' vectors over the shared blocks. */
+static void attend_shared_item(const AttnCall *c, const AttnSeq *seqs, int item)
+{
+    const Cascade *cc = c->cascade;
+    int g = range_find(cc->first_item, cc->n_groups, item);
+    const PrefixGroup *pg = &cc->groups[g];
+    ItemState it = {.c = c, .seq = &seqs[pg->leader], .members = cc->members + pg->slot0,
+                    .slot = pg->slot0, .start = 0, .end = pg->end};
+    item_place(&it, &pg->split, item - cc->first_item[g], pg->n_members);
+    attend_item(&it);
+}
+
+/* ---- the call ---------------------------------------------------------------------- */
 
 /* KV heads per lone-decode-row item: as many as possible (longer contiguous reads) while
  * leaving a few items per thread for the dynamic schedule to balance. */
@@ -519,15 +608,15 @@ static void run_listed_item(void *arg, int item, int thread)
 {
     (void)thread;
     const SeqItems *all = arg;
-    int lo = 0, hi = all->n_seqs - 1; /* the sequence whose range holds item */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (all->first[mid] <= item)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    attend_seq_item(all->c, &all->seqs[lo], &all->splits[lo], item - all->first[lo]);
+    int s = range_find(all->first, all->n_seqs, item);
+    attend_seq_item(all->c, all->seqs, s, &all->splits[s], item - all->first[s]);
+}
+
+static void run_shared_item(void *arg, int item, int thread)
+{
+    (void)thread;
+    const SeqItems *all = arg;
+    attend_shared_item(all->c, all->seqs, item);
 }
 
 void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
@@ -552,26 +641,42 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
         .scale = shape->scale,
         .q_stride = q_stride,
         .out_stride = out_stride,
+        .n_heads = shape->n_heads,
     };
     c.decode_kv_per_item = decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
                                               parallel ? compute_threads() : 1);
 
+    SeqItems all = { .c = &c, .seqs = seqs, .n_seqs = n_seqs };
+
+    /* Decode rows on a shared prefix: the shared positions first, for all members at
+     * once; their own items (below) merge the partial states. */
+    Cascade cascade;
+    attn_cascade_plan(&cascade, &c, seqs, n_seqs);
+    if (cascade.n_groups > 0) {
+        c.cascade = &cascade;
+        int n_shared = cascade.first_item[cascade.n_groups];
+        if (parallel)
+            compute_parallel_for(n_shared, run_shared_item, &all);
+        else
+            for (int i = 0; i < n_shared; i++)
+                run_shared_item(&all, i, 0);
+    }
+
     /* Every sequence's items in one list, handed out one at a time over the compute pool,
      * so a thread runs on into the next sequence's items instead of waiting at each end. */
-    SeqItems all = { .c = &c, .seqs = seqs, .n_seqs = n_seqs };
     all.splits = malloc((size_t)n_seqs * sizeof *all.splits);
     all.first = malloc(((size_t)n_seqs + 1) * sizeof *all.first);
     if (!all.splits || !all.first) {
         /* no memory for the list: the same items, one sequence at a time */
         for (int s = 0; s < n_seqs; s++) {
-            ItemSplit sp = item_split(&c, seqs[s].n_q);
+            ItemSplit sp = attn_item_split(&c, seqs[s].n_q);
             for (int it = 0; it < sp.n_kv_chunks * sp.n_head_chunks * sp.n_row_tiles; it++)
-                attend_seq_item(&c, &seqs[s], &sp, it);
+                attend_seq_item(&c, seqs, s, &sp, it);
         }
     } else {
         all.first[0] = 0;
         for (int s = 0; s < n_seqs; s++) {
-            all.splits[s] = item_split(&c, seqs[s].n_q);
+            all.splits[s] = attn_item_split(&c, seqs[s].n_q);
             const ItemSplit *sp = &all.splits[s];
             all.first[s + 1] = all.first[s] + sp->n_kv_chunks * sp->n_head_chunks * sp->n_row_tiles;
         }
@@ -583,4 +688,5 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
     }
     free(all.splits);
     free(all.first);
+    attn_cascade_free(&cascade);
 }

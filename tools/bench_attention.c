@@ -26,7 +26,8 @@ typedef struct {
     double min_time; /* seconds per case */
     int f16, f32;
     int ctx, batch; /* 0: the standard sweep; else only decode at this context / batch */
-    int decode, prefill; /* which kinds of case to run */
+    int shared, own;     /* --shared N: decode rows whose first N positions are shared blocks */
+    int decode, prefill, shared_cases; /* which kinds of case to run */
     int cpu_time;        /* time by process CPU time, not wall clock */
 } BenchOptions;
 
@@ -192,9 +193,51 @@ static int bench_prefill(const BenchOptions *o, KvDtype dtype, int q_pos, int ch
     return 0;
 }
 
+
+/* Decode rows of `batch` sequences whose first `shared` positions (a whole number of
+ * blocks) are the SAME physical blocks -- a prompt prefix found in the prefix cache --
+ * followed by `own` positions each in blocks of their own. "logical" K/V counts every
+ * row's positions; "unique" counts the shared blocks once. */
+static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int own, int batch)
+{
+    KvLayout lay = {1, SHAPE_110M.n_kv_heads, SHAPE_110M.head_dim, 16, dtype};
+    int ctx = shared + own;
+    BenchPool p;
+    if (shared % lay.block_size != 0 || own < 1) {
+        fprintf(stderr, "bench attention: --shared must be a multiple of %d and --own >= 1\n", lay.block_size);
+        return -1;
+    }
+    if (pool_create(&p, &lay, batch, ctx) != 0) {
+        fprintf(stderr, "bench attention: out of memory\n");
+        return -1;
+    }
+    for (int s = 1; s < batch; s++) /* every sequence's prefix blocks become sequence 0's */
+        memcpy(p.tables + (size_t)s * p.blocks_per_seq, p.tables, (size_t)(shared / lay.block_size) * sizeof *p.tables);
+    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
+    float *q = malloc((size_t)batch * stride * sizeof(float));
+    float *out = malloc((size_t)batch * stride * sizeof(float));
+    AttnSeq *seqs = malloc((size_t)batch * sizeof *seqs);
+    for (size_t i = 0; i < (size_t)batch * stride; i++)
+        q[i] = rng_uniform();
+    for (int s = 0; s < batch; s++)
+        seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
+                            q + (size_t)s * stride, out + (size_t)s * stride};
+    double t = time_calls(&p, &SHAPE_110M, seqs, batch, stride, o->min_time);
+    double row_bytes = (double)lay.n_kv_heads * lay.head_dim * 2.0 * (dtype == KV_DTYPE_F16 ? 2 : 4);
+    double logical = (double)batch * ctx * row_bytes, unique = ((double)shared + (double)batch * own) * row_bytes;
+    printf("shared   %-3s pre %5d own %3d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V (%.2f unique)  %6.2f GB/s logical\n",
+           dtype == KV_DTYPE_F16 ? "f16" : "f32", shared, own, batch, t * 1e6, batch / t, logical / 1e6,
+           unique / 1e6, logical / t / 1e9);
+    free(q);
+    free(out);
+    free(seqs);
+    pool_destroy(&p);
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, BenchOptions *o, const char *name)
 {
-    *o = (BenchOptions){2, 0.25, 1, 1, 0, 0, 1, 1, 0};
+    *o = (BenchOptions){2, 0.25, 1, 1, 0, 0, 0, 40, 1, 1, 1, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             o->threads = atoi(argv[++i]);
@@ -204,6 +247,10 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             o->ctx = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             o->batch = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--shared") && i + 1 < argc) {
+            o->shared = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--own") && i + 1 < argc) {
+            o->own = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--thp")) {
             bench_thp = 1;
         } else if (!strcmp(argv[i], "--cpu-time")) {
@@ -212,6 +259,7 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             const char *k = argv[++i];
             o->decode = !strcmp(k, "decode");
             o->prefill = !strcmp(k, "prefill");
+            o->shared_cases = !strcmp(k, "shared");
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
             o->f16 = !strcmp(d, "f16") || !strcmp(d, "both");
@@ -219,14 +267,18 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
         } else {
             printf("usage: bench %s [--threads N (2)] [--min-time SECONDS per case (0.25)]%s\n", name,
                    strcmp(name, "attention") ? "" : " [--dtype f16|f32|both]\n"
-                   "       [--only decode|prefill] [--ctx N] [--batch N] (decode at this context / batch)\n"
+                   "       [--only decode|prefill|shared] [--ctx N] [--batch N] (decode at this context / batch)\n"
+                   "       [--shared N [--own M (40)]] (decode whose first N positions are blocks shared\n"
+                   "       by the whole batch, then M own positions each; --batch default 16)\n"
                    "       [--cpu-time] (process CPU time instead of wall time: with --threads 1,\n"
                    "       steadier A/B comparisons on a busy machine)\n"
                    "       [--thp] (back the KV pool with transparent huge pages)");
             return strcmp(argv[i], "--help") ? 2 : 1;
         }
     }
-    if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32) || (!o->decode && !o->prefill) || o->ctx < 0 || o->batch < 0) {
+    if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32) ||
+        (!o->decode && !o->prefill && !o->shared_cases) || o->ctx < 0 || o->batch < 0 ||
+        o->shared < 0 || o->own < 1) {
         fprintf(stderr, "bench %s: bad option value\n", name);
         return 2;
     }
@@ -248,6 +300,11 @@ int bench_attention_main(int argc, char **argv)
         if ((dt == 0 && !o.f16) || (dt == 1 && !o.f32))
             continue;
         KvDtype dtype = dt == 0 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+        if (o.shared) {
+            if (bench_shared(&o, dtype, o.shared, o.own, o.batch ? o.batch : 16) != 0)
+                return 1;
+            continue;
+        }
         if (o.ctx || o.batch) {
             if (bench_decode(&o, dtype, o.ctx ? o.ctx : 512, o.batch ? o.batch : 8) != 0)
                 return 1;
@@ -258,6 +315,10 @@ int bench_attention_main(int argc, char **argv)
                 if (bench_decode(&o, dtype, ctxs[c], batches[b]) != 0)
                     return 1;
         if (o.prefill && (bench_prefill(&o, dtype, 0, 512) != 0 || bench_prefill(&o, dtype, 1536, 512) != 0))
+            return 1;
+        /* The prefix-cache workload: 16 decode rows on one 1024-token prompt, and a
+         * smaller group on a shorter one. */
+        if (o.shared_cases && (bench_shared(&o, dtype, 1024, 40, 16) != 0 || bench_shared(&o, dtype, 256, 40, 8) != 0))
             return 1;
     }
     return 0;

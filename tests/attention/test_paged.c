@@ -397,6 +397,136 @@ static void test_vector_counts(void **state)
         }
 }
 
+/* ---- decode rows on a shared prefix ------------------------------------------------
+ * Sequences whose tables start with the same physical blocks (the prefix cache), then
+ * diverge into blocks of their own. Decode rows of such sequences are attended in two
+ * parts (the shared blocks for the whole group at once, then each row's own positions)
+ * and merged; everything must still match the reference. */
+
+typedef struct {
+    int len;    /* positions stored */
+    int from;   /* -1, or an earlier sequence whose first `blocks` blocks this one uses */
+    int blocks;
+    int q_pos, n_q; /* the query rows of this call (n_q 0: decode row at len - 1) */
+} SeqSpec;
+
+static void shared_case(const Config *cfg, const SeqSpec *spec, int n)
+{
+    int lens[64], which[64], q_pos[64], n_q[64];
+    assert_true(n <= 64);
+    for (int s = 0; s < n; s++)
+        lens[s] = spec[s].len;
+    Fixture f;
+    fixture_init(&f, cfg, lens, n);
+    int w = kv_width(cfg), bs = cfg->block_size;
+    for (int s = 0; s < n; s++) {
+        const SeqSpec *sp = &spec[s];
+        if (sp->from >= 0) {
+            /* The same physical blocks hold the same values: copy the source's raw
+             * values (each copy is F16-rounded alike when stored). */
+            assert_true(sp->from < s);
+            int nb = (sp->len + bs - 1) / bs, blocks = sp->blocks < nb ? sp->blocks : nb;
+            int pos = blocks * bs < sp->len ? blocks * bs : sp->len;
+            assert_true(pos <= spec[sp->from].len);
+            for (int b = 0; b < blocks; b++)
+                f.table[s][b] = f.table[sp->from][b];
+            memcpy(f.k[s], f.k[sp->from], (size_t)pos * w * sizeof(float));
+            memcpy(f.v[s], f.v[sp->from], (size_t)pos * w * sizeof(float));
+        }
+        which[s] = s;
+        q_pos[s] = sp->n_q ? sp->q_pos : sp->len - 1;
+        n_q[s] = sp->n_q ? sp->n_q : 1;
+    }
+    for (int s = 0; s < n; s++) {
+        fixture_fill_other_layer(&f, s);
+        fixture_store(&f, s, 1, 0, spec[s].len);
+    }
+    check_call(&f, which, q_pos, n_q, n);
+    fixture_free(&f);
+}
+
+/* One call holding: a group of 12 decode rows on a 128-position prefix (own parts of 0,
+ * 1, one block, 200 positions, random; one row that sees only part of the last shared
+ * block; one whose table has fewer blocks than the prefix), a prefill chunk and a
+ * decode row of 2 positions on the same prefix, an unrelated row; either side of the
+ * kernel's thresholds (5 rows, 64 shared positions): 4 rows on another prefix, 5 rows
+ * on exactly 64 positions; and a tree: 6 rows on 80 positions, 3 of them on 192. */
+static void shared_mixed_case(const Config *cfg)
+{
+    int bs = cfg->block_size, P = 128 / bs, M = 64 / bs;
+    SeqSpec spec[] = {
+        /* group A, base 0 */
+        {128 + 50, -1, 0, 0, 0},
+        {128, 0, P, 0, 0},
+        {129, 0, P, 0, 0},
+        {128 + bs, 0, P, 0, 0},
+        {128 + 200, 0, P, 0, 0},
+        {128 + 1 + rng_int(40), 0, P, 0, 0},
+        {128 + 7, 0, P, 0, 0},
+        {128 + 33, 0, P, 0, 0},
+        {128 + 64, 0, P, 0, 0},
+        {128 + 90, 0, P, 0, 0},
+        {128 - 3, 0, P, 0, 0},  /* sees positions [0, 124]: not all of the last block */
+        {100, 0, P, 0, 0},      /* its table ends inside the prefix */
+        {128 + 60, 0, P, 128 + 10, 50}, /* a prefill chunk on the prefix */
+        {2, 0, P, 0, 0},        /* a decode row of 2 positions on its first block */
+        {300, -1, 0, 0, 0},     /* unrelated */
+        /* B: 4 rows on a 96-position prefix */
+        {150, -1, 0, 0, 0},
+        {120, 15, 96 / bs, 0, 0},
+        {97, 15, 96 / bs, 0, 0},
+        {140, 15, 96 / bs, 0, 0},
+        /* C: 5 rows on 64 positions, own parts of 0..40 */
+        {64 + 40, -1, 0, 0, 0},
+        {64, 19, M, 0, 0},
+        {64 + 1, 19, M, 0, 0},
+        {64 + 17, 19, M, 0, 0},
+        {64 + 33, 19, M, 0, 0},
+        /* D: a tree, 80 positions for 6 rows and 192 for 3 of them */
+        {250, -1, 0, 0, 0},
+        {260, 24, 192 / bs, 0, 0},
+        {192, 24, 192 / bs, 0, 0},
+        {80 + 5, 24, 80 / bs, 0, 0},
+        {80 + 70, 24, 80 / bs, 0, 0},
+        {200, 24, 80 / bs, 0, 0},
+    };
+    shared_case(cfg, spec, (int)(sizeof spec / sizeof spec[0]));
+}
+
+static void test_shared_prefix_mixed(void **state)
+{
+    (void)state;
+    int block_sizes[] = {1, 16, 32};
+    int groups[] = {1, 3};
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 2; g++)
+            for (int dt = 0; dt < 2; dt++) {
+                int n_kv = groups[g] == 1 ? 3 : 2;
+                Config c = {groups[g] * n_kv, n_kv, b == 0 ? 40 : 64, block_sizes[b], (KvDtype)dt};
+                shared_mixed_case(&c);
+            }
+}
+
+/* Many rows on one prefix: more members than one work item's 32 query vectors, with and
+ * without GQA (group 1: 12 KV heads; group 4: 10 rows per item), each member's own
+ * part random. Also the same rows with only 2 of them sharing. */
+static void test_shared_prefix_many(void **state)
+{
+    (void)state;
+    int groups[] = {1, 4};
+    for (int g = 0; g < 2; g++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int sharers = 40; sharers >= 2; sharers -= 38) {
+                int n_kv = groups[g] == 1 ? 12 : 2;
+                Config c = {groups[g] * n_kv, n_kv, 64, 16, (KvDtype)dt};
+                SeqSpec spec[41];
+                spec[0] = (SeqSpec){320 + 30, -1, 0, 0, 0};
+                for (int s = 1; s < 41; s++)
+                    spec[s] = (SeqSpec){320 + rng_int(80), s < sharers ? 0 : -1, 320 / 16, 0, 0};
+                shared_case(&c, spec, 41);
+            }
+}
+
 /* ---- a single position: the output is that position's V exactly -------------------- */
 
 static void test_first_position_is_v(void **state)
@@ -507,6 +637,8 @@ int main(void)
         cmocka_unit_test(test_wide_group),
         cmocka_unit_test(test_odd_and_max_head_dim),
         cmocka_unit_test(test_vector_counts),
+        cmocka_unit_test(test_shared_prefix_mixed),
+        cmocka_unit_test(test_shared_prefix_many),
         cmocka_unit_test(test_real_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
