@@ -377,7 +377,7 @@ static void fold_tile_matrix(const ItemState *it, TileVecs *tv, int32_t t0, int 
     tile_softmax(st, n, t0, tv, it->m, it->l);
     /* Vectors (rows) whose positions end before the tile keep their state as it is. */
     int v0 = 0;
-    while (tv->last[v0] < t0)
+    while (v0 < tv->n_vecs && tv->last[v0] < t0)
         v0++;
     MatProduct pv = {.c = it->acc + (size_t)v0 * ldv, .ldc = ldv, .row_scale = tv->rescale + v0,
                      .a = st + v0, .a_i = 1, .a_k = nvp, .b = vbuf, .ldb = ldv,
@@ -447,6 +447,7 @@ static void item_walk_gathered(const ItemState *it, TileVecs *tv)
 static void merge_states(float *o, int hd, float m1, float l1, const float *a1, float m2,
                          float l2, const float *a2)
 {
+    assert(l1 > 0.0f); /* the shared part is never empty: a group shares >= 64 positions */
     float mx = m1 > m2 ? m1 : m2;
     float w1 = m1 == mx ? 1.0f : expf(m1 - mx), w2 = m2 == mx ? 1.0f : expf(m2 - mx);
     float inv = 1.0f / (l1 * w1 + l2 * w2);

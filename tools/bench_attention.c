@@ -217,6 +217,14 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
     float *q = malloc((size_t)batch * stride * sizeof(float));
     float *out = malloc((size_t)batch * stride * sizeof(float));
     AttnSeq *seqs = malloc((size_t)batch * sizeof *seqs);
+    if (!q || !out || !seqs) {
+        fprintf(stderr, "bench attention: out of memory\n");
+        free(q);
+        free(out);
+        free(seqs);
+        pool_destroy(&p);
+        return -1;
+    }
     for (size_t i = 0; i < (size_t)batch * stride; i++)
         q[i] = rng_uniform();
     for (int s = 0; s < batch; s++)

@@ -412,7 +412,7 @@ typedef struct {
 
 static void shared_case(const Config *cfg, const SeqSpec *spec, int n)
 {
-    int lens[64], which[64], q_pos[64], n_q[64];
+    int lens[64] = {0}, which[64], q_pos[64], n_q[64];
     assert_true(n <= 64);
     for (int s = 0; s < n; s++)
         lens[s] = spec[s].len;
@@ -450,7 +450,8 @@ static void shared_case(const Config *cfg, const SeqSpec *spec, int n)
  * block; one whose table has fewer blocks than the prefix), a prefill chunk and a
  * decode row of 2 positions on the same prefix, an unrelated row; either side of the
  * kernel's thresholds (5 rows, 64 shared positions): 4 rows on another prefix, 5 rows
- * on exactly 64 positions; and a tree: 6 rows on 80 positions, 3 of them on 192. */
+ * on exactly 64 positions; and a tree: 6 rows on 80 positions, 3 of which also share
+ * 192 (too few for a group of their own: only the 80-position group forms). */
 static void shared_mixed_case(const Config *cfg)
 {
     int bs = cfg->block_size, P = 128 / bs, M = 64 / bs;
@@ -482,7 +483,7 @@ static void shared_mixed_case(const Config *cfg)
         {64 + 1, 19, M, 0, 0},
         {64 + 17, 19, M, 0, 0},
         {64 + 33, 19, M, 0, 0},
-        /* D: a tree, 80 positions for 6 rows and 192 for 3 of them */
+        /* D: a tree, 80 positions for 6 rows, 192 for 3 of them (below 5: no group) */
         {250, -1, 0, 0, 0},
         {260, 24, 192 / bs, 0, 0},
         {192, 24, 192 / bs, 0, 0},
@@ -498,13 +499,18 @@ static void test_shared_prefix_mixed(void **state)
     (void)state;
     int block_sizes[] = {1, 16, 32};
     int groups[] = {1, 3};
+    /* head_dim 20 and 3: the accumulators' padded stride differs from head_dim */
+    int head_dims[] = {40, 64, 20, 3};
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 2; g++)
-            for (int dt = 0; dt < 2; dt++) {
-                int n_kv = groups[g] == 1 ? 3 : 2;
-                Config c = {groups[g] * n_kv, n_kv, b == 0 ? 40 : 64, block_sizes[b], (KvDtype)dt};
-                shared_mixed_case(&c);
-            }
+            for (int dt = 0; dt < 2; dt++)
+                for (int h = 0; h < 4; h++) {
+                    if (h == 0 && b != 0)
+                        continue; /* 40 with block size 1 only, as before */
+                    int n_kv = groups[g] == 1 ? 3 : 2;
+                    Config c = {groups[g] * n_kv, n_kv, head_dims[h], block_sizes[b], (KvDtype)dt};
+                    shared_mixed_case(&c);
+                }
 }
 
 /* Many rows on one prefix: more members than one work item's 32 query vectors, with and
