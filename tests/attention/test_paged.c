@@ -514,17 +514,20 @@ static void test_shared_prefix_mixed(void **state)
 }
 
 /* Many rows on one prefix: more members than one work item's 32 query vectors, with and
- * without GQA (group 1: 12 KV heads; group 4: 10 rows per item), each member's own
- * part random. Also the same rows with only 2 of them sharing. */
+ * without GQA (group 1: 12 KV heads; group 4: 8 rows per item; groups 9 and 33), each
+ * member's own part random. Also the same rows with only 2 of them sharing. */
 static void test_shared_prefix_many(void **state)
 {
     (void)state;
-    int groups[] = {1, 4};
-    for (int g = 0; g < 2; g++)
+    /* group 9: each member's own positions take the matrix path mid-sequence; group 33:
+     * more query heads than one item holds (32), so heads split across items */
+    int groups[] = {1, 4, 9, 33};
+    for (int g = 0; g < 4; g++)
         for (int dt = 0; dt < 2; dt++)
             for (int sharers = 40; sharers >= 2; sharers -= 38) {
-                int n_kv = groups[g] == 1 ? 12 : 2;
-                Config c = {groups[g] * n_kv, n_kv, 64, 16, (KvDtype)dt};
+                int n_kv = groups[g] == 1 ? 12 : groups[g] == 4 ? 2 : 1;
+                int hd = groups[g] > 4 ? 16 : 64;
+                Config c = {groups[g] * n_kv, n_kv, hd, 16, (KvDtype)dt};
                 SeqSpec spec[41];
                 spec[0] = (SeqSpec){320 + 30, -1, 0, 0, 0};
                 for (int s = 1; s < 41; s++)
