@@ -23,7 +23,10 @@ void compute_shutdown(void);
 /* fn(ctx, item, thread) for every item in [0, n_items), spread over the pool; returns when
  * all are done. thread is in [0, compute_threads()) and unique among concurrent calls, for
  * per-thread scratch. Items are claimed one at a time: make each worth a few microseconds.
- * fn must not call compute_* itself: the pool is not reentrant (a nested loop deadlocks). */
+ * fn must not call compute_* itself: the pool is not reentrant (a nested loop deadlocks).
+ * fn may use a few hundred KiB of stack (attention's items keep ~140 KiB of tiles and
+ * states there): workers get the default pthread stack (8 MiB on Linux), and so must the
+ * calling thread (the engine's thread is created with the default too). */
 typedef void (*ComputeFn)(void *ctx, int item, int thread);
 void compute_parallel_for(int n_items, ComputeFn fn, void *ctx);
 
