@@ -459,6 +459,42 @@ char *nginx_proc_access_log(const NginxProc *np)
     return t ? t : strdup("");
 }
 
+/* nginx writes an access log line in its log phase, after the response went out: a
+ * client that has its whole response can still be ahead of the line. Wait for it. */
+bool nginx_proc_wait_access_log(const NginxProc *np, const char *needle, double timeout_s)
+{
+    if (!np->dir[0])
+        return false;
+    char path[192];
+    snprintf(path, sizeof path, "%s/access.log", np->dir);
+    int in = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (in >= 0 && inotify_add_watch(in, path, IN_MODIFY) < 0) {
+        close(in);
+        in = -1;
+    }
+    double deadline = now_s() + timeout_s;
+    bool found = false;
+    for (;;) {
+        char *t = read_file(path);
+        found = t && strstr(t, needle);
+        free(t);
+        double left = deadline - now_s();
+        if (found || left <= 0)
+            break;
+        /* Without inotify, look again every 10 ms until the deadline. */
+        struct pollfd p = {.fd = in, .events = POLLIN};
+        int wait_ms = in >= 0 ? (int)(left * 1000.0) + 1 : 10;
+        if (poll(&p, in >= 0 ? 1 : 0, wait_ms) < 0 && errno != EINTR)
+            break;
+        char drain[4096];
+        while (in >= 0 && read(in, drain, sizeof drain) > 0) {
+        }
+    }
+    if (in >= 0)
+        close(in);
+    return found;
+}
+
 void nginx_proc_dump_logs(const NginxProc *np, FILE *f)
 {
     if (!np->dir[0])

@@ -12,6 +12,7 @@
 #ifndef PAGEDSERVE_TESTS_NGINX_PROC_H
 #define PAGEDSERVE_TESTS_NGINX_PROC_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -46,6 +47,8 @@ int nginx_proc_start(NginxProc *np, const char *nginx_bin, const int *upstream_p
 int nginx_proc_stop(NginxProc *np, double timeout_s);
 /* nginx's access log (JSON lines) so far: malloc'd, "" when empty. */
 char *nginx_proc_access_log(const NginxProc *np);
+/* Whether a line holding needle appears in the access log within timeout_s. */
+bool nginx_proc_wait_access_log(const NginxProc *np, const char *needle, double timeout_s);
 void nginx_proc_dump_logs(const NginxProc *np, FILE *f);
 
 /* A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed). */
