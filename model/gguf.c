@@ -567,12 +567,17 @@ static int read_alignment(GgufFile *f, char *err, size_t err_len) {
     int64_t i = gguf_find_key(f, "general.alignment");
     if (i < 0)
         return 0;
+    /* Exactly the spec's uint32, and at most what the writer can pad to: a file this
+     * reader opens can always be copied by gguf_write.c. */
     uint32_t a;
-    if (gguf_get_u32(f, "general.alignment", &a) < 0)
-        return fail(err, err_len, "GGUF key general.alignment has type %s, not an unsigned "
-                    "integer", kv_type_name(f->kv[i].type));
+    if (f->kv[i].type != GGUF_TYPE_UINT32 || gguf_get_u32(f, "general.alignment", &a) < 0)
+        return fail(err, err_len, "GGUF key general.alignment has type %s, not uint32",
+                    kv_type_name(f->kv[i].type));
     if (a == 0 || (a & (a - 1)) != 0)
         return fail(err, err_len, "GGUF general.alignment = %u is not a power of two", a);
+    if (a > GGUF_MAX_ALIGNMENT)
+        return fail(err, err_len, "GGUF general.alignment = %u is larger than %u", a,
+                    GGUF_MAX_ALIGNMENT);
     f->alignment = a;
     return 0;
 }

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #define DEFAULT_ALIGNMENT 32u
-#define MAX_ALIGNMENT 65536u
+#define MAX_ALIGNMENT GGUF_MAX_ALIGNMENT
 
 typedef struct {
     char *name;

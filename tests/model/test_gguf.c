@@ -771,6 +771,19 @@ static void test_alignment(void **state) {
     b_str(&b, "32");
     expect_fail(&b, "general.alignment");
     free(b.p);
+    /* a signed int32 32: the spec's type is uint32, and the writer takes only that (found
+     * by fuzz_gguf: the reader took it, the copy could not be written) */
+    b = (Bytes){0};
+    b_header(&b, 3, 0, 1);
+    b_str(&b, "general.alignment");
+    b_u32(&b, GGUF_TYPE_INT32);
+    b_u32(&b, 32);
+    expect_fail(&b, "uint32");
+    free(b.p);
+    /* larger than the 64 KiB both the reader and the writer accept */
+    b = one_tensor_file(1, ne, GGML_TYPE_F32, 0, 64, 1u << 17);
+    expect_fail(&b, "65536");
+    free(b.p);
 }
 
 static void test_bad_tensor_infos(void **state) {
