@@ -12,12 +12,12 @@
  * allocation made here is bounded by a small multiple of the file's size.
  */
 #include "model/gguf.h"
+#include "model/model_error.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,19 +83,6 @@ typedef struct {
     char *err;
     size_t err_len;
 } Cursor;
-
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- element types ----------------------------------------------------------------------- */
 
@@ -218,7 +205,7 @@ uint16_t gguf_f32_to_bf16(float f) {
 static bool cur_has(const Cursor *c, uint64_t n) { return n <= (uint64_t)(c->size - c->pos); }
 
 static int cur_truncated(Cursor *c, const char *what) {
-    return fail(c->err, c->err_len, "GGUF file truncated: %s at byte %zu runs past the end "
+    return model_errorf(c->err, c->err_len, "GGUF file truncated: %s at byte %zu runs past the end "
                 "(file is %zu bytes)", what, c->pos, c->size);
 }
 
@@ -243,7 +230,7 @@ static int cur_str(Cursor *c, GgufStr *s, const char *what) {
     if (cur_u64(c, &len, what) < 0)
         return -1;
     if (!cur_has(c, len))
-        return fail(c->err, c->err_len, "GGUF file corrupt: %s at byte %zu has length %llu "
+        return model_errorf(c->err, c->err_len, "GGUF file corrupt: %s at byte %zu has length %llu "
                     "but only %zu bytes remain", what, c->pos - 8, (unsigned long long)len,
                     c->size - c->pos);
     s->ptr = (const char *)c->base + c->pos;
@@ -364,7 +351,7 @@ static int parse_array(Cursor *c, GgufKv *kv, const char *key, int depth) {
     uint64_t esize = kv_scalar_size(elem_type);
     if (esize) {
         if (n > remain / esize)
-            return fail(c->err, c->err_len, "GGUF key '%s': array of %llu %s values needs "
+            return model_errorf(c->err, c->err_len, "GGUF key '%s': array of %llu %s values needs "
                         "more bytes than the %llu left in the file", key,
                         (unsigned long long)n, kv_type_name(elem_type),
                         (unsigned long long)remain);
@@ -373,14 +360,14 @@ static int parse_array(Cursor *c, GgufKv *kv, const char *key, int depth) {
     }
     if (elem_type == GGUF_TYPE_STRING) {
         if (n > remain / 8)
-            return fail(c->err, c->err_len, "GGUF key '%s': array of %llu strings cannot fit "
+            return model_errorf(c->err, c->err_len, "GGUF key '%s': array of %llu strings cannot fit "
                         "in the %llu bytes left in the file", key, (unsigned long long)n,
                         (unsigned long long)remain);
         GgufStr *strs = NULL;
         if (kv && depth == 0) {
             strs = malloc((n ? n : 1) * sizeof *strs); /* n ≤ file size / 8 */
             if (!strs)
-                return fail(c->err, c->err_len, "out of memory reading key '%s'", key);
+                return model_errorf(c->err, c->err_len, "out of memory reading key '%s'", key);
             kv->arr_strs = strs;
         }
         for (uint64_t i = 0; i < n; i++) {
@@ -395,10 +382,10 @@ static int parse_array(Cursor *c, GgufKv *kv, const char *key, int depth) {
     if (elem_type == GGUF_TYPE_ARRAY) {
         /* Arrays of arrays are legal but unused by llama files: validate and skip. */
         if (depth + 1 >= GGUF_MAX_ARRAY_DEPTH)
-            return fail(c->err, c->err_len, "GGUF key '%s': arrays nested more than %d deep",
+            return model_errorf(c->err, c->err_len, "GGUF key '%s': arrays nested more than %d deep",
                         key, GGUF_MAX_ARRAY_DEPTH);
         if (n > remain / 12)
-            return fail(c->err, c->err_len, "GGUF key '%s': array of %llu arrays cannot fit "
+            return model_errorf(c->err, c->err_len, "GGUF key '%s': array of %llu arrays cannot fit "
                         "in the %llu bytes left in the file", key, (unsigned long long)n,
                         (unsigned long long)remain);
         if (kv && depth == 0)
@@ -408,7 +395,7 @@ static int parse_array(Cursor *c, GgufKv *kv, const char *key, int depth) {
                 return -1;
         return 0;
     }
-    return fail(c->err, c->err_len, "GGUF key '%s': array element type %u is not a GGUF type",
+    return model_errorf(c->err, c->err_len, "GGUF key '%s': array element type %u is not a GGUF type",
                 key, elem_type);
 }
 
@@ -442,7 +429,7 @@ static int parse_kv(Cursor *c, GgufKv *kv, int64_t idx) {
         if (parse_array(c, kv, key, 0) < 0)
             return -1;
     } else {
-        return fail(c->err, c->err_len, "GGUF key '%s': value type %u is not a GGUF type",
+        return model_errorf(c->err, c->err_len, "GGUF key '%s': value type %u is not a GGUF type",
                     key, type);
     }
     kv->raw_len = c->pos - start;
@@ -460,7 +447,7 @@ static int parse_tensor_info(Cursor *c, GgufTensor *t, int64_t idx) {
     if (cur_u32(c, &t->n_dims, "a tensor's dimension count") < 0)
         return -1;
     if (t->n_dims < 1 || t->n_dims > 4)
-        return fail(c->err, c->err_len, "GGUF tensor '%.*s' has %u dimensions (1 to 4 allowed)",
+        return model_errorf(c->err, c->err_len, "GGUF tensor '%.*s' has %u dimensions (1 to 4 allowed)",
                     nlen, t->name.ptr, t->n_dims);
     uint64_t n_el = 1;
     for (uint32_t d = 0; d < 4; d++)
@@ -469,7 +456,7 @@ static int parse_tensor_info(Cursor *c, GgufTensor *t, int64_t idx) {
         if (cur_u64(c, &t->ne[d], "a tensor dimension") < 0)
             return -1;
         if (t->ne[d] == 0 || t->ne[d] > (uint64_t)INT64_MAX / n_el)
-            return fail(c->err, c->err_len, "GGUF tensor '%.*s' has an invalid dimension "
+            return model_errorf(c->err, c->err_len, "GGUF tensor '%.*s' has an invalid dimension "
                         "ne[%u] = %llu", nlen, t->name.ptr, d, (unsigned long long)t->ne[d]);
         n_el *= t->ne[d];
     }
@@ -488,10 +475,10 @@ static int place_tensor(GgufFile *f, GgufTensor *t, char *err, size_t err_len) {
     uint64_t offset = (uint64_t)(uintptr_t)t->data;
     uint64_t data_size = f->size - f->data_offset;
     if (offset % f->alignment != 0)
-        return fail(err, err_len, "GGUF tensor '%.*s': data offset %llu is not a multiple of the "
+        return model_errorf(err, err_len, "GGUF tensor '%.*s': data offset %llu is not a multiple of the "
                     "alignment %u", nlen, t->name.ptr, (unsigned long long)offset, f->alignment);
     if (offset > data_size)
-        return fail(err, err_len, "GGUF tensor '%.*s': data offset %llu lies past the end of the "
+        return model_errorf(err, err_len, "GGUF tensor '%.*s': data offset %llu lies past the end of the "
                     "file (tensor data section holds %llu bytes)", nlen, t->name.ptr,
                     (unsigned long long)offset, (unsigned long long)data_size);
     t->data = f->base + f->data_offset + offset;
@@ -500,13 +487,13 @@ static int place_tensor(GgufFile *f, GgufTensor *t, char *err, size_t err_len) {
     if (!blk)
         return 0; /* unsupported type: size unknown; gguf_tensor_to_f32 will refuse it */
     if (t->ne[0] % blk != 0)
-        return fail(err, err_len, "GGUF tensor '%.*s': row length %llu is not a multiple of "
+        return model_errorf(err, err_len, "GGUF tensor '%.*s': row length %llu is not a multiple of "
                     "the %s block size %llu", nlen, t->name.ptr, (unsigned long long)t->ne[0],
                     ggml_type_name(t->type), (unsigned long long)blk);
     uint64_t blocks = t->n_elements / blk;
     uint64_t bsize = ggml_type_block_bytes(t->type);
     if (blocks > (data_size - offset) / bsize)
-        return fail(err, err_len, "GGUF tensor '%.*s' (%s, %llu elements) runs past the end of "
+        return model_errorf(err, err_len, "GGUF tensor '%.*s' (%s, %llu elements) runs past the end of "
                     "the file: needs %llu bytes at data offset %llu, %llu available", nlen,
                     t->name.ptr, ggml_type_name(t->type), (unsigned long long)t->n_elements,
                     (unsigned long long)(blocks > UINT64_MAX / bsize ? UINT64_MAX : blocks * bsize),
@@ -519,26 +506,26 @@ static int place_tensor(GgufFile *f, GgufTensor *t, char *err, size_t err_len) {
 
 static int parse_header(GgufFile *f, Cursor *c, uint64_t *n_tensors, uint64_t *n_kv) {
     if (c->size < 4 || memcmp(c->base, GGUF_MAGIC, 4) != 0)
-        return fail(c->err, c->err_len, "not a GGUF file (the first 4 bytes are not \"GGUF\")");
+        return model_errorf(c->err, c->err_len, "not a GGUF file (the first 4 bytes are not \"GGUF\")");
     c->pos = 4;
     if (cur_u32(c, &f->version, "the version") < 0)
         return -1;
     if (f->version == 1)
-        return fail(c->err, c->err_len, "GGUF version 1 is not supported (it used 32-bit "
+        return model_errorf(c->err, c->err_len, "GGUF version 1 is not supported (it used 32-bit "
                     "lengths; only v2 and v3 are read): convert the file again");
     if (f->version == 0x02000000u || f->version == 0x03000000u)
-        return fail(c->err, c->err_len, "big-endian GGUF files are not supported");
+        return model_errorf(c->err, c->err_len, "big-endian GGUF files are not supported");
     if (f->version != 2 && f->version != 3)
-        return fail(c->err, c->err_len, "GGUF version %u is not supported (only v2 and v3)",
+        return model_errorf(c->err, c->err_len, "GGUF version %u is not supported (only v2 and v3)",
                     f->version);
     if (cur_u64(c, n_tensors, "the tensor count") < 0 || cur_u64(c, n_kv, "the key count") < 0)
         return -1;
     uint64_t remain = c->size - c->pos;
     if (*n_kv > remain / GGUF_MIN_KV_BYTES)
-        return fail(c->err, c->err_len, "GGUF file corrupt: %llu keys cannot fit in its %zu "
+        return model_errorf(c->err, c->err_len, "GGUF file corrupt: %llu keys cannot fit in its %zu "
                     "bytes", (unsigned long long)*n_kv, c->size);
     if (*n_tensors > remain / GGUF_MIN_TENSOR_INFO_BYTES)
-        return fail(c->err, c->err_len, "GGUF file corrupt: %llu tensors cannot fit in its %zu "
+        return model_errorf(c->err, c->err_len, "GGUF file corrupt: %llu tensors cannot fit in its %zu "
                     "bytes", (unsigned long long)*n_tensors, c->size);
     return 0;
 }
@@ -546,7 +533,7 @@ static int parse_header(GgufFile *f, Cursor *c, uint64_t *n_tensors, uint64_t *n
 static int parse_kvs(GgufFile *f, Cursor *c, uint64_t n_kv) {
     for (uint64_t i = 0; i < n_kv; i++) {
         if (grow((void **)&f->kv, &f->cap_kv, i, sizeof *f->kv) < 0)
-            return fail(c->err, c->err_len, "out of memory reading GGUF key #%llu",
+            return model_errorf(c->err, c->err_len, "out of memory reading GGUF key #%llu",
                         (unsigned long long)i);
         GgufKv *kv = &f->kv[i];
         f->n_kv = (int64_t)i + 1;  /* so gguf_close frees what this key allocated */
@@ -554,9 +541,9 @@ static int parse_kvs(GgufFile *f, Cursor *c, uint64_t n_kv) {
             return -1;
         int rc = index_add(&f->kv_index, f, kv_name_at, (int64_t)i);
         if (rc < 0)
-            return fail(c->err, c->err_len, "out of memory indexing GGUF keys");
+            return model_errorf(c->err, c->err_len, "out of memory indexing GGUF keys");
         if (rc > 0)
-            return fail(c->err, c->err_len, "GGUF key '%.*s' appears twice",
+            return model_errorf(c->err, c->err_len, "GGUF key '%.*s' appears twice",
                         kv->name.len < 80 ? (int)kv->name.len : 80, kv->name.ptr);
     }
     return 0;
@@ -571,12 +558,12 @@ static int read_alignment(GgufFile *f, char *err, size_t err_len) {
      * reader opens can always be copied by gguf_write.c. */
     uint32_t a;
     if (f->kv[i].type != GGUF_TYPE_UINT32 || gguf_get_u32(f, "general.alignment", &a) < 0)
-        return fail(err, err_len, "GGUF key general.alignment has type %s, not uint32",
+        return model_errorf(err, err_len, "GGUF key general.alignment has type %s, not uint32",
                     kv_type_name(f->kv[i].type));
     if (a == 0 || (a & (a - 1)) != 0)
-        return fail(err, err_len, "GGUF general.alignment = %u is not a power of two", a);
+        return model_errorf(err, err_len, "GGUF general.alignment = %u is not a power of two", a);
     if (a > GGUF_MAX_ALIGNMENT)
-        return fail(err, err_len, "GGUF general.alignment = %u is larger than %u", a,
+        return model_errorf(err, err_len, "GGUF general.alignment = %u is larger than %u", a,
                     GGUF_MAX_ALIGNMENT);
     f->alignment = a;
     return 0;
@@ -585,7 +572,7 @@ static int read_alignment(GgufFile *f, char *err, size_t err_len) {
 static int parse_tensors(GgufFile *f, Cursor *c, uint64_t n_tensors) {
     for (uint64_t i = 0; i < n_tensors; i++) {
         if (grow((void **)&f->tensors, &f->cap_tensors, i, sizeof *f->tensors) < 0)
-            return fail(c->err, c->err_len, "out of memory reading tensor info #%llu",
+            return model_errorf(c->err, c->err_len, "out of memory reading tensor info #%llu",
                         (unsigned long long)i);
         GgufTensor *t = &f->tensors[i];
         if (parse_tensor_info(c, t, (int64_t)i) < 0)
@@ -593,9 +580,9 @@ static int parse_tensors(GgufFile *f, Cursor *c, uint64_t n_tensors) {
         f->n_tensors = (int64_t)i + 1;
         int rc = index_add(&f->tensor_index, f, tensor_name_at, (int64_t)i);
         if (rc < 0)
-            return fail(c->err, c->err_len, "out of memory indexing tensors");
+            return model_errorf(c->err, c->err_len, "out of memory indexing tensors");
         if (rc > 0)
-            return fail(c->err, c->err_len, "GGUF tensor name '%.*s' appears twice",
+            return model_errorf(c->err, c->err_len, "GGUF tensor name '%.*s' appears twice",
                         t->name.len < 80 ? (int)t->name.len : 80, t->name.ptr);
     }
     return 0;
@@ -612,7 +599,7 @@ static int parse_all(GgufFile *f, char *err, size_t err_len) {
     if (f->n_tensors == 0)
         return 0;  /* a vocabulary-only file may end right after its keys */
     if (f->data_offset > f->size)
-        return fail(err, err_len, "GGUF file truncated: tensor data would start at byte %llu "
+        return model_errorf(err, err_len, "GGUF file truncated: tensor data would start at byte %llu "
                     "but the file is %zu bytes", (unsigned long long)f->data_offset, f->size);
     for (int64_t i = 0; i < f->n_tensors; i++)
         if (place_tensor(f, &f->tensors[i], err, err_len) < 0)
@@ -623,10 +610,10 @@ static int parse_all(GgufFile *f, char *err, size_t err_len) {
 int gguf_open_memory(const void *data, size_t size, GgufFile **out, char *err, size_t err_len) {
     *out = NULL;
     if (!data && size)
-        return fail(err, err_len, "gguf_open_memory: NULL data");
+        return model_errorf(err, err_len, "gguf_open_memory: NULL data");
     GgufFile *f = calloc(1, sizeof *f);
     if (!f)
-        return fail(err, err_len, "out of memory");
+        return model_errorf(err, err_len, "out of memory");
     f->base = data;
     f->size = size;
     if (parse_all(f, err, err_len) < 0) {
@@ -641,32 +628,32 @@ int gguf_open(const char *path, GgufFile **out, char *err, size_t err_len) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
+        return model_errorf(err, err_len, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
         close(fd);
-        return fail(err, err_len, "cannot stat %s: %s", path, strerror(e));
+        return model_errorf(err, err_len, "cannot stat %s: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, err_len, "%s is not a regular file", path);
+        return model_errorf(err, err_len, "%s is not a regular file", path);
     }
     if (st.st_size == 0) {
         close(fd);
-        return fail(err, err_len, "%s: not a GGUF file (it is empty)", path);
+        return model_errorf(err, err_len, "%s: not a GGUF file (it is empty)", path);
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd); /* the mapping keeps the file */
     if (map == MAP_FAILED)
-        return fail(err, err_len, "cannot map %s: %s", path, strerror(e));
+        return model_errorf(err, err_len, "cannot map %s: %s", path, strerror(e));
     char inner[400];
     GgufFile *f = NULL;
     if (gguf_open_memory(map, size, &f, inner, sizeof inner) < 0) {
         munmap(map, size);
-        return fail(err, err_len, "%s: %s", path, inner);
+        return model_errorf(err, err_len, "%s: %s", path, inner);
     }
     f->mapped = true;
     *out = f;
@@ -929,7 +916,7 @@ int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_le
     const uint8_t *src = t->data;
     uint64_t n = t->n_elements;
     if (!type_supported(t->type))
-        return fail(err, err_len, "tensor '%.*s' has type %s (%u), which is not supported "
+        return model_errorf(err, err_len, "tensor '%.*s' has type %s (%u), which is not supported "
                     "(supported: f32, f16, bf16, q8_0, q4_0)",
                     t->name.len < 80 ? (int)t->name.len : 80, t->name.ptr,
                     ggml_type_name(t->type), t->type);

@@ -8,6 +8,7 @@
  * starts at a multiple of it inside the section, as readers expect.
  */
 #include "model/gguf.h"
+#include "model/model_error.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,19 +94,6 @@ static void writer_error(GgufWriter *w, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(w->error, sizeof w->error, fmt, ap);
     va_end(ap);
-}
-
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
 }
 
 const char *gguf_writer_error(const GgufWriter *w) { return w->error[0] ? w->error : NULL; }
@@ -420,7 +408,7 @@ static int writer_alignment(const GgufWriter *w, size_t *out, char *err, size_t 
         if (w->keys[i].type == GGUF_TYPE_UINT32 && w->keys[i].val_len == 4)
             memcpy(&a, w->keys[i].val, 4);
         if (a == 0 || (a & (a - 1)) != 0 || a > MAX_ALIGNMENT)
-            return fail(err, err_len, "general.alignment must be a u32 power of two up to %u",
+            return model_errorf(err, err_len, "general.alignment must be a u32 power of two up to %u",
                         MAX_ALIGNMENT);
         *out = a;
     }
@@ -460,7 +448,7 @@ typedef int (*PutFn)(void *ctx, const void *data, size_t n);
 
 static int emit(GgufWriter *w, PutFn put, void *ctx, char *err, size_t err_len) {
     if (w->error[0])
-        return fail(err, err_len, "%s", w->error);
+        return model_errorf(err, err_len, "%s", w->error);
     size_t alignment;
     if (writer_alignment(w, &alignment, err, err_len) != 0)
         return -1;
@@ -468,7 +456,7 @@ static int emit(GgufWriter *w, PutFn put, void *ctx, char *err, size_t err_len) 
     encode_head(w, alignment, &head);
     if (head.oom) {
         free(head.p);
-        return fail(err, err_len, "out of memory encoding the GGUF header");
+        return model_errorf(err, err_len, "out of memory encoding the GGUF header");
     }
     int rc = put(ctx, head.p, head.len);
     free(head.p);
@@ -478,7 +466,7 @@ static int emit(GgufWriter *w, PutFn put, void *ctx, char *err, size_t err_len) 
         if (rc == 0)
             rc = put(ctx, zeros, align_up(t->size, alignment) - t->size);
     }
-    return rc < 0 ? fail(err, err_len, "write failed: %s", strerror(errno)) : 0;
+    return rc < 0 ? model_errorf(err, err_len, "write failed: %s", strerror(errno)) : 0;
 }
 
 static int put_file(void *ctx, const void *data, size_t n) {
@@ -500,23 +488,23 @@ int gguf_writer_write(GgufWriter *w, const char *path, char *err, size_t err_len
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (!tmp)
-        return fail(err, err_len, "out of memory");
+        return model_errorf(err, err_len, "out of memory");
     snprintf(tmp, plen + 32, "%s.tmp%ld", path, (long)getpid());
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        int rc = fail(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+        int rc = model_errorf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
         free(tmp);
         return rc;
     }
     char inner[300];
     int rc = emit(w, put_file, fp, inner, sizeof inner);
     if (fclose(fp) != 0 && rc == 0)
-        rc = fail(inner, sizeof inner, "write failed: %s", strerror(errno));
+        rc = model_errorf(inner, sizeof inner, "write failed: %s", strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = fail(inner, sizeof inner, "cannot rename to %s: %s", path, strerror(errno));
+        rc = model_errorf(inner, sizeof inner, "cannot rename to %s: %s", path, strerror(errno));
     if (rc < 0) {
         unlink(tmp);
-        fail(err, err_len, "%s: %s", path, inner);
+        model_errorf(err, err_len, "%s: %s", path, inner);
     }
     free(tmp);
     return rc;
@@ -530,5 +518,5 @@ int gguf_writer_to_memory(GgufWriter *w, void **data, size_t *size, char *err, s
     }
     *data = b.p ? b.p : malloc(1);
     *size = b.len;
-    return *data ? 0 : fail(err, err_len, "out of memory");
+    return *data ? 0 : model_errorf(err, err_len, "out of memory");
 }

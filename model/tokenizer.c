@@ -20,10 +20,10 @@
  * safe to share between threads.
  */
 #include "model/tokenizer.h"
+#include "model/model_error.h"
 
 #include <ctype.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,15 +86,6 @@ static const char *const FIM_PIECES[] = {
     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>", SPACE_MARK "<MID>",
     "<|code_middle|>", "<|middle|>",
 };
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* Length of the UTF-8 character a byte starts (0 if it cannot start one). */
 static int utf8_lead_len(unsigned char c)
@@ -183,7 +174,7 @@ static int vocab_index(Tokenizer *t, char *err, size_t err_len)
     while (size < (uint64_t)t->n_vocab * 2) size *= 2;
     t->slots = malloc(size * sizeof *t->slots);
     if (!t->slots) {
-        set_err(err, err_len, "tokenizer: out of memory");
+        model_errorf(err, err_len, "tokenizer: out of memory");
         return -1;
     }
     memset(t->slots, 0xff, size * sizeof *t->slots);
@@ -197,7 +188,7 @@ static int vocab_index(Tokenizer *t, char *err, size_t err_len)
             if (piece_equals(t, t->slots[i], s, n)) {
                 char shown[64];
                 str_printable((GgufStr){s, n}, shown, sizeof shown);
-                set_err(err, err_len, "tokenizer: duplicate piece '%s' (ids %d and %d)", shown,
+                model_errorf(err, err_len, "tokenizer: duplicate piece '%s' (ids %d and %d)", shown,
                         t->slots[i], id);
                 return -1;
             }
@@ -218,14 +209,14 @@ static int check_model(const GgufFile *f, char *err, size_t err_len)
 {
     GgufStr model;
     if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 0) {
-        set_err(err, err_len, "tokenizer: no tokenizer.ggml.model string in the file; only "
+        model_errorf(err, err_len, "tokenizer: no tokenizer.ggml.model string in the file; only "
                 "SentencePiece (\"llama\") vocabularies are supported");
         return -1;
     }
     if (!str_is(model, "llama")) {
         char name[64];
         str_printable(model, name, sizeof name);
-        set_err(err, err_len, "tokenizer: tokenizer.ggml.model is \"%s\"; only SentencePiece "
+        model_errorf(err, err_len, "tokenizer: tokenizer.ggml.model is \"%s\"; only SentencePiece "
                 "\"llama\" vocabularies are supported (no byte-level BPE, WordPiece, ...)", name);
         return -1;
     }
@@ -240,11 +231,11 @@ static int optional_array(const GgufFile *f, const char *key, uint64_t n_vocab, 
     if (!*present) return 0;
     uint64_t n;
     if (gguf_get_arr(f, key, elem, &n) != 0) {
-        set_err(err, err_len, "tokenizer: %s is not an array", key);
+        model_errorf(err, err_len, "tokenizer: %s is not an array", key);
         return -1;
     }
     if (n != n_vocab) {
-        set_err(err, err_len, "tokenizer: %s has %llu entries but tokenizer.ggml.tokens has %llu",
+        model_errorf(err, err_len, "tokenizer: %s has %llu entries but tokenizer.ggml.tokens has %llu",
                 key, (unsigned long long)n, (unsigned long long)n_vocab);
         return -1;
     }
@@ -257,11 +248,11 @@ static int load_pieces(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
     GgufType elem;
     uint64_t n;
     if (gguf_get_arr(f, key, &elem, &n) != 0 || elem != GGUF_TYPE_STRING) {
-        set_err(err, err_len, "tokenizer: %s (an array of strings) is missing", key);
+        model_errorf(err, err_len, "tokenizer: %s (an array of strings) is missing", key);
         return -1;
     }
     if (n == 0 || n > (uint64_t)INT32_MAX / 2) {
-        set_err(err, err_len, "tokenizer: %s has %llu entries", key, (unsigned long long)n);
+        model_errorf(err, err_len, "tokenizer: %s has %llu entries", key, (unsigned long long)n);
         return -1;
     }
     t->n_vocab = (int32_t)n;
@@ -271,11 +262,11 @@ static int load_pieces(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
     for (uint64_t i = 0; i < n; i++) {
         GgufStr s;
         if (gguf_arr_str(f, key, i, &s) != 0) {
-            set_err(err, err_len, "tokenizer: cannot read %s[%llu]", key, (unsigned long long)i);
+            model_errorf(err, err_len, "tokenizer: cannot read %s[%llu]", key, (unsigned long long)i);
             return -1;
         }
         if (s.len > UINT32_MAX - used) {
-            set_err(err, err_len, "tokenizer: %s is too large", key);
+            model_errorf(err, err_len, "tokenizer: %s is too large", key);
             return -1;
         }
         if (used + s.len > cap) {
@@ -295,7 +286,7 @@ static int load_pieces(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
     if (!t->arena && !(t->arena = malloc(1))) goto oom;
     return 0;
 oom:
-    set_err(err, err_len, "tokenizer: out of memory");
+    model_errorf(err, err_len, "tokenizer: out of memory");
     return -1;
 }
 
@@ -306,7 +297,7 @@ static int load_scores(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
     GgufType elem;
     t->scores = calloc((size_t)t->n_vocab, sizeof *t->scores);
     if (!t->scores) {
-        set_err(err, err_len, "tokenizer: out of memory");
+        model_errorf(err, err_len, "tokenizer: out of memory");
         return -1;
     }
     if (optional_array(f, key, (uint64_t)t->n_vocab, &present, &elem, err, err_len) != 0)
@@ -318,7 +309,7 @@ static int load_scores(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
         int rc = is_float ? gguf_arr_f32(f, key, (uint64_t)i, &t->scores[i])
                           : gguf_arr_i64(f, key, (uint64_t)i, &v);
         if (rc != 0) {
-            set_err(err, err_len, "tokenizer: %s must hold numbers (entry %d)", key, i);
+            model_errorf(err, err_len, "tokenizer: %s must hold numbers (entry %d)", key, i);
             return -1;
         }
         if (!is_float) t->scores[i] = (float)v;
@@ -335,7 +326,7 @@ static int load_types(Tokenizer *t, const GgufFile *f, char *err, size_t err_len
     t->flags = calloc((size_t)t->n_vocab, 1);
     t->byte_of = calloc((size_t)t->n_vocab, 1);
     if (!t->types || !t->flags || !t->byte_of) {
-        set_err(err, err_len, "tokenizer: out of memory");
+        model_errorf(err, err_len, "tokenizer: out of memory");
         return -1;
     }
     memset(t->types, TOKEN_TYPE_NORMAL, (size_t)t->n_vocab);
@@ -345,7 +336,7 @@ static int load_types(Tokenizer *t, const GgufFile *f, char *err, size_t err_len
     for (int32_t i = 0; i < t->n_vocab; i++) {
         int64_t v;
         if (gguf_arr_i64(f, key, (uint64_t)i, &v) != 0) {
-            set_err(err, err_len, "tokenizer: %s must hold integers (entry %d)", key, i);
+            model_errorf(err, err_len, "tokenizer: %s must hold integers (entry %d)", key, i);
             return -1;
         }
         /* llama.cpp maps values it does not know to UNDEFINED (decodes to nothing). */
@@ -361,17 +352,17 @@ static int load_id(const GgufFile *f, const char *key, int32_t n_vocab, int32_t 
 {
     if (gguf_find_key(f, key) < 0) {
         if (*id < n_vocab) return 0;
-        set_err(err, err_len, "tokenizer: no %s, and the default %d is outside the vocabulary "
+        model_errorf(err, err_len, "tokenizer: no %s, and the default %d is outside the vocabulary "
                 "(%d pieces)", key, *id, n_vocab);
         return -1;
     }
     int64_t v;
     if (gguf_get_i64(f, key, &v) != 0) {
-        set_err(err, err_len, "tokenizer: %s is not an integer", key);
+        model_errorf(err, err_len, "tokenizer: %s is not an integer", key);
         return -1;
     }
     if (v < 0 || v >= n_vocab) {
-        set_err(err, err_len, "tokenizer: %s = %lld is outside the vocabulary (%d pieces)",
+        model_errorf(err, err_len, "tokenizer: %s = %lld is outside the vocabulary (%d pieces)",
                 key, (long long)v, n_vocab);
         return -1;
     }
@@ -383,7 +374,7 @@ static int load_flag(const GgufFile *f, const char *key, bool *value, char *err,
 {
     if (gguf_find_key(f, key) < 0) return 0;
     if (gguf_get_bool(f, key, value) != 0) {
-        set_err(err, err_len, "tokenizer: %s is not a boolean", key);
+        model_errorf(err, err_len, "tokenizer: %s is not a boolean", key);
         return -1;
     }
     return 0;
@@ -525,7 +516,7 @@ int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len
     if (check_model(f, err, err_len) != 0) return -1;
     Tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        set_err(err, err_len, "tokenizer: out of memory");
+        model_errorf(err, err_len, "tokenizer: out of memory");
         return -1;
     }
     t->bos = 1;
@@ -546,7 +537,7 @@ int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len
     build_byte_tables(t);
     apply_name_rules(t, f);
     if (build_cut_pieces(t) != 0) {
-        set_err(err, err_len, "tokenizer: out of memory");
+        model_errorf(err, err_len, "tokenizer: out of memory");
         goto fail;
     }
     t->detok_max_bytes = compute_detok_bound(t);

@@ -7,8 +7,8 @@
  * llama.cpp's converter already reordered them for RoPE on adjacent pairs.
  */
 #include "model/weights.h"
+#include "model/model_error.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,19 +20,6 @@
 #define MAX_VOCAB (1 << 24)
 #define MAX_CTX (1 << 24)
 
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* ---- hyper-parameters -------------------------------------------------------------------- */
 
 /* A required positive integer key no larger than max. */
@@ -40,11 +27,11 @@ static int get_count(const GgufFile *f, const char *key, int max, int *out, char
                      size_t err_len) {
     int64_t v;
     if (gguf_find_key(f, key) < 0)
-        return fail(err, err_len, "model file lacks the required key %s", key);
+        return model_errorf(err, err_len, "model file lacks the required key %s", key);
     if (gguf_get_i64(f, key, &v) < 0)
-        return fail(err, err_len, "model key %s is not an integer", key);
+        return model_errorf(err, err_len, "model key %s is not an integer", key);
     if (v < 1 || v > max)
-        return fail(err, err_len, "model key %s = %lld is out of range (1 to %d)", key,
+        return model_errorf(err, err_len, "model key %s = %lld is out of range (1 to %d)", key,
                     (long long)v, max);
     *out = (int)v;
     return 0;
@@ -64,9 +51,9 @@ static int get_float_opt(const GgufFile *f, const char *key, float *out, char *e
         return 0;
     float v;
     if (gguf_get_f32(f, key, &v) < 0)
-        return fail(err, err_len, "model key %s is not a float", key);
+        return model_errorf(err, err_len, "model key %s is not a float", key);
     if (!(v > 0.0f) || v > 1e30f)
-        return fail(err, err_len, "model key %s = %g must be positive and finite", key, v);
+        return model_errorf(err, err_len, "model key %s = %g must be positive and finite", key, v);
     *out = v;
     return 0;
 }
@@ -74,9 +61,9 @@ static int get_float_opt(const GgufFile *f, const char *key, float *out, char *e
 static int check_architecture(const GgufFile *f, char *err, size_t err_len) {
     GgufStr arch;
     if (gguf_get_str(f, "general.architecture", &arch) < 0)
-        return fail(err, err_len, "model file lacks general.architecture (a string)");
+        return model_errorf(err, err_len, "model file lacks general.architecture (a string)");
     if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return fail(err, err_len, "model architecture is '%.*s'; only 'llama' is supported",
+        return model_errorf(err, err_len, "model architecture is '%.*s'; only 'llama' is supported",
                     arch.len < 64 ? (int)arch.len : 64, arch.ptr);
     return 0;
 }
@@ -87,16 +74,16 @@ static int read_vocab_size(const GgufFile *f, int *out, char *err, size_t err_le
     uint64_t n;
     if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &n) == 0) {
         if (n < 1 || n > MAX_VOCAB)
-            return fail(err, err_len, "tokenizer.ggml.tokens holds %llu tokens (1 to %d allowed)",
+            return model_errorf(err, err_len, "tokenizer.ggml.tokens holds %llu tokens (1 to %d allowed)",
                         (unsigned long long)n, MAX_VOCAB);
         *out = (int)n;
         return 0;
     }
     const GgufTensor *t = gguf_find_tensor(f, "token_embd.weight");
     if (!t)
-        return fail(err, err_len, "model file lacks the tensor token_embd.weight");
+        return model_errorf(err, err_len, "model file lacks the tensor token_embd.weight");
     if (t->n_dims < 2 || t->ne[1] < 1 || t->ne[1] > MAX_VOCAB)
-        return fail(err, err_len, "token_embd.weight has no usable vocabulary dimension");
+        return model_errorf(err, err_len, "token_embd.weight has no usable vocabulary dimension");
     *out = (int)t->ne[1];
     return 0;
 }
@@ -115,10 +102,10 @@ static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_
                       err_len) < 0)
         return -1;
     if (c->dim % c->n_heads != 0)
-        return fail(err, err_len, "llama.embedding_length %d is not divisible by "
+        return model_errorf(err, err_len, "llama.embedding_length %d is not divisible by "
                     "llama.attention.head_count %d", c->dim, c->n_heads);
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
-        return fail(err, err_len, "llama.attention.head_count_kv %d does not divide "
+        return model_errorf(err, err_len, "llama.attention.head_count_kv %d does not divide "
                     "llama.attention.head_count %d", c->n_kv_heads, c->n_heads);
     c->head_dim = c->dim / c->n_heads;
     /* Files whose head size is not dim / n_heads say so in key_length; we do not run those. */
@@ -126,13 +113,13 @@ static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_
     if (get_count_opt(f, "llama.attention.key_length", MAX_DIM, &key_len, err, err_len) < 0)
         return -1;
     if (key_len != c->head_dim)
-        return fail(err, err_len, "llama.attention.key_length %d differs from embedding_length / "
+        return model_errorf(err, err_len, "llama.attention.key_length %d differs from embedding_length / "
                     "head_count = %d; such models are not supported", key_len, c->head_dim);
     c->rope_dim = c->head_dim;
     if (get_count_opt(f, "llama.rope.dimension_count", MAX_DIM, &c->rope_dim, err, err_len) < 0)
         return -1;
     if (c->rope_dim % 2 != 0 || c->rope_dim > c->head_dim)
-        return fail(err, err_len, "llama.rope.dimension_count %d must be even and at most the "
+        return model_errorf(err, err_len, "llama.rope.dimension_count %d must be even and at most the "
                     "head size %d", c->rope_dim, c->head_dim);
     c->rope_theta = 10000.0f;
     c->rms_eps = 1e-5f;
@@ -164,7 +151,7 @@ static float *alloc_floats(Loader *ld, size_t n, const char *what) {
         return dry_run_buffer;
     void *p = NULL;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, n * sizeof(float)) != 0) {
-        fail(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
+        model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
         return NULL;
     }
     ld->bytes += n * sizeof(float);
@@ -175,7 +162,7 @@ static float *alloc_floats(Loader *ld, size_t n, const char *what) {
 static const GgufTensor *find_shaped(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1) {
     const GgufTensor *t = gguf_find_tensor(ld->f, name);
     if (!t) {
-        fail(ld->err, ld->err_len, "model file lacks the tensor %s", name);
+        model_errorf(ld->err, ld->err_len, "model file lacks the tensor %s", name);
         return NULL;
     }
     uint64_t want[4] = {ne0, ne1 ? ne1 : 1, 1, 1};
@@ -194,7 +181,7 @@ static const GgufTensor *find_shaped(Loader *ld, const char *name, uint64_t ne0,
             n += snprintf(got_s + n, sizeof got_s - (size_t)n, "%s%llu", d ? ", " : "",
                           (unsigned long long)t->ne[d]);
         snprintf(got_s + n, sizeof got_s - (size_t)n, "}");
-        fail(ld->err, ld->err_len, "tensor %s has shape %s, expected %s", name, got_s, want_s);
+        model_errorf(ld->err, ld->err_len, "tensor %s has shape %s, expected %s", name, got_s, want_s);
         return NULL;
     }
     return t;
@@ -216,7 +203,7 @@ static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, f
         count_matrix_type(ld, t->type);
     if (ld->dry)
         return ggml_type_block_elems(t->type) ? 0
-               : fail(ld->err, ld->err_len, "tensor %s has type %s (%u), which is not supported "
+               : model_errorf(ld->err, ld->err_len, "tensor %s has type %s (%u), which is not supported "
                       "(f32, f16, bf16, q8_0 and q4_0 are)", name, ggml_type_name(t->type), t->type);
     return gguf_tensor_to_f32(t, dst, ld->err, ld->err_len);
 }
@@ -254,10 +241,10 @@ static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
     free(rows);
     ld->bytes -= (size_t)in * out * sizeof(float);
     if (rc == -2)
-        return fail(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
+        return model_errorf(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
                     "not finite): load the model with --weight-type f32", what);
     if (rc < 0)
-        return fail(ld->err, ld->err_len, "out of memory packing %s", what);
+        return model_errorf(ld->err, ld->err_len, "out of memory packing %s", what);
     ld->bytes += matmul_weights_bytes(in, out, type);
     ld->n_packed++;
     ld->n_packed_f16 += type == MATMUL_F16;
@@ -339,10 +326,10 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
         int rc = ld->dry ? 0 : matmul_weights_pack(&w->output, w->token_embd, (int)dim,
                                                    (int)vocab, type);
         if (rc == -2)
-            return fail(ld->err, ld->err_len, "token_embd.weight (tied output) has a weight "
+            return model_errorf(ld->err, ld->err_len, "token_embd.weight (tied output) has a weight "
                         "F16 cannot hold: load the model with --weight-type f32");
         if (rc < 0)
-            return fail(ld->err, ld->err_len, "out of memory packing the tied output matrix");
+            return model_errorf(ld->err, ld->err_len, "out of memory packing the tied output matrix");
         if (!ld->dry) {
             ld->bytes += matmul_weights_bytes((int)dim, (int)vocab, type);
             ld->n_packed++;
@@ -355,7 +342,7 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers)
-        return fail(ld->err, ld->err_len, "out of memory");
+        return model_errorf(ld->err, ld->err_len, "out of memory");
     for (int l = 0; l < c->n_layers; l++)
         if (load_layer(ld, c, l, &w->layers[l]) < 0)
             return -1;

@@ -85,7 +85,7 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer
 JANSSON=($(pkg-config --cflags --libs jansson))
 
 COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_write.c
-        model/tokenizer.c)
+        model/tokenizer.c model/model_error.c)
 API=(api/buf.c api/completion.c api/endpoints.c api/error.c api/json_util.c api/metrics.c
      api/request.c api/request_tokenize.c api/vocab_tokenizer.c model/sampler.c)
 # Loading weights packs them for the product kernel (model/matmul*.c, which run on the
