@@ -7,8 +7,6 @@
 
 #include "attention/attn_internal.h"
 
-static int min_int(int a, int b) { return a < b ? a : b; }
-
 typedef struct {
     int32_t block; /* first block of the table */
     int seq;
@@ -86,7 +84,7 @@ static int prefix_group_pick(Cascade *cc, const KvLayout *lay, const AttnSeq *se
             lcp[i] = -1;
             if (cc->slot_of[s] >= 0)
                 continue;
-            int32_t limit = min_int(lead_seen, blocks_seen(lay, &seqs[s]));
+            int32_t limit = attn_min_int(lead_seen, blocks_seen(lay, &seqs[s]));
             lcp[i] = common_blocks(seqs[leader].block_table, seqs[s].block_table, limit);
             sorted[m++] = lcp[i];
         }

@@ -29,6 +29,8 @@ typedef struct {
     int rows_per_item, n_row_tiles;
 } ItemSplit;
 
+static inline int attn_min_int(int a, int b) { return a < b ? a : b; }
+
 /* How a sequence's (or a prefix group's) n_q rows are cut into work items. */
 ItemSplit attn_item_split(const AttnCall *c, int n_q);
 

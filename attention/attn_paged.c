@@ -467,7 +467,7 @@ static void attend_item(ItemState *it)
      * vectors that share tiles get them widened once, and many of them take the tiles
      * in as matrix products, whose rows of V and accumulators are a whole number of
      * registers long. */
-    int lone = it->n_h * it->n_rows == 1, matrix = n_vecs >= ATTN_MATRIX_MIN_VECS;
+    int lone = it->n_h * it->n_rows == 1, matrix = !lone && n_vecs >= ATTN_MATRIX_MIN_VECS;
     it->acc_stride = matrix ? (hd + 7) & ~7 : hd;
     float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
@@ -521,8 +521,6 @@ static void attend_item(ItemState *it)
         }
 }
 
-static int min_int(int a, int b) { return a < b ? a : b; }
-
 /* Place item `item` of a set of n_rows rows cut by sp: its KV heads, query heads, rows. */
 static void item_place(ItemState *it, const ItemSplit *sp, int item, int n_rows)
 {
@@ -533,11 +531,11 @@ static void item_place(ItemState *it, const ItemSplit *sp, int item, int n_rows)
     int head_chunk = rest % sp->n_head_chunks;
     int kv_chunk = rest / sp->n_head_chunks;
     it->kv0 = kv_chunk * sp->kv_per_item;
-    it->n_kv = min_int(sp->kv_per_item, it->c->n_kv_heads - it->kv0);
+    it->n_kv = attn_min_int(sp->kv_per_item, it->c->n_kv_heads - it->kv0);
     it->head0 = head_chunk * sp->heads_per_item;
-    it->n_h = min_int(sp->heads_per_item, it->c->group - it->head0);
+    it->n_h = attn_min_int(sp->heads_per_item, it->c->group - it->head0);
     it->row0 = row_tile * sp->rows_per_item;
-    it->n_rows = min_int(sp->rows_per_item, n_rows - it->row0);
+    it->n_rows = attn_min_int(sp->rows_per_item, n_rows - it->row0);
 }
 
 /* Item `item` of sequence s: its own positions (after its group's shared ones). */
@@ -592,8 +590,8 @@ static int decode_kv_per_item(const AttnSeq *seqs, int n_seqs, int n_kv_heads, i
         n_decode += seqs[s].n_q == 1;
     int want_items = 4 * threads;
     int chunks = n_decode >= want_items ? 1 : (want_items + n_decode - 1) / (n_decode ? n_decode : 1);
-    chunks = min_int(chunks, n_kv_heads);
-    return min_int((n_kv_heads + chunks - 1) / chunks, ATTN_MAX_VECS);
+    chunks = attn_min_int(chunks, n_kv_heads);
+    return attn_min_int((n_kv_heads + chunks - 1) / chunks, ATTN_MAX_VECS);
 }
 
 /* The items of every sequence of one call: sequence s owns items [first[s], first[s+1]). */
