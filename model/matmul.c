@@ -61,7 +61,12 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     *pw = (MatmulWeights){ .in = in, .out = out, .type = type };
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
-    memset(p, 0, bytes); /* the last panel's missing outputs are zeros (both types) */
+    /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
+     * which must be zeros (both types: 0 bits are 0.0). Zeroing just that panel spares
+     * start-up a pass over every matrix. */
+    size_t panel_bytes = matmul_weights_bytes(in, MATMUL_PANEL, type);
+    if (bytes > 0)
+        memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
     int rc = pack_rows(p, w, in, out, type);
     if (rc < 0) {
         free(p);
