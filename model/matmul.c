@@ -26,29 +26,75 @@ size_t matmul_weights_floats(int in, int out)
 
 size_t matmul_weights_bytes(int in, int out, MatmulType type)
 {
+    if (type == MATMUL_BF16) /* an odd in is padded to whole pairs */
+        return matmul_weights_floats(in + in % 2, out) * sizeof(uint16_t);
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+int matmul_bf16_supported(void)
+{
+    const char *off = getenv("PAGEDSERVE_NO_AVX512_BF16"); /* see matmul.h */
+    if (off && *off && strcmp(off, "0") != 0)
+        return 0;
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+/* Round to nearest even, as VCVTNEPS2BF16 does the row of x; NaN stays a (quiet) NaN. */
+static uint16_t bf16_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Where W[o][k] lies in the packed form, in elements of its type. */
+static size_t packed_index(int in, MatmulType type, int o, int k)
+{
+    size_t panel = (size_t)(o / MATMUL_PANEL), j = (size_t)(o % MATMUL_PANEL);
+    if (type == MATMUL_BF16) {
+        size_t pairs = (size_t)(in + 1) / 2;
+        return ((panel * pairs + (size_t)k / 2) * MATMUL_PANEL + j) * 2 + (size_t)k % 2;
+    }
+    return (panel * in + (size_t)k) * MATMUL_PANEL + j;
 }
 
 /* From here on a float rounds to infinity in F16 (65504 is the largest half; below 65520
  * round-to-nearest-even still gives 65504). */
 #define F16_OVERFLOW 65520.0f
 
-/* Row by row: reads W in order; a panel's writes stay within its in * 16 weights. */
+/* Row by row: reads W in order; a panel's writes stay within its own weights. */
 static int pack_rows(void *panels, const float *w, int in, int out, MatmulType type)
 {
     for (int o = 0; o < out; o++) {
-        size_t base = (size_t)(o / MATMUL_PANEL) * in * MATMUL_PANEL + o % MATMUL_PANEL;
         const float *src = w + (size_t)o * in;
         for (int k = 0; k < in; k++) {
-            size_t at = base + (size_t)k * MATMUL_PANEL;
+            size_t at = packed_index(in, type, o, k);
             if (type == MATMUL_F32) {
                 ((float *)panels)[at] = src[k];
-            } else {
+            } else if (type == MATMUL_F16) {
                 if (!(fabsf(src[k]) < F16_OVERFLOW))
                     return -2;
                 ((uint16_t *)panels)[at] = _cvtss_sh(src[k], _MM_FROUND_TO_NEAREST_INT);
+            } else {
+                uint16_t h = bf16_from_f32(src[k]);
+                if ((h & 0x7f80) == 0x7f80) /* infinity or NaN, in the file or by rounding */
+                    return -2;
+                ((uint16_t *)panels)[at] = h;
             }
         }
+        if (type == MATMUL_BF16 && in % 2) /* the pad of an odd row multiplies x's pad */
+            ((uint16_t *)panels)[packed_index(in, type, o, in)] = 0;
     }
     return 0;
 }
@@ -59,6 +105,8 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
     *pw = (MatmulWeights){ .in = in, .out = out, .type = type };
+    if (type == MATMUL_BF16 && !matmul_bf16_supported())
+        return -3;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
     /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
@@ -78,14 +126,14 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
 
 void matmul_weights_unpack(const MatmulWeights *pw, float *w)
 {
-    for (int o = 0; o < pw->out; o++) {
-        size_t base = (size_t)(o / MATMUL_PANEL) * pw->in * MATMUL_PANEL + o % MATMUL_PANEL;
+    for (int o = 0; o < pw->out; o++)
         for (int k = 0; k < pw->in; k++) {
-            size_t at = base + (size_t)k * MATMUL_PANEL;
+            size_t at = packed_index(pw->in, pw->type, o, k);
+            const uint16_t *halves = pw->panels;
             w[(size_t)o * pw->in + k] = pw->type == MATMUL_F32 ? ((const float *)pw->panels)[at]
-                                                              : _cvtsh_ss(((const uint16_t *)pw->panels)[at]);
+                                      : pw->type == MATMUL_F16 ? _cvtsh_ss(halves[at])
+                                                               : bf16_to_f32(halves[at]);
         }
-    }
 }
 
 void matmul_weights_free(MatmulWeights *pw)
@@ -101,6 +149,7 @@ int matmul_init(int n_threads)
 
 typedef struct {
     MatmulTask task;
+    void (*run)(const MatmulTask *t, int p0, int p1);
     int item_panels, n_panels;
 } Product;
 
@@ -110,7 +159,7 @@ static void product_item(void *arg, int item, int thread)
     const Product *p = arg;
     int p0 = item * p->item_panels;
     int p1 = p0 + p->item_panels < p->n_panels ? p0 + p->item_panels : p->n_panels;
-    matmul_kernel_run(&p->task, p0, p1);
+    p->run(&p->task, p0, p1);
 }
 
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
@@ -119,7 +168,8 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     if (rows <= 0 || w->out <= 0)
         return;
     Product p = {
-        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type == MATMUL_F16 },
+        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type },
+        .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run : matmul_kernel_run,
         .n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL,
     };
     size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
@@ -128,7 +178,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
                                                                             : p.item_panels;
     int n_items = (p.n_panels + p.item_panels - 1) / p.item_panels;
     if ((long)rows * w->in * w->out < PARALLEL_MIN_WORK || compute_threads() == 1) {
-        matmul_kernel_run(&p.task, 0, p.n_panels);
+        p.run(&p.task, 0, p.n_panels);
         return;
     }
     compute_parallel_for(n_items, product_item, &p);

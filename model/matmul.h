@@ -18,24 +18,33 @@
 
 #include <stddef.h>
 
-/* How packed weights are stored: F32, or IEEE F16 (half the memory and the bytes a
- * memory-bound product reads; widened to F32 in registers, products still sum in F32). */
-typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1 } MatmulType;
+/* How packed weights are stored: F32; IEEE F16 (half the memory and the bytes a
+ * memory-bound product reads; widened to F32 in registers, products still sum in F32); or
+ * BF16, where x is rounded to BF16 too and AVX512_BF16 multiplies pairs of them: half the
+ * bytes like F16 and twice the multiply-adds per cycle of F32, at 8 significant bits
+ * (matmul_bf16.c; only on CPUs that have the instructions, matmul_bf16_supported). */
+typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2 } MatmulType;
 
-/* W [out][in] as panels: panels[((p * in) + k) * 16 + j] = W[16p + j][k], zero past out. */
+/* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
+ * BF16 panels[(((p * pairs) + k / 2) * 16 + j) * 2 + k % 2] = W[16p + j][k] with
+ * pairs = ceil(in / 2). Zero past out (and past in, for an odd in). */
 typedef struct {
     int in, out;
     MatmulType type;
     void *panels; /* [ceil(out / 16)][in][16] floats or halves, 64-byte aligned, owned */
 } MatmulWeights;
 
-/* Weights (elements) in the packed form of an [out][in] matrix (out rounded up to 16). */
+/* Weights (elements) in the F32 packed form of an [out][in] matrix (out rounded up to 16). */
 size_t matmul_weights_floats(int in, int out);
-/* Bytes of that packed form in the given type. */
+/* Bytes of the packed form in the given type. */
 size_t matmul_weights_bytes(int in, int out, MatmulType type);
+/* Whether this CPU can run products on BF16 weights (AVX512_BF16). The environment
+ * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
+ * without the instructions does, tried on one that has them. */
+int matmul_bf16_supported(void);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
- * out of memory; -2 when type is F16 and a value would become infinity (|w| >= 65520) or
- * is not finite. */
+ * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)
+ * or is not finite (F16, BF16); -3 when the type is BF16 and the CPU cannot use it. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
 /* Writes the matrix back as row-major [out][in] (tests, tools). */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);

@@ -129,7 +129,7 @@ run(const MatmulTask *t, int p0, int p1, int f16)
 
 void matmul_kernel_run(const MatmulTask *t, int p0, int p1)
 {
-    if (t->f16)
+    if (t->type == MATMUL_F16)
         run(t, p0, p1, 1);
     else
         run(t, p0, p1, 0);

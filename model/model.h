@@ -33,7 +33,8 @@ typedef struct {
     float rms_eps;
     uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
     int packed_matrices;     /* weight matrices held for the products (fused ones count once) */
-    int packed_matrices_f16; /* how many of them are F16 in memory (the rest F32) */
+    int packed_matrices_f16;  /* how many of them are F16 in memory */
+    int packed_matrices_bf16; /* how many BF16 (the rest F32) */
 } ModelConfig;
 
 /* How the weight matrices are held in memory. AUTO keeps each matrix stored F16 in the
@@ -41,12 +42,18 @@ typedef struct {
  * everything else (F32, BF16, Q8_0, Q4_0) into F32, matrix by matrix (a fused group is F16
  * only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
  * (about 3 significant digits), for speed; a weight F16 cannot hold (|w| >= 65520) fails
- * the load. Vectors (norms) and the embedding table are always F32. */
-typedef enum { MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16 } ModelWeightType;
+ * the load. BF16 holds every matrix as BF16 (exact for a BF16 file, F32 ones rounded to 8
+ * significant bits) and rounds each product's input rows to BF16 too, so that AVX512_BF16
+ * does twice the multiply-adds per cycle of F32 (the compute-bound products of prefill and
+ * big batches run up to ~2x faster; the weight bytes halve as with F16); loading fails on a
+ * CPU without AVX512_BF16. Vectors (norms) and the embedding table are always F32. */
+typedef enum {
+    MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16
+} ModelWeightType;
 
-/* "auto", "f32", "f16" -> the type; -1 for anything else. */
+/* "auto", "f32", "f16", "bf16" -> the type; -1 for anything else. */
 int model_weight_type_parse(const char *name, ModelWeightType *out);
-/* "f32", "f16" or "mixed": how the model's matrices ended up in memory (for logs). */
+/* "f32", "f16", "bf16" or "mixed": how the model's matrices ended up in memory (for logs). */
 const char *model_matrix_type_name(const ModelConfig *c);
 
 typedef struct Model Model;

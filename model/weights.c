@@ -140,7 +140,7 @@ typedef struct {
     size_t err_len;
     bool dry; /* check every tensor, allocate and convert nothing */
     ModelWeightType want;  /* how matrices are packed (see pack_type_for) */
-    int n_packed, n_packed_f16; /* packed matrices, and how many of them as F16 */
+    int n_packed, n_packed_f16, n_packed_bf16; /* packed matrices; how many as F16, BF16 */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -219,11 +219,12 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
-/* F16 when asked, or under AUTO when every source tensor is stored F16 (then packing is
- * exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
+/* F16 or BF16 when asked, or F16 under AUTO when every source tensor is stored F16 (then
+ * packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
 static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
     if (ld->want != MODEL_WEIGHTS_AUTO)
-        return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16 : MATMUL_F32;
+        return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16
+             : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16 : MATMUL_F32;
     for (int i = 0; i < n; i++) {
         const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
         if (!t || t->type != GGML_TYPE_F16)
@@ -232,23 +233,38 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
     return MATMUL_F16;
 }
 
-/* Packs a loaded row-major matrix into dst and frees it (a dry run has nothing to pack). */
-static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
-                      MatmulWeights *dst, const char *what) {
-    if (ld->dry)
-        return 0;
+/* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
+static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
+                        MatmulWeights *dst, const char *what) {
     int rc = matmul_weights_pack(dst, rows, in, out, type);
-    free(rows);
-    ld->bytes -= (size_t)in * out * sizeof(float);
-    if (rc == -2)
+    if (rc == -2 && type == MATMUL_F16)
         return model_errorf(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
                     "not finite): load the model with --weight-type f32", what);
+    if (rc == -2)
+        return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
+                    "infinity in BF16): load the model with --weight-type f32", what);
+    if (rc == -3)
+        return model_errorf(ld->err, ld->err_len, "--weight-type bf16 needs a CPU with AVX512_BF16 "
+                    "(AMD Zen 4, Intel Cooper Lake, Sapphire Rapids or newer), which this one "
+                    "lacks: use f16 or f32");
     if (rc < 0)
         return model_errorf(ld->err, ld->err_len, "out of memory packing %s", what);
     ld->bytes += matmul_weights_bytes(in, out, type);
     ld->n_packed++;
     ld->n_packed_f16 += type == MATMUL_F16;
+    ld->n_packed_bf16 += type == MATMUL_BF16;
     return 0;
+}
+
+/* Packs a loaded row-major matrix into dst and frees it (a dry run has nothing to pack). */
+static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
+                      MatmulWeights *dst, const char *what) {
+    if (ld->dry)
+        return 0;
+    ld->bytes -= (size_t)in * out * sizeof(float);
+    int rc = pack_counted(ld, rows, in, out, type, dst, what);
+    free(rows);
+    return rc;
 }
 
 /* Loads the named matrices ({in, outs[i]} each), stacked row-wise, and packs them as one. */
@@ -322,19 +338,9 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
         const char *const embd[] = { "token_embd.weight" };
-        MatmulType type = pack_type_for(ld, 1, embd);
-        int rc = ld->dry ? 0 : matmul_weights_pack(&w->output, w->token_embd, (int)dim,
-                                                   (int)vocab, type);
-        if (rc == -2)
-            return model_errorf(ld->err, ld->err_len, "token_embd.weight (tied output) has a weight "
-                        "F16 cannot hold: load the model with --weight-type f32");
-        if (rc < 0)
-            return model_errorf(ld->err, ld->err_len, "out of memory packing the tied output matrix");
-        if (!ld->dry) {
-            ld->bytes += matmul_weights_bytes((int)dim, (int)vocab, type);
-            ld->n_packed++;
-            ld->n_packed_f16 += type == MATMUL_F16;
-        }
+        if (!ld->dry && pack_counted(ld, w->token_embd, (int)dim, (int)vocab, pack_type_for(ld, 1, embd),
+                                     &w->output, "token_embd.weight (tied output)") < 0)
+            return -1;
     } else {
         const char *const names[] = { "output.weight" };
         if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)
@@ -377,6 +383,7 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     c.weight_type = most_common_type(&ld);
     c.packed_matrices = ld.n_packed;
     c.packed_matrices_f16 = ld.n_packed_f16;
+    c.packed_matrices_bf16 = ld.n_packed_bf16;
     *config = c;
     *weight_bytes = ld.bytes;
     return 0;

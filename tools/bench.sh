@@ -20,7 +20,7 @@
 #   BENCH_MAX_SECONDS=1800     bound on each `bench serve` invocation
 #   BENCH_QUICK=1              small smoke run (fewer levels and requests)
 #   BENCH_NO_INSTALL=1         never apt-get install gnuplot
-#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32 or f16; bench serve is told too)
+#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16 or bf16; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
 set -euo pipefail
 
@@ -37,7 +37,7 @@ CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-288}
 MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
 WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
-case $WEIGHT_TYPE in f32|f16) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32 or f16" >&2; exit 2 ;; esac
+case $WEIGHT_TYPE in f32|f16|bf16) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16 or bf16" >&2; exit 2 ;; esac
 read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE ${BENCH_SERVER_FLAGS:-}"
 MAX_SEQS=64
 

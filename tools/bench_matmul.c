@@ -12,7 +12,9 @@
  * pool; the arena's floats are read as panels), and three ways of running OpenBLAS on the
  * plain row-major W: single-threaded sgemm slices of W's rows on the compute pool (what
  * products ran on before the packed kernel), one cblas_sgemm call on OpenBLAS's own
- * threads (the compute pool idle), and for one row cblas_sgemv on OpenBLAS's threads. */
+ * threads (the compute pool idle), and for one row cblas_sgemv on OpenBLAS's threads.
+ * --type f16|bf16 packs the arena's weights in that type instead (the OpenBLAS columns,
+ * F32 only, are then left out). */
 #include "tools/bench_matmul.h"
 
 #include <cblas.h>
@@ -51,6 +53,7 @@ typedef struct {
     int threads;
     double min_time;
     int best; /* report the fastest call instead of the median */
+    MatmulType type; /* what the arena's panels hold */
     double call_time[MAX_CALLS];
 } Bench;
 
@@ -92,10 +95,10 @@ static void sgemm_slices(float *y, const float *x, const float *w, int rows, int
     compute_parallel_for((out + s.chunk - 1) / s.chunk, slice_item, &s);
 }
 
-static void run_once(Runner how, float *y, const float *x, const float *w, int rows, int in,
-                     int out)
+static void run_once(Runner how, MatmulType type, float *y, const float *x, const float *w,
+                     int rows, int in, int out)
 {
-    MatmulWeights packed = { .in = in, .out = out, .panels = (float *)w };
+    MatmulWeights packed = { .in = in, .out = out, .type = type, .panels = (float *)w };
     switch (how) {
     case RUN_MATMUL: matmul(y, out, x, in, &packed, rows, 0.0f); break;
     case RUN_SLICES: sgemm_slices(y, x, w, rows, in, out); break;
@@ -119,18 +122,20 @@ static int cmp_double(const void *a, const void *b)
 /* Median (or fastest) seconds per call over at least min_time and 3 calls. */
 static double time_calls(Bench *b, Runner how, const Shape *s, int rows)
 {
-    size_t w_floats = matmul_weights_floats(s->in, s->out);
-    size_t copies = ARENA_BYTES / sizeof(float) / w_floats;
+    MatmulType type = how == RUN_MATMUL ? b->type : MATMUL_F32;
+    size_t w_bytes = (matmul_weights_bytes(s->in, s->out, type) + 63) / 64 * 64;
+    size_t copies = ARENA_BYTES / w_bytes;
     int mt = how == RUN_SGEMM_MT || how == RUN_SGEMV_MT;
     if (mt)
         openblas_set_num_threads(b->threads);
-    run_once(how, b->y, b->x, b->arena, rows, s->in, s->out); /* warm-up */
+    run_once(how, type, b->y, b->x, b->arena, rows, s->in, s->out); /* warm-up */
     int n = 0;
     double start = now_seconds(), now = start;
     while (n < MAX_CALLS && (n < 3 || now - start < b->min_time)) {
-        const float *w = b->arena + (size_t)(n + 1) % copies * w_floats; /* not the warm one */
+        /* not the warm copy */
+        const float *w = (const float *)((const char *)b->arena + (size_t)(n + 1) % copies * w_bytes);
         double t0 = now_seconds();
-        run_once(how, b->y, b->x, w, rows, s->in, s->out);
+        run_once(how, type, b->y, b->x, w, rows, s->in, s->out);
         now = now_seconds();
         b->call_time[n++] = now - t0;
     }
@@ -181,9 +186,26 @@ static double read_bandwidth(const Bench *b)
     return best;
 }
 
+/* Random weights in [-1, 1) as the packed type holds them: floats, or halves of either kind
+ * (the panels' layout does not matter to the timing, only their bytes). */
+static void fill_arena(float *arena, MatmulType type)
+{
+    uint16_t *h = (uint16_t *)arena;
+    for (size_t i = 0; i < ARENA_BYTES / (type == MATMUL_F32 ? 4 : 2); i++) {
+        float v = rng_uniform();
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        if (type == MATMUL_F32)
+            arena[i] = v;
+        else
+            h[i] = type == MATMUL_F16 ? _cvtss_sh(v, 0) : (uint16_t)(u >> 16);
+    }
+}
+
 static void bench_shape(Bench *b, const Shape *s, int only_rows)
 {
-    double w_bytes = (double)s->in * s->out * sizeof(float);
+    double w_bytes = (double)matmul_weights_bytes(s->in, s->out, b->type) * s->out /
+                     ((s->out + 15) / 16 * 16);
     /* Measured again per shape: other tenants make the bandwidth drift within a run. */
     printf("\n%s: in %d -> out %d, W %.1f MiB; memory read bandwidth now %.1f GB/s\n", s->name,
            s->in, s->out, w_bytes / (1 << 20), read_bandwidth(b));
@@ -194,7 +216,8 @@ static void bench_shape(Bench *b, const Shape *s, int only_rows)
         int rows = only_rows ? only_rows : row_counts[i];
         double t[RUN_COUNT];
         for (int how = 0; how < RUN_COUNT; how++)
-            t[how] = how == RUN_SGEMV_MT && rows != 1 ? 0 : time_calls(b, how, s, rows);
+            t[how] = (how == RUN_SGEMV_MT && rows != 1) || (how != RUN_MATMUL && b->type != MATMUL_F32)
+                         ? 0 : time_calls(b, how, s, rows);
         printf("%5d | %9.1f %8.1f %7.1f | %9.1f %11.1f ", rows, t[RUN_MATMUL] * 1e6,
                2.0 * rows * s->in * s->out / t[RUN_MATMUL] / 1e9, w_bytes / t[RUN_MATMUL] / 1e9,
                t[RUN_SLICES] * 1e6, t[RUN_SGEMM_MT] * 1e6);
@@ -211,7 +234,7 @@ int bench_matmul_main(int argc, char **argv)
     static Bench b; /* call_time is large: keep it off the stack */
     int threads = 0, only_rows = 0;
     double min_time = 0.1;
-    const char *only_shape = NULL;
+    const char *only_shape = NULL, *type_name = "f32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -223,19 +246,29 @@ int bench_matmul_main(int argc, char **argv)
             only_shape = argv[++i];
         else if (!strcmp(argv[i], "--best"))
             b.best = 1;
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc)
+            type_name = argv[++i];
         else {
             printf("usage: bench matmul [--threads N (all cores)] [--min-time SECONDS per case (0.1)]\n"
                    "                    [--rows N (1..256)] [--shape qkv|wo|gate_up|down|logits]\n"
-                   "                    [--best] (fastest call, not the median: kernel A/B on a busy machine)\n");
+                   "                    [--best] (fastest call, not the median: kernel A/B on a busy machine)\n"
+                   "                    [--type f32|f16|bf16] (how the weights are packed; f32)\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
     int shape_known = !only_shape;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         shape_known |= only_shape && !strcmp(only_shape, shapes[i].name);
-    if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS || !shape_known) {
+    b.type = !strcmp(type_name, "f16") ? MATMUL_F16 : !strcmp(type_name, "bf16") ? MATMUL_BF16
+                                                                                 : MATMUL_F32;
+    if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS || !shape_known ||
+        (b.type == MATMUL_F32 && strcmp(type_name, "f32"))) {
         fprintf(stderr, "bench matmul: bad option value\n");
         return 2;
+    }
+    if (b.type == MATMUL_BF16 && !matmul_bf16_supported()) {
+        fprintf(stderr, "bench matmul: this CPU has no AVX512_BF16 for --type bf16\n");
+        return 1;
     }
     b.threads = matmul_init(threads);
     openblas_set_num_threads(1); /* the slices run inside the pool's threads */
@@ -250,12 +283,11 @@ int bench_matmul_main(int argc, char **argv)
         free(b.y);
         return 1;
     }
-    for (size_t i = 0; i < ARENA_BYTES / sizeof(float); i++)
-        b.arena[i] = rng_uniform();
+    fill_arena(b.arena, b.type);
     for (size_t i = 0; i < (size_t)MAX_ROWS * MAX_IN; i++)
         b.x[i] = rng_uniform();
-    printf("bench matmul: %d threads; times are %s per call\n", b.threads,
-           b.best ? "the fastest" : "medians");
+    printf("bench matmul: %d threads, %s weights; times are %s per call\n", b.threads,
+           type_name, b.best ? "the fastest" : "medians");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!only_shape || !strcmp(only_shape, shapes[i].name))
             bench_shape(&b, &shapes[i], only_rows);

@@ -79,8 +79,8 @@ static void usage(FILE *f)
             "  --gguf PATH            the served model file: FLOPs, weight and KV bytes per token\n"
             "  --kv-cache-mb MIB      the server's --kv-cache-mb (else blocks x block size)\n"
             "  --kv-dtype f16|f32     the server's --kv-dtype (f16)\n"
-            "  --weight-type f32|f16  how the server holds weight matrices (f32): 4 or 2 bytes\n"
-            "                         each in the memory-bound ITL\n"
+            "  --weight-type f32|f16|bf16 how the server holds weight matrices (f32): 4 or 2\n"
+            "                         bytes each in the memory-bound ITL\n"
             "  --kv-bytes-per-token N overrides the value computed from --gguf and --kv-dtype\n"
             "  --gflops G             measured sgemm GFLOP/s of this machine (roofline)\n"
             "  --gbps B               measured memory read GB/s of this machine (roofline)\n"
@@ -295,7 +295,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
     cfg->kv_dtype_bytes = strcmp(kv_dtype, "f32") ? 2 : 4;
-    cfg->weight_bytes = strcmp(weight_type, "f16") ? 4 : 2;
+    cfg->weight_bytes = strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
     return 0;
 }
 

@@ -1,4 +1,5 @@
-/* matmul tests: the packed-weight product against a naive double-precision reference,
+/* matmul tests: the packed-weight product (F32, F16 and, where the CPU has AVX512_BF16,
+ * BF16 weights) against a naive double-precision reference,
  * over every row count up to several 6-row blocks plus each tail (1-5 rows take other
  * block shapes), and sizes that are and are not multiples of the 8-float vectors and
  * 16-output panels. Buffers are allocated to the exact last element used, so a read or write
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -27,6 +29,23 @@ static float rand_uniform(void) /* in [-1, 1) */
 {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (float)(rng_state >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+/* The last type this CPU can run products on: BF16 needs AVX512_BF16. */
+static int last_type(void)
+{
+    return matmul_bf16_supported() ? MATMUL_BF16 : MATMUL_F16;
+}
+
+/* BF16 rounding written out here, independent of the kernel's (hardware) conversion:
+ * round to nearest, ties to even, on the top 16 bits of the float. */
+static float bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* x, w and the reference for MAX_ROWS rows: a case with fewer rows uses the first ones. */
@@ -56,15 +75,18 @@ static void problem_make(Problem *p, int in, int out, MatmulType type)
     for (int i = 0; i < MAX_ROWS * out; i++)
         p->y0[i] = rand_uniform();
     assert_int_equal(matmul_weights_pack(&p->packed, p->w, in, out, type), 0);
-    /* The reference multiplies what the kernel holds: F16 rounding is the packing's doing
-     * (checked in test_pack_layout), not the product's. */
+    /* The reference multiplies what the kernel holds: F16 and BF16 rounding of W is the
+     * packing's doing (checked in test_pack_layout), not the product's. A BF16 product
+     * also rounds each x to BF16 (to nearest even), which the reference does here. */
     matmul_weights_unpack(&p->packed, p->w);
     for (int r = 0; r < MAX_ROWS; r++)
         for (int o = 0; o < out; o++) {
             double s = 0.0, a = 0.0;
             for (int k = 0; k < in; k++) {
-                s += (double)p->x[r * in + k] * p->w[o * in + k];
-                a += fabs((double)p->x[r * in + k] * p->w[o * in + k]);
+                float xk = p->x[r * in + k];
+                double xw = (double)(type == MATMUL_BF16 ? bf16_round(xk) : xk) * p->w[o * in + k];
+                s += xw;
+                a += fabs(xw);
             }
             p->dot[r * out + o] = s;
             p->absdot[r * out + o] = a;
@@ -127,7 +149,7 @@ static int check_case(const Problem *p, int rows, int ldx, int ldy, float beta)
 static int check_shape(int in, int out, const int *row_counts, int n_row_counts)
 {
     int bad = 0;
-    for (int type = MATMUL_F32; type <= MATMUL_F16; type++) {
+    for (int type = MATMUL_F32; type <= last_type(); type++) {
         Problem p;
         problem_make(&p, in, out, (MatmulType)type);
         for (int i = 0; i < n_row_counts; i++)
@@ -150,12 +172,13 @@ static const int all_rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 static void test_against_reference(void **state)
 {
     (void)state;
-    static const int ins[] = {1, 7, 8, 64, 100, 768};
+    /* 2047, 2050: BF16 converts x 2048 inputs at a time, and pads an odd row */
+    static const int ins[] = {1, 7, 8, 64, 100, 768, 2047, 2050};
     /* 27, 50, 62: a partial last panel inside a 2- or 4-panel block (few rows) */
     static const int outs[] = {1, 3, 16, 27, 50, 62, 64, 257};
     assert_int_equal(matmul_init(1), 1);
     int bad = 0;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 8; i++)
         for (int o = 0; o < 8; o++)
             bad += check_shape(ins[i], outs[o], all_rows, N_ALL_ROWS);
     assert_int_equal(bad, 0);
@@ -191,8 +214,29 @@ static void test_other_beta(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* F32 packing is lossless, F16 rounds to nearest; both pad the last panel with zeros
- * (the kernel multiplies them). */
+/* Where W[o][k] of an [out][in] matrix is in the packed form (matmul.h's layout). */
+static size_t packed_at(int in, MatmulType type, int o, int k)
+{
+    if (type == MATMUL_BF16)
+        return ((size_t)((o / 16) * ((in + 1) / 2) + k / 2) * 16 + o % 16) * 2 + k % 2;
+    return (size_t)((o / 16) * in + k) * 16 + o % 16;
+}
+
+static float packed_value(const MatmulWeights *m, size_t at)
+{
+    const uint16_t *h = m->panels;
+    if (m->type == MATMUL_F32)
+        return ((const float *)m->panels)[at];
+    if (m->type == MATMUL_F16)
+        return _cvtsh_ss(h[at]);
+    uint32_t u = (uint32_t)h[at] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* F32 packing is lossless, F16 and BF16 round to nearest; all pad the last panel with zeros
+ * (the kernel multiplies them), BF16 also an odd row's last pair. */
 static void test_pack_layout(void **state)
 {
     (void)state;
@@ -201,32 +245,30 @@ static void test_pack_layout(void **state)
         w[i] = rand_uniform() * 1000.0f;
     assert_int_equal(matmul_weights_floats(7, 21), 2 * 16 * 7);
     assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_F16), 2 * 16 * 7 * 2);
-    for (int type = MATMUL_F32; type <= MATMUL_F16; type++) {
+    assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_BF16), 2 * 16 * 8 * 2);
+    if (!matmul_bf16_supported())
+        print_message("SKIPPED BF16 packing and products: this CPU has no AVX512_BF16\n");
+    for (int type = MATMUL_F32; type <= last_type(); type++) {
         MatmulWeights m;
         assert_int_equal(matmul_weights_pack(&m, w, 7, 21, (MatmulType)type), 0);
+        /* F16 has an 11-bit significand: relative error at most 2^-11 (absolute 2^-25
+         * where it is subnormal); BF16 an 8-bit one, 2^-8 */
+        float rel = type == MATMUL_F32 ? 0.0f : type == MATMUL_F16 ? 1.0f / 2048 : 1.0f / 256;
+        float floor = type == MATMUL_F16 ? 0x1p-25f : 0.0f;
         for (int o = 0; o < 21; o++)
             for (int k = 0; k < 7; k++) {
-                size_t at = (size_t)((o / 16) * 7 + k) * 16 + o % 16;
-                float got = type == MATMUL_F32 ? ((const float *)m.panels)[at]
-                                               : _cvtsh_ss(((const uint16_t *)m.panels)[at]);
-                /* F16 has an 11-bit significand: relative error at most 2^-11 (absolute
-                 * 2^-25 where it is subnormal) */
-                float tol = type == MATMUL_F32 ? 0.0f : fmaxf(fabsf(w[o * 7 + k]) / 2048.0f, 0x1p-25f);
-                assert_true(fabsf(got - w[o * 7 + k]) <= tol);
+                float got = packed_value(&m, packed_at(7, (MatmulType)type, o, k));
+                assert_true(fabsf(got - w[o * 7 + k]) <= fmaxf(fabsf(w[o * 7 + k]) * rel, floor));
+                if (type == MATMUL_BF16)
+                    assert_true(got == bf16_round(w[o * 7 + k]));
             }
-        for (int k = 0; k < 7; k++)
-            for (int j = 21 - 16; j < 16; j++) {
-                size_t at = (size_t)(7 + k) * 16 + j;
-                if (type == MATMUL_F32)
-                    assert_true(((const float *)m.panels)[at] == 0.0f);
-                else
-                    assert_int_equal(((const uint16_t *)m.panels)[at], 0);
-            }
+        for (int o = 0; o < 32; o++)
+            for (int k = 0; k < (type == MATMUL_BF16 ? 8 : 7); k++)
+                if (o >= 21 || k >= 7)
+                    assert_true(packed_value(&m, packed_at(7, (MatmulType)type, o, k)) == 0.0f);
         matmul_weights_unpack(&m, back);
         for (int i = 0; i < 21 * 7; i++)
-            assert_true(type == MATMUL_F16
-                            ? fabsf(back[i] - w[i]) <= fmaxf(fabsf(w[i]) / 2048.0f, 0x1p-25f)
-                            : back[i] == w[i]);
+            assert_true(back[i] == packed_value(&m, packed_at(7, (MatmulType)type, i / 7, i % 7)));
         matmul_weights_free(&m);
     }
 }
@@ -253,11 +295,41 @@ static void test_pack_f16_range(void **state)
     matmul_weights_free(&m);
 }
 
+/* BF16 has F32's range: only what rounds to infinity, infinity and NaN are refused; and
+ * where the CPU cannot run BF16 products, packing for them is refused with -3. */
+static void test_pack_bf16_range(void **state)
+{
+    (void)state;
+    float w[16 * 4] = {0};
+    MatmulWeights m;
+    /* a CPU without the instructions (or one told so, matmul.h) refuses to pack for them */
+    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_BF16", "1", 1), 0);
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -3);
+    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_BF16"), 0);
+    if (!matmul_bf16_supported()) {
+        print_message("SKIPPED BF16 range checks: this CPU has no AVX512_BF16\n");
+        return;
+    }
+    w[37] = 3.38953139e38f; /* 0x7f7f0000, the largest BF16 */
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), 0);
+    float back[16 * 4];
+    matmul_weights_unpack(&m, back);
+    assert_true(back[37] == 3.38953139e38f);
+    matmul_weights_free(&m);
+    w[37] = -3.4e38f; /* rounds to -infinity */
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -2);
+    w[37] = INFINITY;
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -2);
+    w[37] = NAN;
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_pack_f16_range),
+        cmocka_unit_test(test_pack_bf16_range),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),

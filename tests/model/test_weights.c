@@ -223,7 +223,7 @@ static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) 
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
 #define PACKED(m, in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in) * \
-                            ((m).type == MATMUL_F16 ? 2 : sizeof(float)))
+                            ((m).type == MATMUL_F32 ? sizeof(float) : 2))
     size_t bytes = PACKED(w->output, dim, c->vocab_size);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *lw = &w->layers[l];
@@ -411,35 +411,68 @@ static void test_auto_mixed_file(void **state) {
     load_ok(&s, check_f16_mixed);
 }
 
-/* Forced types: F32 file as F16 rounds each weight to the nearest half; F16 file as F32. */
+/* Forced types: F32 file as F16 rounds each weight to the nearest half, as BF16 (where the
+ * CPU has AVX512_BF16) to the nearest BF16; F16 file as F32 keeps it. */
 static void test_forced_weight_types(void **state) {
     (void)state;
-    for (int file_f16 = 0; file_f16 < 2; file_f16++) {
+    static const struct {
+        GgmlType file;
+        ModelWeightType want;
+        const char *held;
+        float rel, floor; /* largest error: relative, and absolute where subnormal */
+    } cases[] = {
+        { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f },
+        { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
+            print_message("SKIPPED --weight-type bf16 load: this CPU has no AVX512_BF16\n");
+            continue;
+        }
         Spec s = default_spec();
-        s.type = file_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        s.type = cases[k].file;
         void *data;
         GgufFile *f = make_model(&s, &data);
         ModelConfig c;
         TransformerWeights w;
         size_t bytes;
         char err[512];
-        ModelWeightType want = file_f16 ? MODEL_WEIGHTS_F32 : MODEL_WEIGHTS_F16;
-        if (weights_load_as(f, want, &c, &w, &bytes, err, sizeof err) < 0)
+        if (weights_load_as(f, cases[k].want, &c, &w, &bytes, err, sizeof err) < 0)
             fail_msg("%s", err);
-        assert_string_equal(model_matrix_type_name(&c), file_f16 ? "f32" : "f16");
+        assert_string_equal(model_matrix_type_name(&c), cases[k].held);
         assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
         float *down = unpacked(&w.layers[1].w_down);
         for (int i = 0; i < c.dim * c.ffn_dim; i++)
-            /* relative 2^-11, or absolute 2^-25 where F16 is subnormal (below 2^-14) */
             assert_true(fabsf(down[i] - file_down[i]) <=
-                        fmaxf(fabsf(file_down[i]) / 2048.0f, 0x1p-25f));
+                        fmaxf(fabsf(file_down[i]) * cases[k].rel, cases[k].floor));
         free(down);
         free(file_down);
         weights_free(&w, &c);
         gguf_close(f);
         free(data);
     }
+}
+
+/* Without AVX512_BF16, --weight-type bf16 is refused with a message that says so (a CPU
+ * that has it is told it has not, as matmul.h allows). */
+static void test_bf16_needs_cpu_support(void **state) {
+    (void)state;
+    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_BF16", "1", 1), 0);
+    assert_false(matmul_bf16_supported());
+    Spec s = default_spec();
+    void *data;
+    GgufFile *f = make_model(&s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes;
+    char err[512] = "";
+    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_BF16, &c, &w, &bytes, err, sizeof err), -1);
+    assert_non_null(strstr(err, "AVX512_BF16"));
+    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_BF16"), 0);
+    gguf_close(f);
+    free(data);
 }
 
 static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
@@ -562,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_f16_file_stays_f16),
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
+        cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
         cmocka_unit_test(test_bad_tensors),
