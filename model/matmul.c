@@ -40,13 +40,16 @@ int matmul_bf16_supported(void)
            __builtin_cpu_supports("avx512vl");
 }
 
-/* Round to nearest even, as VCVTNEPS2BF16 does the row of x; NaN stays a (quiet) NaN. */
+/* Round to nearest even, as VCVTNEPS2BF16 does the row of x; NaN stays a (quiet) NaN;
+ * subnormals become (signed) zero, which is what VDPBF16PS multiplies them as. */
 static uint16_t bf16_from_f32(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7f800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
@@ -104,13 +107,14 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     size_t n = matmul_weights_floats(in, out);
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
-    *pw = (MatmulWeights){ .in = in, .out = out, .type = type };
+    *pw = (MatmulWeights){ .in = in, .out = out };
     if (type == MATMUL_BF16 && !matmul_bf16_supported())
         return -3;
+    pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
     /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
-     * which must be zeros (both types: 0 bits are 0.0). Zeroing just that panel spares
+     * which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel spares
      * start-up a pass over every matrix. */
     size_t panel_bytes = matmul_weights_bytes(in, MATMUL_PANEL, type);
     if (bytes > 0)
@@ -176,6 +180,8 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     p.item_panels = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
     p.item_panels = p.item_panels < 1 ? 1 : p.item_panels > ITEM_PANELS_MAX ? ITEM_PANELS_MAX
                                                                             : p.item_panels;
+    if (w->type == MATMUL_BF16) /* its kernel bounds an item's W per input chunk itself */
+        p.item_panels = ITEM_PANELS_MAX;
     int n_items = (p.n_panels + p.item_panels - 1) / p.item_panels;
     if ((long)rows * w->in * w->out < PARALLEL_MIN_WORK || compute_threads() == 1) {
         p.run(&p.task, 0, p.n_panels);

@@ -31,7 +31,7 @@ typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2 } MatmulType;
 typedef struct {
     int in, out;
     MatmulType type;
-    void *panels; /* [ceil(out / 16)][in][16] floats or halves, 64-byte aligned, owned */
+    void *panels; /* as above, in `type`; 64-byte aligned, owned */
 } MatmulWeights;
 
 /* Weights (elements) in the F32 packed form of an [out][in] matrix (out rounded up to 16). */

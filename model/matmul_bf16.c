@@ -12,7 +12,9 @@
  * of x is converted to BF16 pairs the same way, so one 32-bit broadcast of x's pair meets
  * the 16 outputs' pairs. Conversion happens per row block, a chunk of inputs at a time,
  * into a buffer on the stack: no allocation, and the converted chunk is read from L1 by
- * every panel the block passes over.
+ * every panel the block passes over. Like VCVTNEPS2BF16 on x, VDPBF16PS treats subnormal
+ * BF16 weights as zero: the packing flushes them (matmul.c), so that the weights a
+ * product uses are the ones unpacking shows.
  *
  * Register blocks for the 32 zmm registers: 6 rows x 4 panels (24 accumulators, 4 weight
  * vectors, a broadcast: each weight loaded feeds 6 instructions, each broadcast 4), and the
@@ -33,8 +35,8 @@
 
 #define MR_MAX 6
 #define NP_MAX 4
-/* Input pairs converted at a time: 6 rows x 1024 pairs = 24 KiB of stack, all of a
- * 2048-input product at once. */
+/* Input pairs per chunk: 6 rows x 1024 pairs = 24 KiB of converted x on the stack, all of
+ * a 2048-input product at once; W's share of a 4-panel work item per chunk is 256 KiB. */
 #define KC 1024
 
 /* x[0..n) as BF16 (round to nearest even) at dst, zero-padded to an even count. Reads
@@ -92,51 +94,59 @@ BF16_INLINE void block(float *y, int ldy, const uint32_t *xb, const uint32_t *w,
             store_vec(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
 }
 
-/* mr rows from r against panels [p0, p1): per chunk of inputs, convert the rows into xb
- * ([MR_MAX][KC] pairs), then np panels at a time and one at a time. Chunks after the first
- * add to what the first wrote. */
-BF16_INLINE void sweep(const MatmulTask *t, uint32_t *xb, int r, int p0, int p1, int mr,
-                       int np)
+/* One chunk of the inputs: pairs [kp0, kp0 + nkp), which are x's columns [2 kp0, 2 kp0 +
+ * n_in) (n_in < 2 nkp only for an odd in's last chunk), and the beta it applies: the
+ * product's own for the first chunk, 1 after it (adding to what the first wrote). */
+typedef struct {
+    int kp0, nkp, n_in;
+    float beta;
+} Chunk;
+
+/* mr rows from r against panels [p0, p1) over one chunk: convert the rows' part of x into
+ * xb ([MR_MAX][KC] pairs), then np panels at a time and one at a time. */
+BF16_INLINE void sweep(const MatmulTask *t, uint32_t *xb, const Chunk *ch, int r, int p0,
+                       int p1, int mr, int np)
 {
-    int pairs = (t->in + 1) / 2;
-    size_t panel_words = (size_t)pairs * MATMUL_PANEL;
-    const uint32_t *panels = t->panels;
+    size_t panel_words = (size_t)((t->in + 1) / 2) * MATMUL_PANEL;
+    const uint32_t *panels = (const uint32_t *)t->panels + (size_t)ch->kp0 * MATMUL_PANEL;
     float *yr = t->y + (size_t)r * t->ldy;
-    for (int kp0 = 0; kp0 < pairs; kp0 += KC) {
-        int nkp = pairs - kp0 < KC ? pairs - kp0 : KC;
-        int n_in = t->in - 2 * kp0 < 2 * nkp ? t->in - 2 * kp0 : 2 * nkp;
-        for (int i = 0; i < mr; i++)
-            x_to_bf16((uint16_t *)(xb + i * KC), t->x + (size_t)(r + i) * t->ldx + 2 * kp0, n_in);
-        float beta = kp0 == 0 ? t->beta : 1.0f;
-        size_t chunk = (size_t)kp0 * MATMUL_PANEL;
-        int p = p0;
-        for (; p + np <= p1; p += np) {
-            const uint32_t *w = panels + p * panel_words + chunk;
-            const uint32_t *next = p + 2 * np <= p1 ? w + np * panel_words : w;
-            block(yr + p * MATMUL_PANEL, t->ldy, xb, w, next, panel_words, nkp, mr, np,
-                  t->out - p * MATMUL_PANEL, beta);
-        }
-        for (; p < p1; p++) {
-            const uint32_t *w = panels + p * panel_words + chunk;
-            const uint32_t *next = p + 1 < p1 ? w + panel_words : w;
-            block(yr + p * MATMUL_PANEL, t->ldy, xb, w, next, panel_words, nkp, mr, 1,
-                  t->out - p * MATMUL_PANEL, beta);
-        }
+    for (int i = 0; i < mr; i++)
+        x_to_bf16((uint16_t *)(xb + i * KC), t->x + (size_t)(r + i) * t->ldx + 2 * ch->kp0, ch->n_in);
+    int p = p0;
+    for (; p + np <= p1; p += np) {
+        const uint32_t *w = panels + p * panel_words;
+        const uint32_t *next = p + 2 * np <= p1 ? w + np * panel_words : w;
+        block(yr + p * MATMUL_PANEL, t->ldy, xb, w, next, panel_words, ch->nkp, mr, np,
+              t->out - p * MATMUL_PANEL, ch->beta);
+    }
+    for (; p < p1; p++) {
+        const uint32_t *w = panels + p * panel_words;
+        const uint32_t *next = p + 1 < p1 ? w + panel_words : w;
+        block(yr + p * MATMUL_PANEL, t->ldy, xb, w, next, panel_words, ch->nkp, mr, 1,
+              t->out - p * MATMUL_PANEL, ch->beta);
     }
 }
 
+/* Chunks outermost: every row block then reads the same 4 panels x KC pairs of W (256 KiB),
+ * which stay in L2 however wide the input (an FFN's down projection of 11008 inputs
+ * would not). At least one chunk runs, so that in == 0 still writes beta * y. */
 BF16_TARGET void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1)
 {
     uint32_t xb[MR_MAX * KC] __attribute__((aligned(64)));
-    int r = 0;
-    for (; r + MR_MAX <= t->rows; r += MR_MAX)
-        sweep(t, xb, r, p0, p1, MR_MAX, NP_MAX);
-    switch (t->rows - r) {
-    case 1: sweep(t, xb, r, p0, p1, 1, NP_MAX); break;
-    case 2: sweep(t, xb, r, p0, p1, 2, NP_MAX); break;
-    case 3: sweep(t, xb, r, p0, p1, 3, NP_MAX); break;
-    case 4: sweep(t, xb, r, p0, p1, 4, NP_MAX); break;
-    case 5: sweep(t, xb, r, p0, p1, 5, NP_MAX); break;
-    default: break;
+    int pairs = (t->in + 1) / 2;
+    for (int kp0 = 0; kp0 == 0 || kp0 < pairs; kp0 += KC) {
+        Chunk ch = { kp0, pairs - kp0 < KC ? pairs - kp0 : KC, 0, kp0 == 0 ? t->beta : 1.0f };
+        ch.n_in = t->in - 2 * kp0 < 2 * ch.nkp ? t->in - 2 * kp0 : 2 * ch.nkp;
+        int r = 0;
+        for (; r + MR_MAX <= t->rows; r += MR_MAX)
+            sweep(t, xb, &ch, r, p0, p1, MR_MAX, NP_MAX);
+        switch (t->rows - r) {
+        case 1: sweep(t, xb, &ch, r, p0, p1, 1, NP_MAX); break;
+        case 2: sweep(t, xb, &ch, r, p0, p1, 2, NP_MAX); break;
+        case 3: sweep(t, xb, &ch, r, p0, p1, 3, NP_MAX); break;
+        case 4: sweep(t, xb, &ch, r, p0, p1, 4, NP_MAX); break;
+        case 5: sweep(t, xb, &ch, r, p0, p1, 5, NP_MAX); break;
+        default: break;
+        }
     }
 }

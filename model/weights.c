@@ -233,6 +233,9 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
     return MATMUL_F16;
 }
 
+#define BF16_UNSUPPORTED "--weight-type bf16 needs a CPU with AVX512_BF16 (AMD Zen 4, Intel " \
+                         "Cooper Lake, Sapphire Rapids or newer), which this one lacks: use f16 or f32"
+
 /* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
 static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
                         MatmulWeights *dst, const char *what) {
@@ -244,9 +247,7 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
                     "infinity in BF16): load the model with --weight-type f32", what);
     if (rc == -3)
-        return model_errorf(ld->err, ld->err_len, "--weight-type bf16 needs a CPU with AVX512_BF16 "
-                    "(AMD Zen 4, Intel Cooper Lake, Sapphire Rapids or newer), which this one "
-                    "lacks: use f16 or f32");
+        return model_errorf(ld->err, ld->err_len, "%s", BF16_UNSUPPORTED);
     if (rc < 0)
         return model_errorf(ld->err, ld->err_len, "out of memory packing %s", what);
     ld->bytes += matmul_weights_bytes(in, out, type);
@@ -367,6 +368,8 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     ModelConfig c;
     if (read_config(f, &c, err, err_len) < 0)
         return -1;
+    if (want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) /* before any loading */
+        return model_errorf(err, err_len, "%s", BF16_UNSUPPORTED);
     /* First a dry run over the same code: a file that names a huge or unsupported tensor
      * fails here, before any of its buffers is allocated. */
     Loader dry = {.f = f, .err = err, .err_len = err_len, .dry = true};

@@ -205,12 +205,17 @@ static void test_thread_counts(void **state)
 static void test_other_beta(void **state)
 {
     (void)state;
-    Problem p;
-    problem_make(&p, 100, 64, MATMUL_F32);
+    /* 2050 inputs: BF16 products run in two input chunks, and only the first may apply beta */
+    static const int ins[] = {100, 2050};
     int bad = 0;
-    for (int rows = 1; rows <= MAX_ROWS; rows += 13)
-        bad += check_case(&p, rows, 100, 64, -0.5f);
-    problem_free(&p);
+    for (int type = MATMUL_F32; type <= last_type(); type++)
+        for (int i = 0; i < 2; i++) {
+            Problem p;
+            problem_make(&p, ins[i], 64, (MatmulType)type);
+            for (int rows = 1; rows <= MAX_ROWS; rows += 13)
+                bad += check_case(&p, rows, ins[i], 64, -0.5f);
+            problem_free(&p);
+        }
     assert_int_equal(bad, 0);
 }
 
@@ -315,6 +320,11 @@ static void test_pack_bf16_range(void **state)
     float back[16 * 4];
     matmul_weights_unpack(&m, back);
     assert_true(back[37] == 3.38953139e38f);
+    matmul_weights_free(&m);
+    w[37] = -1e-40f; /* subnormal: the product multiplies it as zero, and so is it packed */
+    assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), 0);
+    matmul_weights_unpack(&m, back);
+    assert_true(back[37] == 0.0f && signbit(back[37]));
     matmul_weights_free(&m);
     w[37] = -3.4e38f; /* rounds to -infinity */
     assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -2);

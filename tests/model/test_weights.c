@@ -215,14 +215,15 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
     }
 }
 
-/* Matrices are counted packed: their outputs rounded up to whole 16-wide panels, 2 or 4
- * bytes a weight as each was packed (which type each should have is checked apart). The
+/* Matrices are counted packed: their outputs rounded up to whole 16-wide panels (BF16: an
+ * odd input count to whole pairs), 2 or 4 bytes a weight as each was packed (which type each should have is checked apart). The
  * output matrix is packed even when tied (the embedding table stays row-major F32, like
  * the norms). */
 static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) {
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-#define PACKED(m, in, out) (((size_t)(out) + 15) / 16 * 16 * (size_t)(in) * \
+#define PACKED(m, in, out) (((size_t)(out) + 15) / 16 * 16 * \
+                            ((size_t)(in) + ((m).type == MATMUL_BF16 ? (in) % 2 : 0)) * \
                             ((m).type == MATMUL_F32 ? sizeof(float) : 2))
     size_t bytes = PACKED(w->output, dim, c->vocab_size);
     for (int l = 0; l < c->n_layers; l++) {
