@@ -240,7 +240,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32"));
         } else if (!strcmp(f, "--weight-type")) {
             weight_type = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32"));
+            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16"));
         } else if (!strcmp(f, "--kv-bytes-per-token")) {
             bad = parse_double(v, 0, 1e12, &cfg->kv_bytes_per_token);
         } else if (!strcmp(f, "--gflops")) {
