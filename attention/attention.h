@@ -3,7 +3,8 @@
  * The kernels read K and V only through block tables (paging's KvView), never through a
  * contiguous cache, and never materialise a score matrix: each query row keeps a running
  * max, a running sum and an output accumulator (online softmax), rescaled as K/V tiles
- * stream past. All arithmetic is F32; F16 cache entries are widened on load.
+ * stream past. All arithmetic is F32; F16 cache entries are widened on load, Q8 rows
+ * (int8 values and a scale, paging.h) dequantised into the F32 tiles of the gathered path.
  *
  * One entry point serves decode (one query row per sequence) and chunked prefill (a run
  * of query rows of one sequence starting at any position): query row i of a sequence sits

@@ -2,8 +2,12 @@
  *
  * Rows arrive as F32 from the projections; an F16 cache stores them rounded to nearest
  * even (what _mm256_cvtps_ph does with _MM_FROUND_TO_NEAREST_INT, and what every reader
- * of the cache widens back exactly). */
+ * of the cache widens back exactly); a Q8 cache quantises each row as paging.h's KvDtype
+ * says (the scalar code below is that definition, so SIMD cannot drift from it). */
 #include <immintrin.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
 
 #include "attention/attention.h"
 
@@ -18,10 +22,32 @@ static void row_store_f16(uint16_t *dst, const float *src, int n)
         dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+/* q = x * (127 / max|x|) rounded to nearest even, s = max|x| / 127 after the n values.
+ * A row with a NaN or infinity stores NaN scales: the cache must not hide them. */
+static void row_store_q8(void *dst, const float *src, int n)
+{
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(src[i]);
+        finite &= a <= FLT_MAX; /* false for NaN, which a max would skip */
+        amax = a > amax ? a : amax;
+    }
+    int8_t *q = dst;
+    float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    if (!finite)
+        s = NAN, inv = 0.0f;
+    for (int i = 0; i < n; i++)
+        q[i] = (int8_t)lrintf(src[i] * inv);
+    memcpy(q + n, &s, sizeof s);
+}
+
 static void row_store(void *dst, const float *src, int n, KvDtype dtype)
 {
     if (dtype == KV_DTYPE_F16) {
         row_store_f16(dst, src, n);
+    } else if (dtype == KV_DTYPE_Q8) {
+        row_store_q8(dst, src, n);
     } else {
         float *d = dst;
         for (int i = 0; i < n; i++)
@@ -34,11 +60,11 @@ void attn_kv_store(const KvView *kv, int layer, const int32_t *block_table,
                    const float *v, int v_stride)
 {
     const KvLayout *l = &kv->layout;
-    size_t elem = l->dtype == KV_DTYPE_F16 ? 2 : 4;
+    size_t row_bytes = kv_layout_row_bytes(l);
     for (int32_t r = 0; r < n; r++) {
         int32_t p = pos + r;
         int32_t block = block_table[p / l->block_size];
-        size_t slot_off = (size_t)(p % l->block_size) * (size_t)l->head_dim * elem;
+        size_t slot_off = (size_t)(p % l->block_size) * row_bytes;
         for (int h = 0; h < l->n_kv_heads; h++) {
             unsigned char *kd = (unsigned char *)kv_view_ptr(kv, block, layer, 0, h) + slot_off;
             unsigned char *vd = (unsigned char *)kv_view_ptr(kv, block, layer, 1, h) + slot_off;

@@ -42,8 +42,8 @@ enum {
 #define ATTN_PARALLEL_MIN_WORK (1L << 15)
 
 /* A decode row without GQA has one query vector per KV head and no reuse of K/V: its
- * item takes several KV heads, so that it streams each block's K (and V) runs of those
- * heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
+ * item takes several KV heads (one for a Q8 cache, see attn_paged), so that it streams
+ * each block's K (and V) runs of those heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
  * reads run at half the DRAM bandwidth of 24 KiB ones). Everything else has one KV
  * head per item; the group's query heads and up to ATTN_MAX_VECS rows×heads share its
  * tiles. */
@@ -110,9 +110,8 @@ static TileSpan tile_next(const KvLayout *lay, const AttnSeq *seq, TileSpan t, i
 /* First element of the tile's K (is_v 0) or V rows in the cache. */
 static const void *tile_ptr(const AttnCall *c, const TileSpan *t, int is_v, int kv_head)
 {
-    size_t elem = c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4;
     return (const char *)kv_view_ptr(c->kv, t->block, c->layer, is_v, kv_head) +
-           (size_t)t->slot0 * (size_t)c->head_dim * elem;
+           (size_t)t->slot0 * kv_layout_row_bytes(&c->kv->layout);
 }
 
 /* Ask for the K and V rows of a span for KV heads [kv0, kv0 + n_kv). Only short runs
@@ -121,7 +120,7 @@ static const void *tile_ptr(const AttnCall *c, const TileSpan *t, int is_v, int 
  * being computed out of L1 (measured: no gain). */
 static void tile_prefetch(const AttnCall *c, int kv0, int n_kv, const TileSpan *t)
 {
-    size_t bytes = (size_t)t->n * (size_t)c->head_dim * (c->kv->layout.dtype == KV_DTYPE_F16 ? 2 : 4);
+    size_t bytes = (size_t)t->n * kv_layout_row_bytes(&c->kv->layout);
     if (t->n == 0 || 2 * bytes * (size_t)n_kv > ATTN_PREFETCH_MAX_BYTES)
         return;
     for (int k = 0; k < n_kv; k++)
@@ -266,23 +265,30 @@ static void item_walk_direct(const ItemState *it)
     }
 }
 
-static void copy_rows(float *dst, const void *src, int n, int f16)
+/* n values of F32 or F16 (widened) as floats. */
+static void copy_rows(float *dst, const void *src, int n, KvDtype dtype)
 {
-    if (f16)
+    if (dtype == KV_DTYPE_F16)
         widen_f16(dst, src, n);
     else
         memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
-/* Rows of a span into a buffer whose rows are `stride` floats apart (F16 widened). */
-static void gather_rows(float *dst, int stride, const void *src, int n_rows, int hd, int f16)
+/* Rows of a span into a buffer whose rows are `stride` floats apart (F16 widened, Q8
+ * rows dequantised one by one: each has its own scale). */
+static void gather_rows(float *dst, int stride, const void *src, int n_rows, int hd,
+                        const KvLayout *lay)
 {
-    if (stride == hd) {
-        copy_rows(dst, src, n_rows * hd, f16);
-        return;
+    if (lay->dtype == KV_DTYPE_Q8) {
+        for (int j = 0; j < n_rows; j++)
+            widen_q8(dst + (size_t)j * stride, (const char *)src + j * kv_layout_row_bytes(lay), hd);
+    } else if (stride == hd) {
+        copy_rows(dst, src, n_rows * hd, lay->dtype);
+    } else {
+        for (int j = 0; j < n_rows; j++)
+            copy_rows(dst + (size_t)j * stride, (const char *)src + j * kv_layout_row_bytes(lay), hd,
+                      lay->dtype);
     }
-    for (int j = 0; j < n_rows; j++)
-        copy_rows(dst + (size_t)j * stride, kv_row(src, j, hd, f16), hd, f16);
 }
 
 /* ---- several query vectors of one KV head: each tile as two small matrix products ----
@@ -402,7 +408,7 @@ static void item_walk_gathered(const ItemState *it, TileVecs *tv)
     int32_t end = it->end;
     const AttnCall *c = it->c;
     const KvLayout *lay = &c->kv->layout;
-    int hd = c->head_dim, ldv = it->acc_stride, f16 = lay->dtype == KV_DTYPE_F16;
+    int hd = c->head_dim, ldv = it->acc_stride;
     assert(it->n_kv == 1);
     float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
@@ -416,8 +422,8 @@ static void item_walk_gathered(const ItemState *it, TileVecs *tv)
         while (span.n > 0 && n + span.n <= ATTN_TILE) {
             TileSpan next = tile_next(lay, it->seq, span, end);
             tile_prefetch(c, it->kv0, it->n_kv, &next);
-            copy_rows(kbuf + (size_t)n * hd, tile_ptr(c, &span, 0, it->kv0), span.n * hd, f16);
-            gather_rows(vbuf + (size_t)n * ldv, ldv, tile_ptr(c, &span, 1, it->kv0), span.n, hd, f16);
+            gather_rows(kbuf + (size_t)n * hd, hd, tile_ptr(c, &span, 0, it->kv0), span.n, hd, lay);
+            gather_rows(vbuf + (size_t)n * ldv, ldv, tile_ptr(c, &span, 1, it->kv0), span.n, hd, lay);
             n += span.n;
             span = next;
         }
@@ -481,7 +487,9 @@ static void attend_item(ItemState *it)
     it->acc = acc;
     it->fold = fold_tile_f32;
 
-    if (lone) {
+    if (lone && c->kv->layout.dtype == KV_DTYPE_Q8) {
+        item_walk_gathered(it, NULL); /* Q8 rows are dequantised into F32 tiles first */
+    } else if (lone) {
         if (c->kv->layout.dtype == KV_DTYPE_F16)
             it->fold = fold_tile_f16;
         item_walk_direct(it);
@@ -642,7 +650,9 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
         .out_stride = out_stride,
         .n_heads = shape->n_heads,
     };
-    c.decode_kv_per_item = decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
+    /* Q8 rows go through one KV head's F32 tiles (attend_item), one KV head per item */
+    c.decode_kv_per_item = kv->layout.dtype == KV_DTYPE_Q8 ? 1
+                         : decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
                                               parallel ? compute_threads() : 1);
 
     SeqItems all = { .c = &c, .seqs = seqs, .n_seqs = n_seqs };

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
 
@@ -298,6 +299,22 @@ static inline void widen_f16(float *dst, const uint16_t *src, int n)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++)
         dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* One Q8 row (n int8 values, then their F32 scale) as n floats q * s. */
+static inline void widen_q8(float *dst, const void *row, int n)
+{
+    const int8_t *q = row;
+    float s;
+    memcpy(&s, q + n, sizeof s);
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vs));
+    }
+    for (; i < n; i++)
+        dst[i] = (float)q[i] * s;
 }
 
 #endif

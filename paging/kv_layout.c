@@ -1,11 +1,13 @@
 /* KV layout: validation and byte sizes of one block.
  *
- * A block's stride is its payload (2 * n_layers * n_kv_heads * block_size * head_dim
- * elements) rounded up to KV_BLOCK_ALIGN bytes, so every block starts on its own cache
+ * A block's stride is its payload (2 * n_layers * n_kv_heads * block_size rows of
+ * kv_layout_row_bytes) rounded up to KV_BLOCK_ALIGN bytes, so every block starts on its own cache
  * line: threads writing neighbouring blocks never share a line, and SIMD loads at a
  * block's start are aligned. Every size is computed with overflow checks because the
  * numbers come from model files and flags.
  */
+#include <string.h>
+
 #include "paging/paging_internal.h"
 
 size_t kv_layout_elem_bytes(const KvLayout *layout)
@@ -13,8 +15,27 @@ size_t kv_layout_elem_bytes(const KvLayout *layout)
     switch (layout->dtype) {
     case KV_DTYPE_F32: return 4;
     case KV_DTYPE_F16: return 2;
+    case KV_DTYPE_Q8: return 1;
     }
     return 0;
+}
+
+static const char *const dtype_names[] = { [KV_DTYPE_F32] = "f32", [KV_DTYPE_F16] = "f16",
+                                           [KV_DTYPE_Q8] = "q8" };
+
+int kv_dtype_parse(const char *name, KvDtype *out)
+{
+    for (int i = 0; i < (int)(sizeof dtype_names / sizeof dtype_names[0]); i++)
+        if (name && strcmp(name, dtype_names[i]) == 0) {
+            *out = (KvDtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+const char *kv_dtype_name(KvDtype dtype)
+{
+    return (unsigned)dtype < sizeof dtype_names / sizeof dtype_names[0] ? dtype_names[dtype] : "?";
 }
 
 static int check_dim(const char *name, int value, int max, char *err, size_t err_len)
@@ -28,9 +49,9 @@ static int check_dim(const char *name, int value, int max, char *err, size_t err
 /* The block payload in bytes, before alignment padding; 0 when it overflows. */
 static size_t payload_bytes(const KvLayout *l)
 {
-    size_t n = 2 * kv_layout_elem_bytes(l);
-    const int dims[4] = {l->n_layers, l->n_kv_heads, l->block_size, l->head_dim};
-    for (int i = 0; i < 4; i++)
+    size_t n = 2 * kv_layout_row_bytes(l);
+    const int dims[3] = {l->n_layers, l->n_kv_heads, l->block_size};
+    for (int i = 0; i < 3; i++)
         if (__builtin_mul_overflow(n, (size_t)dims[i], &n))
             return 0;
     return n;

@@ -5,7 +5,10 @@
  * BlockTable maps its logical positions to blocks: position p lives in block
  * blocks[p / block_size], slot p % block_size.
  *
- * In-block layout:   [layer][K=0 | V=1][kv_head][slot][head_dim]
+ * In-block layout:   [layer][K=0 | V=1][kv_head][slot][row]
+ * A row is one position's head_dim values of one (layer, K or V, KV head): F32, F16, or
+ * Q8 (head_dim int8 values q followed by their F32 scale s, value = q * s: half of F16's
+ * bytes, see KvDtype).
  * Why: the attention kernel's inner loop walks one (layer, kv_head) over consecutive
  * positions. In this order those positions' K (or V) vectors are block_size*head_dim
  * contiguous elements: one streaming read per block per head. Keeping all layers in one
@@ -53,7 +56,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { KV_DTYPE_F32 = 0, KV_DTYPE_F16 = 1 } KvDtype;
+/* How K/V values are stored. Q8: per row, s = max|x| / 127 and q = x * (127 / max|x|)
+ * rounded to nearest even (all zeros: s = 0), which keeps every value within s/2 of x --
+ * about 0.4% of the row's largest value -- in head_dim + 4 bytes (68 for head_dim 64,
+ * against F16's 128: 1.9x the positions per MiB). */
+typedef enum { KV_DTYPE_F32 = 0, KV_DTYPE_F16 = 1, KV_DTYPE_Q8 = 2 } KvDtype;
+
+/* "f32", "f16", "q8" -> the dtype: 0, or -1 for anything else. */
+int kv_dtype_parse(const char *name, KvDtype *out);
+/* The dtype's name as kv_dtype_parse takes it ("?" for an unknown one). */
+const char *kv_dtype_name(KvDtype dtype);
 
 typedef struct {
     int n_layers;
@@ -72,12 +84,27 @@ typedef struct {
 #define KV_BLOCK_ALIGN 64
 #define BLOCK_POOL_MAX_BLOCKS (1 << 28)
 
-/* 2 for F16, 4 for F32, 0 for an unknown dtype. */
+/* Bytes of one stored value: 4 for F32, 2 for F16, 1 for Q8 (its rows' scales aside), 0
+ * for an unknown dtype. */
 size_t kv_layout_elem_bytes(const KvLayout *layout);
+
+/* Bytes of one row (one position of one layer, K or V, KV head): head_dim values, and
+ * for Q8 the row's F32 scale after them (which need not be 4-byte aligned); 0 for an
+ * unknown dtype. */
+static inline size_t kv_layout_row_bytes(const KvLayout *l)
+{
+    size_t hd = (size_t)l->head_dim;
+    switch (l->dtype) {
+    case KV_DTYPE_F32: return 4 * hd;
+    case KV_DTYPE_F16: return 2 * hd;
+    case KV_DTYPE_Q8: return hd + sizeof(float);
+    }
+    return 0;
+}
 /* Returns 0, or -1 with a message in err (a size out of range, unknown dtype, a block
  * larger than KV_LAYOUT_MAX_BLOCK_BYTES). */
 int kv_layout_validate(const KvLayout *layout, char *err, size_t err_len);
-/* Stride of one block: 2*n_layers*n_kv_heads*block_size*head_dim*elem_bytes rounded up to
+/* Stride of one block: 2*n_layers*n_kv_heads*block_size*row_bytes rounded up to
  * KV_BLOCK_ALIGN; 0 for an invalid layout. */
 size_t kv_layout_block_bytes(const KvLayout *layout);
 
@@ -88,12 +115,11 @@ typedef struct {
     size_t block_bytes;
 } KvView;
 
-/* First element of (block, layer, K or V, kv_head): block_size*head_dim elements follow. */
+/* First row of (block, layer, K or V, kv_head): block_size rows follow. */
 static inline void *kv_view_ptr(const KvView *kv, int32_t block, int layer, int is_v, int head)
 {
     const KvLayout *l = &kv->layout;
-    size_t elem = l->dtype == KV_DTYPE_F16 ? 2 : 4;
-    size_t per_head = (size_t)l->block_size * (size_t)l->head_dim * elem;
+    size_t per_head = (size_t)l->block_size * kv_layout_row_bytes(l);
     size_t idx = ((size_t)layer * 2 + (size_t)is_v) * (size_t)l->n_kv_heads + (size_t)head;
     return kv->base + (size_t)block * kv->block_bytes + idx * per_head;
 }

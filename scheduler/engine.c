@@ -30,7 +30,7 @@ static int check_config(const EngineConfig *c, char *err, size_t err_len)
                 KV_LAYOUT_MAX_BLOCK_SIZE);
         return -1;
     }
-    if (c->kv_dtype != KV_DTYPE_F32 && c->kv_dtype != KV_DTYPE_F16) {
+    if (c->kv_dtype != KV_DTYPE_F32 && c->kv_dtype != KV_DTYPE_F16 && c->kv_dtype != KV_DTYPE_Q8) {
         engine_set_err(err, err_len, "unknown KV dtype %d", (int)c->kv_dtype);
         return -1;
     }

@@ -49,7 +49,8 @@ static const Flag flags[] = {
      "weight matrices in memory: auto keeps F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16)"},
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
      "memory for the paged KV cache, allocated once"},
-    {"kv-dtype", 0, FLAG_SPECIAL, 0, 0, 0, "f16|f32", "f16", "element type of cached K/V"},
+    {"kv-dtype", 0, FLAG_SPECIAL, 0, 0, 0, "f16|f32|q8", "f16",
+     "element type of cached K/V; q8: 8-bit with a scale per row, 1.9x the tokens per MiB"},
     {"block-size", 0, FLAG_INT, FIELD(engine.block_size), 1, 1024, "N", "16",
      "token positions per KV block"},
     {"max-seqs", 0, FLAG_INT, FIELD(engine.max_seqs), 1, 65536, "N", "64",
@@ -186,12 +187,8 @@ static int flag_set_special(ServerConfig *c, Pending *pend, const Flag *f, const
         if (model_weight_type_parse(v, &c->weight_type) != 0)
             return set_err(err, err_len, "%s: '%s' is not auto, f32, f16 or bf16", where, v), -1;
     } else if (strcmp(f->name, "kv-dtype") == 0) {
-        if (strcmp(v, "f16") == 0)
-            c->engine.kv_dtype = KV_DTYPE_F16;
-        else if (strcmp(v, "f32") == 0)
-            c->engine.kv_dtype = KV_DTYPE_F32;
-        else
-            return set_err(err, err_len, "%s: '%s' is not f16 or f32", where, v), -1;
+        if (kv_dtype_parse(v, &c->engine.kv_dtype) != 0)
+            return set_err(err, err_len, "%s: '%s' is not f16, f32 or q8", where, v), -1;
     } else if (strcmp(f->name, "no-prefix-cache") == 0) {
         bool off;
         if (parse_bool(v, &off) != 0)

@@ -170,7 +170,7 @@ void server_log_startup(const Server *s, double load_s)
     const EngineConfig *e = &s->cfg->engine;
     EngineStats st;
     engine_stats(s->engine, &st);
-    const char *kv_dtype = e->kv_dtype == KV_DTYPE_F16 ? "f16" : "f32";
+    const char *kv_dtype = kv_dtype_name(e->kv_dtype);
     double weight_mib = (double)model_weight_bytes(s->model) / (1024.0 * 1024.0);
     long long kv_tokens = (long long)st.blocks_total * e->block_size;
     int blocks_per_seq = (m->ctx_len + e->block_size - 1) / e->block_size;

@@ -24,7 +24,7 @@
 typedef struct {
     int threads;
     double min_time; /* seconds per case */
-    int f16, f32;
+    int f16, f32, q8;
     int ctx, batch; /* 0: the standard sweep; else only decode at this context / batch */
     int shared, own;     /* --shared N: decode rows whose first N positions are shared blocks */
     int decode, prefill, shared_cases; /* which kinds of case to run */
@@ -50,9 +50,8 @@ typedef struct {
 
 static int pool_create(BenchPool *p, const KvLayout *lay, int n_seqs, int ctx)
 {
-    size_t elem = lay->dtype == KV_DTYPE_F16 ? 2 : 4;
     p->view.layout = *lay;
-    p->view.block_bytes = 2u * lay->n_layers * lay->n_kv_heads * lay->head_dim * lay->block_size * elem;
+    p->view.block_bytes = 2u * lay->n_layers * lay->n_kv_heads * lay->block_size * kv_layout_row_bytes(lay);
     p->blocks_per_seq = (ctx + lay->block_size - 1) / lay->block_size;
     int32_t n_blocks = n_seqs * p->blocks_per_seq;
     size_t bytes = (size_t)n_blocks * p->view.block_bytes;
@@ -155,9 +154,9 @@ static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch
         seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
                             q + (size_t)s * stride, out + (size_t)s * stride};
     double t = time_calls(&p, &SHAPE_110M, seqs, batch, stride, o->min_time);
-    double kv_bytes = (double)batch * ctx * lay.n_kv_heads * lay.head_dim * 2.0 * (dtype == KV_DTYPE_F16 ? 2 : 4);
+    double kv_bytes = (double)batch * ctx * lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
     printf("decode   %-3s ctx %5d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V  %6.2f GB/s%s\n",
-           dtype == KV_DTYPE_F16 ? "f16" : "f32", ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6,
+           kv_dtype_name(dtype), ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6,
            kv_bytes / t / 1e9, kv_bytes < L3_BYTES ? "  (fits L3)" : "");
     free(q);
     free(out);
@@ -186,7 +185,7 @@ static int bench_prefill(const BenchOptions *o, KvDtype dtype, int q_pos, int ch
     double visible = (double)chunk * q_pos + (double)chunk * (chunk + 1) / 2.0;
     double flops = 4.0 * visible * SHAPE_110M.n_heads * SHAPE_110M.head_dim;
     printf("prefill  %-3s pos %5d chunk %3d  %9.2f ms/call  %10.0f tok/s  %6.2f GFLOP/s\n",
-           dtype == KV_DTYPE_F16 ? "f16" : "f32", q_pos, chunk, t * 1e3, chunk / t, flops / t / 1e9);
+           kv_dtype_name(dtype), q_pos, chunk, t * 1e3, chunk / t, flops / t / 1e9);
     free(q);
     free(out);
     pool_destroy(&p);
@@ -231,10 +230,10 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
         seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
                             q + (size_t)s * stride, out + (size_t)s * stride};
     double t = time_calls(&p, &SHAPE_110M, seqs, batch, stride, o->min_time);
-    double row_bytes = (double)lay.n_kv_heads * lay.head_dim * 2.0 * (dtype == KV_DTYPE_F16 ? 2 : 4);
+    double row_bytes = (double)lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
     double logical = (double)batch * ctx * row_bytes, unique = ((double)shared + (double)batch * own) * row_bytes;
     printf("shared   %-3s pre %5d own %3d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V (%.2f unique)  %6.2f GB/s logical\n",
-           dtype == KV_DTYPE_F16 ? "f16" : "f32", shared, own, batch, t * 1e6, batch / t, logical / 1e6,
+           kv_dtype_name(dtype), shared, own, batch, t * 1e6, batch / t, logical / 1e6,
            unique / 1e6, logical / t / 1e9);
     free(q);
     free(out);
@@ -245,7 +244,8 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
 
 static int parse_options(int argc, char **argv, BenchOptions *o, const char *name)
 {
-    *o = (BenchOptions){2, 0.25, 1, 1, 0, 0, 0, 40, 1, 1, 1, 0};
+    *o = (BenchOptions){.threads = 2, .min_time = 0.25, .f16 = 1, .f32 = 1, .own = 40,
+                        .decode = 1, .prefill = 1, .shared_cases = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             o->threads = atoi(argv[++i]);
@@ -272,9 +272,10 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             const char *d = argv[++i];
             o->f16 = !strcmp(d, "f16") || !strcmp(d, "both");
             o->f32 = !strcmp(d, "f32") || !strcmp(d, "both");
+            o->q8 = !strcmp(d, "q8");
         } else {
             printf("usage: bench %s [--threads N (2)] [--min-time SECONDS per case (0.25)]%s\n", name,
-                   strcmp(name, "attention") ? "" : " [--dtype f16|f32|both]\n"
+                   strcmp(name, "attention") ? "" : " [--dtype f16|f32|both|q8]\n"
                    "       [--only decode|prefill|shared] [--ctx N] [--batch N] (decode at this context / batch)\n"
                    "       [--shared N [--own M (40)]] (decode whose first N positions are blocks shared\n"
                    "       by the whole batch, then M own positions each; --batch default 16)\n"
@@ -284,7 +285,7 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             return strcmp(argv[i], "--help") ? 2 : 1;
         }
     }
-    if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32) ||
+    if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32 && !o->q8) ||
         (!o->decode && !o->prefill && !o->shared_cases) || o->ctx < 0 || o->batch < 0 ||
         o->shared < 0 || o->own < 1) {
         fprintf(stderr, "bench %s: bad option value\n", name);
@@ -304,10 +305,10 @@ int bench_attention_main(int argc, char **argv)
     printf("attention kernels: 12 heads / 12 KV heads, head_dim 64, block 16, %d threads\n", o.threads);
     static const int ctxs[] = {128, 512, 2048};
     static const int batches[] = {1, 8, 32};
-    for (int dt = 0; dt < 2; dt++) {
-        if ((dt == 0 && !o.f16) || (dt == 1 && !o.f32))
+    for (int dt = 0; dt < 3; dt++) {
+        if ((dt == 0 && !o.f16) || (dt == 1 && !o.f32) || (dt == 2 && !o.q8))
             continue;
-        KvDtype dtype = dt == 0 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+        KvDtype dtype = dt == 0 ? KV_DTYPE_F16 : dt == 1 ? KV_DTYPE_F32 : KV_DTYPE_Q8;
         if (o.shared) {
             if (bench_shared(&o, dtype, o.shared, o.own, o.batch ? o.batch : 16) != 0)
                 return 1;

@@ -78,7 +78,7 @@ static void usage(FILE *f)
             "  --metrics-interval-ms N  poll /metrics this often during a level for peaks (200)\n"
             "  --gguf PATH            the served model file: FLOPs, weight and KV bytes per token\n"
             "  --kv-cache-mb MIB      the server's --kv-cache-mb (else blocks x block size)\n"
-            "  --kv-dtype f16|f32     the server's --kv-dtype (f16)\n"
+            "  --kv-dtype f16|f32|q8  the server's --kv-dtype (f16)\n"
             "  --weight-type f32|f16|bf16 how the server holds weight matrices (f32): 4 or 2\n"
             "                         bytes each in the memory-bound ITL\n"
             "  --kv-bytes-per-token N overrides the value computed from --gguf and --kv-dtype\n"
@@ -237,7 +237,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = parse_double(v, 0, 1e9, &cfg->kv_cache_mb);
         } else if (!strcmp(f, "--kv-dtype")) {
             kv_dtype = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32"));
+            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8"));
         } else if (!strcmp(f, "--weight-type")) {
             weight_type = v;
             bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16"));
@@ -294,7 +294,8 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->first_alone = first_alone >= 0 ? first_alone : w->first_alone;
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
-    cfg->kv_dtype_bytes = strcmp(kv_dtype, "f32") ? 2 : 4;
+    cfg->kv_dtype_bytes = !strcmp(kv_dtype, "f32") ? 4 : !strcmp(kv_dtype, "q8") ? 1 : 2;
+    cfg->kv_row_extra_bytes = !strcmp(kv_dtype, "q8") ? 4 : 0; /* see paging.h */
     cfg->weight_bytes = strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
     return 0;
 }

@@ -1,7 +1,7 @@
 /* generate — complete one prompt from the command line, on the paged KV cache.
  *
  *   generate -m MODEL.gguf -p "prompt" [-n 64] [--temp 0] [--seed S] [--top-k K]
- *            [--top-p P] [--min-p P] [--repeat-penalty R] [--kv-dtype f16|f32]
+ *            [--top-p P] [--min-p P] [--repeat-penalty R] [--kv-dtype f16|f32|q8]
  *            [--weight-type auto|f32|f16|bf16]
  *            [--block-size 16] [--chunk 256] [--ignore-eos] [--no-echo] [--ids]
  *
@@ -38,7 +38,7 @@ static void usage(FILE *f)
             "  --temp T           temperature, 0 = greedy (0)\n"
             "  --seed S           sampling seed (1)\n"
             "  --top-k K --top-p P --min-p P --repeat-penalty R\n"
-            "  --kv-dtype f16|f32 KV cache element type (f16)\n"
+            "  --kv-dtype f16|f32|q8 KV cache element type (f16)\n"
             "  --weight-type auto|f32|f16|bf16 weight matrices in memory (auto: F16 files F16, else F32)\n"
             "  --block-size N     tokens per KV block (16)\n"
             "  --chunk N          prefill rows per forward pass (256)\n"
@@ -73,9 +73,10 @@ static int parse_args(int argc, char **argv, GenerateArgs *a)
                 return -1;
             }
         } else if (!strcmp(f, "--kv-dtype")) {
-            if (v && !strcmp(v, "f32")) a->kv_dtype = KV_DTYPE_F32;
-            else if (v && !strcmp(v, "f16")) a->kv_dtype = KV_DTYPE_F16;
-            else { fprintf(stderr, "generate: --kv-dtype takes f16 or f32\n"); return -1; }
+            if (kv_dtype_parse(v, &a->kv_dtype) != 0) {
+                fprintf(stderr, "generate: --kv-dtype takes f16, f32 or q8\n");
+                return -1;
+            }
         } else {
             takes = false;
             if (!strcmp(f, "--ignore-eos")) a->ignore_eos = true;

@@ -1,5 +1,6 @@
 /* attn_kv_store: every value lands exactly where kv_view_ptr says, F16 rounding is
- * round-to-nearest-even, and no byte outside the written slots changes. */
+ * round-to-nearest-even, a Q8 row holds exactly paging.h's quantisation of it (computed
+ * apart, in tests/support), and no byte outside the written slots changes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,8 +24,14 @@ static float value_at(int is_v, int pos, int head, int d)
 
 static float read_slot(const KvView *kv, int32_t block, int layer, int is_v, int head, int slot, int d)
 {
-    const void *p = kv_view_ptr(kv, block, layer, is_v, head);
+    const unsigned char *p = kv_view_ptr(kv, block, layer, is_v, head);
     size_t i = (size_t)slot * kv->layout.head_dim + (size_t)d;
+    if (kv->layout.dtype == KV_DTYPE_Q8) { /* rows of head_dim int8, then the F32 scale */
+        const unsigned char *row = p + (size_t)slot * (kv->layout.head_dim + 4);
+        float s;
+        memcpy(&s, row + kv->layout.head_dim, 4);
+        return (float)(int8_t)row[d] * s;
+    }
     if (kv->layout.dtype == KV_DTYPE_F16) {
         uint16_t h;
         memcpy(&h, (const unsigned char *)p + i * 2, 2);
@@ -39,8 +46,9 @@ static void store_case(int n_layers, int n_kv_heads, int head_dim, int block_siz
                        int layer, int pos, int n)
 {
     KvLayout lay = {n_layers, n_kv_heads, head_dim, block_size, dtype};
-    size_t elem = dtype == KV_DTYPE_F16 ? 2 : 4;
-    KvView kv = {NULL, lay, 2u * n_layers * n_kv_heads * head_dim * block_size * elem};
+    int q8 = dtype == KV_DTYPE_Q8;
+    size_t elem = dtype == KV_DTYPE_F16 ? 2 : q8 ? 1 : 4, row = head_dim * elem + (q8 ? 4 : 0);
+    KvView kv = {NULL, lay, 2u * n_layers * n_kv_heads * block_size * row};
     int n_table = (pos + n + block_size - 1) / block_size;
     int32_t n_blocks = 2 * n_table + 1;
     size_t pool_bytes = (size_t)n_blocks * kv.block_bytes;
@@ -66,12 +74,17 @@ static void store_case(int n_layers, int n_kv_heads, int head_dim, int block_siz
             }
     attn_kv_store(&kv, layer, table, pos, n, k, k_stride, v, v_stride);
 
+    float *want_row = malloc((size_t)head_dim * sizeof(float));
     for (int p = pos; p < pos + n; p++)
         for (int is_v = 0; is_v < 2; is_v++)
-            for (int h = 0; h < n_kv_heads; h++)
+            for (int h = 0; h < n_kv_heads; h++) {
+                for (int d = 0; d < head_dim; d++)
+                    want_row[d] = value_at(is_v, p, h, d);
+                if (q8)
+                    attn_ref_q8_round_row(want_row, head_dim);
                 for (int d = 0; d < head_dim; d++) {
                     int32_t block = table[p / block_size];
-                    float want = value_at(is_v, p, h, d);
+                    float want = want_row[d];
                     if (dtype == KV_DTYPE_F16)
                         want = attn_ref_f16_round(want);
                     float got = read_slot(&kv, block, layer, is_v, h, p % block_size, d);
@@ -79,9 +92,13 @@ static void store_case(int n_layers, int n_kv_heads, int head_dim, int block_siz
                         fail_msg("pos %d %s head %d dim %d: got %.9g want %.9g", p, is_v ? "V" : "K",
                                  h, d, (double)got, (double)want);
                     size_t off = (size_t)((unsigned char *)kv_view_ptr(&kv, block, layer, is_v, h) - kv.base) +
-                                 ((size_t)(p % block_size) * head_dim + d) * elem;
+                                 (size_t)(p % block_size) * row + (size_t)d * elem;
                     memset(shadow + off, 1, elem);
+                    if (q8 && d == 0) /* and the row's scale */
+                        memset(shadow + off + (size_t)head_dim, 1, 4);
                 }
+            }
+    free(want_row);
     for (size_t i = 0; i < pool_bytes; i++)
         if (!shadow[i] && kv.base[i] != SENTINEL)
             fail_msg("byte %zu outside the stored slots changed", i);
@@ -96,7 +113,7 @@ static void store_case(int n_layers, int n_kv_heads, int head_dim, int block_siz
 static void test_store_places_values(void **state)
 {
     (void)state;
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = 0; dt < 3; dt++) {
         store_case(1, 1, 8, 16, (KvDtype)dt, 0, 0, 1);
         store_case(3, 2, 64, 16, (KvDtype)dt, 1, 5, 40);  /* crosses blocks, odd start */
         store_case(2, 3, 48, 1, (KvDtype)dt, 1, 7, 9);    /* one position per block */
@@ -137,11 +154,42 @@ static void test_f16_rounding(void **state)
     free(kv.base);
 }
 
+/* Q8 by hand: the largest magnitude maps to +-127, halves round to even, an all-zero row
+ * has scale 0, and a row holding NaN keeps a NaN scale (the cache does not hide it). */
+static void test_q8_rounding(void **state)
+{
+    (void)state;
+    enum { HD = 12 };
+    KvLayout lay = {1, 1, HD, 3, KV_DTYPE_Q8};
+    KvView kv = {NULL, lay, 2u * 3 * (HD + 4)};
+    kv.base = calloc(1, kv.block_bytes);
+    float k[3][HD] = {{-127.0f, 63.5f, -63.5f, 0.5f, 1.5f, 2.5f, 126.6f, 0.0f, -0.49f, 100.0f, 3.0f, -1.0f}},
+          v[3][HD] = {{0}};
+    k[2][5] = NAN;
+    const int8_t want_q[HD] = {-127, 64, -64, 0, 2, 2, 127, 0, 0, 100, 3, -1};
+    int32_t table[1] = {0};
+    attn_kv_store(&kv, 0, table, 0, 3, &k[0][0], HD, &v[0][0], HD);
+    const unsigned char *row = kv_view_ptr(&kv, 0, 0, 0, 0);
+    float s;
+    memcpy(&s, row + HD, 4);
+    assert_true(s == 1.0f);
+    assert_memory_equal(row, want_q, HD);
+    memcpy(&s, row + (HD + 4) + HD, 4); /* K row 1: all zeros */
+    assert_true(s == 0.0f);
+    memcpy(&s, row + 2 * (HD + 4) + HD, 4);
+    assert_true(isnan(s));
+    assert_true(isnan(read_slot(&kv, 0, 0, 0, 0, 2, 0)));
+    memcpy(&s, (const unsigned char *)kv_view_ptr(&kv, 0, 0, 1, 0) + HD, 4); /* V row 0 */
+    assert_true(s == 0.0f);
+    free(kv.base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_places_values),
         cmocka_unit_test(test_f16_rounding),
+        cmocka_unit_test(test_q8_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,7 @@ typedef struct {
 static void config_name(const Config *c, char *buf, size_t len)
 {
     snprintf(buf, len, "heads=%d kv_heads=%d head_dim=%d block=%d %s", c->n_heads,
-             c->n_kv_heads, c->head_dim, c->block_size, c->dtype == KV_DTYPE_F16 ? "f16" : "f32");
+             c->n_kv_heads, c->head_dim, c->block_size, kv_dtype_name(c->dtype));
 }
 
 /* A KV pool plus sequences whose dense K/V (as the cache holds them) the test keeps. */
@@ -74,9 +74,9 @@ static void fixture_init(Fixture *f, const Config *cfg, const int *lens, int n_s
     f->cfg = *cfg;
     f->n_seqs = n_seqs;
     KvLayout lay = {N_LAYERS, cfg->n_kv_heads, cfg->head_dim, cfg->block_size, cfg->dtype};
-    size_t elem = cfg->dtype == KV_DTYPE_F16 ? 2 : 4;
     f->view.layout = lay;
-    f->view.block_bytes = 2u * N_LAYERS * (size_t)kv_width(cfg) * (size_t)cfg->block_size * elem;
+    f->view.block_bytes = 2u * N_LAYERS * (size_t)cfg->n_kv_heads * (size_t)cfg->block_size *
+                          kv_layout_row_bytes(&lay);
 
     int32_t needed = 0;
     for (int s = 0; s < n_seqs; s++)
@@ -142,18 +142,27 @@ static void fixture_free(Fixture *f)
     free(f->view.base);
 }
 
+/* What an F16 or Q8 cache holds of n rows of K or V (w = kv_heads * head_dim values
+ * each), in place: F16-rounded values, or each head's row quantised. */
+static void round_as_cached(float *x, int n, int w, int head_dim, KvDtype dtype)
+{
+    if (dtype == KV_DTYPE_F16)
+        for (size_t i = 0; i < (size_t)n * w; i++)
+            x[i] = attn_ref_f16_round(x[i]);
+    if (dtype == KV_DTYPE_Q8)
+        for (size_t i = 0; i < (size_t)n * w; i += head_dim)
+            attn_ref_q8_round_row(x + i, head_dim);
+}
+
 /* Store positions [pos, pos+n) of sequence s into `layer`; the test's copy becomes what
- * the cache holds (F16-rounded for an F16 cache). */
+ * the cache holds. */
 static void fixture_store(Fixture *f, int s, int layer, int pos, int n)
 {
     int w = kv_width(&f->cfg);
     float *k = f->k[s] + (size_t)pos * w, *v = f->v[s] + (size_t)pos * w;
     attn_kv_store(&f->view, layer, f->table[s], pos, n, k, w, v, w);
-    if (f->cfg.dtype == KV_DTYPE_F16)
-        for (size_t i = 0; i < (size_t)n * w; i++) {
-            k[i] = attn_ref_f16_round(k[i]);
-            v[i] = attn_ref_f16_round(v[i]);
-        }
+    round_as_cached(k, n, w, f->cfg.head_dim, f->cfg.dtype);
+    round_as_cached(v, n, w, f->cfg.head_dim, f->cfg.dtype);
 }
 
 /* Layer 0 gets unrelated values so a kernel reading the wrong layer fails. */
@@ -250,7 +259,7 @@ static void test_decode_batches(void **state)
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 4; g++)
             for (int h = 0; h < 4; h++)
-                for (int dt = 0; dt < 2; dt++) {
+                for (int dt = 0; dt < 3; dt++) {
                     int n_kv = groups[g] == 8 ? 1 : 1 + rng_int(3); /* 8: MQA */
                     Config c = {groups[g] * n_kv, n_kv, head_dims[h], block_sizes[b], (KvDtype)dt};
                     decode_case(&c);
@@ -266,7 +275,7 @@ static void test_decode_kv_head_chunks(void **state)
     int batches[] = {1, 2, 9};
     for (int k = 0; k < 2; k++)
         for (int b = 0; b < 3; b++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 Config c = {kv_heads[k], kv_heads[k], k == 0 ? 16 : 8, 16, (KvDtype)dt};
                 int lens[9], which[9], q_pos[9], n_q[9];
                 for (int s = 0; s < batches[b]; s++) {
@@ -311,7 +320,7 @@ static void test_prefill_chunks(void **state)
     int shapes[][2] = {{1, 64}, {2, 48}, {4, 128}, {8, 8}, {1, 8}};
     for (int b = 0; b < 4; b++)
         for (int s = 0; s < 5; s++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 int g = shapes[s][0], n_kv = g == 8 ? 1 : 1 + rng_int(2);
                 Config c = {g * n_kv, n_kv, shapes[s][1], block_sizes[b], (KvDtype)dt};
                 prefill_case(&c, s == 0 ? 300 : 120);
@@ -323,7 +332,7 @@ static void test_prefill_chunks(void **state)
 static void test_mixed_batch(void **state)
 {
     (void)state;
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = 0; dt < 3; dt++) {
         Config c = {8, 2, 64, 16, (KvDtype)dt};
         int lens[] = {200, 1, 77, 130, 16, 45};
         Fixture f;
@@ -345,7 +354,7 @@ static void test_mixed_batch(void **state)
 static void test_wide_group(void **state)
 {
     (void)state;
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = 0; dt < 3; dt++) {
         Config c = {40, 1, 16, 16, (KvDtype)dt}; /* 40 query heads on one KV head */
         int len = 90;
         Fixture f;
@@ -366,7 +375,7 @@ static void test_odd_and_max_head_dim(void **state)
     (void)state;
     int dims[] = {ATTN_MAX_HEAD_DIM, 20, 3};
     for (int i = 0; i < 3; i++)
-        for (int dt = 0; dt < 2; dt++) {
+        for (int dt = 0; dt < 3; dt++) {
             Config c = {4, 2, dims[i], 16, (KvDtype)dt};
             prefill_case(&c, 70);
         }
@@ -383,7 +392,7 @@ static void test_vector_counts(void **state)
     (void)state;
     int groups[] = {1, 3};
     for (int g = 0; g < 2; g++)
-        for (int dt = 0; dt < 2; dt++) {
+        for (int dt = 0; dt < 3; dt++) {
             Config c = {2 * groups[g], 2, 40, 16, (KvDtype)dt};
             int len = 150;
             Fixture f;
@@ -503,7 +512,7 @@ static void test_shared_prefix_mixed(void **state)
     int head_dims[] = {40, 64, 20, 3};
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 2; g++)
-            for (int dt = 0; dt < 2; dt++)
+            for (int dt = 0; dt < 3; dt++)
                 for (int h = 0; h < 4; h++) {
                     if (h == 0 && b != 0)
                         continue; /* 40 with block size 1 only, as before */
@@ -523,7 +532,7 @@ static void test_shared_prefix_many(void **state)
      * more query heads than one item holds (32), so heads split across items */
     int groups[] = {1, 4, 9, 33};
     for (int g = 0; g < 4; g++)
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < 3; dt++)
             for (int sharers = 40; sharers >= 2; sharers -= 38) {
                 int n_kv = groups[g] == 1 ? 12 : groups[g] == 4 ? 2 : 1;
                 int hd = groups[g] > 4 ? 16 : 64;
@@ -579,7 +588,7 @@ static void test_empty_inputs(void **state)
 static void test_real_pool(void **state)
 {
     (void)state;
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = 0; dt < 3; dt++) {
         enum { HEADS = 6, KV_HEADS = 3, HD = 24, LAYERS = 3 };
         KvLayout lay = {LAYERS, KV_HEADS, HD, 16, (KvDtype)dt};
         BlockPool *pool = NULL;
@@ -606,11 +615,8 @@ static void test_real_pool(void **state)
                 if (layer != 1)
                     attn_kv_store(&view, layer, tables[s].blocks, 0, lens[s], v[s], w, k[s], w);
             attn_kv_store(&view, 1, tables[s].blocks, 0, lens[s], k[s], w, v[s], w);
-            if (dt == KV_DTYPE_F16)
-                for (int i = 0; i < lens[s] * w; i++) {
-                    k[s][i] = attn_ref_f16_round(k[s][i]);
-                    v[s][i] = attn_ref_f16_round(v[s][i]);
-                }
+            round_as_cached(k[s], lens[s], w, HD, (KvDtype)dt);
+            round_as_cached(v[s], lens[s], w, HD, (KvDtype)dt);
         }
         /* seq 0: a prefill chunk [40, 75); seq 1: decode at 32. */
         float out0[35 * HEADS * HD], out1[HEADS * HD], want0[35 * HEADS * HD], want1[HEADS * HD];

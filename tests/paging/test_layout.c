@@ -24,10 +24,16 @@ static KvLayout layout_of(int layers, int heads, int dim, int bs, KvDtype dt)
     return l;
 }
 
+/* One position of one (layer, K|V, head): head_dim values; Q8 adds its 4-byte scale. */
+static size_t naive_row_bytes(const KvLayout *l)
+{
+    size_t elem = l->dtype == KV_DTYPE_F16 ? 2 : l->dtype == KV_DTYPE_Q8 ? 1 : 4;
+    return (size_t)l->head_dim * elem + (l->dtype == KV_DTYPE_Q8 ? 4 : 0);
+}
+
 static size_t naive_block_bytes(const KvLayout *l)
 {
-    size_t elem = l->dtype == KV_DTYPE_F16 ? 2 : 4;
-    size_t raw = 2 * (size_t)l->n_layers * l->n_kv_heads * l->block_size * l->head_dim * elem;
+    size_t raw = 2 * (size_t)l->n_layers * l->n_kv_heads * l->block_size * naive_row_bytes(l);
     return (raw + 63) / 64 * 64;
 }
 
@@ -49,6 +55,11 @@ static void test_elem_and_block_bytes(void **state)
      * 16-token block. */
     l = layout_of(32, 8, 128, 16, KV_DTYPE_F16);
     assert_int_equal(kv_layout_block_bytes(&l), 16 * 131072);
+    /* Q8: 128 values + a 4-byte scale per row: 33 KiB per token, 1.94x F16's tokens */
+    l.dtype = KV_DTYPE_Q8;
+    assert_int_equal(kv_layout_elem_bytes(&l), 1);
+    assert_int_equal(kv_layout_row_bytes(&l), 132);
+    assert_int_equal(kv_layout_block_bytes(&l), 16 * 2 * 32 * 8 * 132);
     for (int layers = 1; layers <= 3; layers++)
         for (int dim = 1; dim <= 9; dim += 4)
             for (int bs = 1; bs <= 17; bs += 8) {
@@ -56,7 +67,17 @@ static void test_elem_and_block_bytes(void **state)
                 assert_int_equal(kv_layout_block_bytes(&l), naive_block_bytes(&l));
                 l.dtype = KV_DTYPE_F32;
                 assert_int_equal(kv_layout_block_bytes(&l), naive_block_bytes(&l));
+                l.dtype = KV_DTYPE_Q8;
+                assert_int_equal(kv_layout_block_bytes(&l), naive_block_bytes(&l));
             }
+    KvDtype dt;
+    assert_int_equal(kv_dtype_parse("q8", &dt), 0);
+    assert_int_equal(dt, KV_DTYPE_Q8);
+    assert_int_equal(kv_dtype_parse("f16", &dt), 0);
+    assert_int_equal(dt, KV_DTYPE_F16);
+    assert_int_equal(kv_dtype_parse("int8", &dt), -1);
+    assert_string_equal(kv_dtype_name(KV_DTYPE_Q8), "q8");
+    assert_string_equal(kv_dtype_name((KvDtype)9), "?");
 }
 
 static void expect_invalid(KvLayout l, const char *word)
@@ -153,7 +174,7 @@ static void check_view_offsets(KvDtype dt)
     char err[256];
     assert_int_equal(block_pool_create(&pool, &l, n_blocks, err, sizeof err), 0);
     KvView kv = block_pool_view(pool);
-    size_t elem = kv_layout_elem_bytes(&l);
+    size_t elem = kv_layout_elem_bytes(&l), row = naive_row_bytes(&l);
     assert_int_equal(kv.block_bytes, naive_block_bytes(&l));
     assert_int_equal(kv.block_bytes % 64, 0);
     assert_int_equal((uintptr_t)kv.base % 64, 0);
@@ -176,15 +197,18 @@ static void check_view_offsets(KvDtype dt)
                         for (int d = 0; d < l.head_dim; d++) {
                             size_t naive = (size_t)b * kv.block_bytes +
                                            ((((size_t)layer * 2 + is_v) * l.n_kv_heads + h) *
-                                                l.block_size + slot) * l.head_dim * elem +
+                                                l.block_size + slot) * row +
                                            (size_t)d * elem;
-                            unsigned char *p = head + ((size_t)slot * l.head_dim + d) * elem;
+                            unsigned char *p = head + (size_t)slot * row + (size_t)d * elem;
                             assert_int_equal(p - kv.base, naive);
                             for (size_t k = 0; k < elem; k++)
                                 hits[naive + k]++;
                         }
+                    for (int slot = 0; slot < l.block_size && dt == KV_DTYPE_Q8; slot++)
+                        for (size_t k = 0; k < 4; k++) /* the row's scale, after its values */
+                            hits[(size_t)(head - kv.base) + slot * row + l.head_dim + k]++;
                 }
-    size_t payload = 2 * (size_t)l.n_layers * l.n_kv_heads * l.block_size * l.head_dim * elem;
+    size_t payload = 2 * (size_t)l.n_layers * l.n_kv_heads * l.block_size * row;
     for (size_t i = 0; i < pool_bytes; i++) {
         int expected = i % kv.block_bytes < payload ? 1 : 0;
         if (hits[i] != expected)
@@ -206,6 +230,12 @@ static void test_view_offsets_f32(void **state)
     check_view_offsets(KV_DTYPE_F32);
 }
 
+static void test_view_offsets_q8(void **state)
+{
+    (void)state;
+    check_view_offsets(KV_DTYPE_Q8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_pool_create_errors),
         cmocka_unit_test(test_view_offsets_f16),
         cmocka_unit_test(test_view_offsets_f32),
+        cmocka_unit_test(test_view_offsets_q8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

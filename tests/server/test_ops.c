@@ -318,6 +318,35 @@ static void test_json_log_client_gone(void **state)
 
 /* ---- text logs -------------------------------------------------------------------------------- */
 
+/* --kv-dtype q8 end to end: the pool holds 1.6x F16's blocks in the same 16 MiB (this
+ * model's head_dim 16: rows of 16 + 4 bytes against 32), completions and a stream work,
+ * and every block comes back. */
+static void test_q8_kv_cache(void **state)
+{
+    (void)state;
+    static ServerProc sp;
+    const char *extra[] = {"--kv-dtype", "q8", NULL};
+    assert_int_equal(start_random_server(&sp, extra), 0);
+    /* 2 layers x K,V x 2 KV heads x 16 positions x 20 bytes = 2560 bytes a block */
+    assert_true(metric_value(sp.port, "pagedserve_kv_blocks_total") == (double)((16 << 20) / 2560));
+    json_t *r = complete(sp.port, "ops-q8", "{\"model\":\"random\",\"prompt\":\"" PROMPT "\","
+                                            "\"n\":2,\"max_tokens\":20,\"ignore_eos\":true}");
+    json_t *usage = json_object_get(r, "usage");
+    assert_int_equal(int_field(usage, "completion_tokens"), 40);
+    json_decref(r);
+    json_decref(complete_streamed(sp.port, "ops-q8-stream",
+                                  "{\"model\":\"random\",\"prompt\":\"hi\",\"max_tokens\":6,"
+                                  "\"ignore_eos\":true,\"stream\":true,"
+                                  "\"stream_options\":{\"include_usage\":true}}"));
+    assert_true(metric_value(sp.port, "pagedserve_kv_blocks_used") == 0.0);
+    char *log = stop_and_take_log(&sp);
+    json_t *lines = parse_log_lines(log);
+    free(log);
+    json_t *st = json_array_get(lines, (size_t)find_event(lines, "startup", NULL));
+    assert_string_equal(json_string_value(json_object_get(st, "kv_dtype")), "q8");
+    json_decref(lines);
+}
+
 static void test_text_log(void **state)
 {
     (void)state;
@@ -641,6 +670,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_log),
         cmocka_unit_test(test_json_log_client_gone),
+        cmocka_unit_test(test_q8_kv_cache),
         cmocka_unit_test(test_text_log),
         cmocka_unit_test(test_log_format_flag),
         cmocka_unit_test(test_health_probe),

@@ -51,6 +51,19 @@ void attn_ref_dense(const float *q, int q_stride, const float *k, const float *v
     free(scores);
 }
 
+float attn_ref_q8_round_row(float *x, int n)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < n; i++) {
+        float q = nearbyintf(x[i] * inv); /* default rounding: ties to even */
+        x[i] = q * s;
+    }
+    return s;
+}
+
 float attn_ref_f16_round(float x)
 {
     if (isnan(x) || isinf(x) || x == 0.0f)
