@@ -21,6 +21,7 @@
 #   BENCH_QUICK=1              small smoke run (fewer levels and requests)
 #   BENCH_NO_INSTALL=1         never apt-get install gnuplot
 #   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16 or bf16; bench serve is told too)
+#   BENCH_KV_DTYPE=f16         the servers' --kv-dtype (f16, f32 or q8; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
 set -euo pipefail
 
@@ -38,7 +39,9 @@ MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
 WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
 case $WEIGHT_TYPE in f32|f16|bf16) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16 or bf16" >&2; exit 2 ;; esac
-read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE ${BENCH_SERVER_FLAGS:-}"
+KV_DTYPE=${BENCH_KV_DTYPE:-f16}
+case $KV_DTYPE in f16|f32|q8) ;; *) echo "bench.sh: BENCH_KV_DTYPE must be f16, f32 or q8" >&2; exit 2 ;; esac
+read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE --kv-dtype $KV_DTYPE ${BENCH_SERVER_FLAGS:-}"
 MAX_SEQS=64
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -178,7 +181,7 @@ run() {
     local rc=0
     "$BIN/bench" serve --port "$PORT" --gguf "$MODEL" --kv-cache-mb "$kv" \
         --gflops "$GFLOPS" --gbps "$GBPS" --max-seconds "$MAX_SECONDS" --label "$label" \
-        --weight-type "$WEIGHT_TYPE" \
+        --weight-type "$WEIGHT_TYPE" --kv-dtype "$KV_DTYPE" \
         --json "$OUT/$name.json" --markdown "$OUT/results-body.md" --tsv "$OUT/results.tsv" \
         "$@" | tee "$OUT/$name.txt" || rc=$?
     [ "$rc" = 0 ] || [ "$rc" = 3 ] || die "bench serve $name failed (exit $rc)"
