@@ -23,7 +23,9 @@ static void row_store_f16(uint16_t *dst, const float *src, int n)
 }
 
 /* q = x * (127 / max|x|) rounded to nearest even, s = max|x| / 127 after the n values.
- * A row with a NaN or infinity stores NaN scales: the cache must not hide them. */
+ * A row with a NaN or infinity stores a NaN scale (the cache must not hide them) and zero
+ * values; so does, with scale 0, a row too small for 127 / max|x| to be finite (< 4e-37:
+ * zero to within its own size). */
 static void row_store_q8(void *dst, const float *src, int n)
 {
     float amax = 0.0f;
@@ -35,10 +37,13 @@ static void row_store_q8(void *dst, const float *src, int n)
     }
     int8_t *q = dst;
     float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    if (!finite)
-        s = NAN, inv = 0.0f;
-    for (int i = 0; i < n; i++)
-        q[i] = (int8_t)lrintf(src[i] * inv);
+    if (!finite || !(inv <= FLT_MAX)) {
+        s = finite ? 0.0f : NAN;
+        memset(q, 0, (size_t)n);
+    } else {
+        for (int i = 0; i < n; i++) /* |x * inv| <= 127 (+ rounding): clamped all the same */
+            q[i] = (int8_t)fminf(fmaxf(rintf(src[i] * inv), -127.0f), 127.0f);
+    }
     memcpy(q + n, &s, sizeof s);
 }
 

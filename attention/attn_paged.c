@@ -22,6 +22,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,7 +410,10 @@ static void item_walk_gathered(const ItemState *it, TileVecs *tv)
     const AttnCall *c = it->c;
     const KvLayout *lay = &c->kv->layout;
     int hd = c->head_dim, ldv = it->acc_stride;
-    assert(it->n_kv == 1);
+    if (it->n_kv != 1) { /* kbuf/vbuf hold one KV head: a broken item split, not input */
+        fprintf(stderr, "attention: gathered item with %d KV heads\n", it->n_kv);
+        abort();
+    }
     float kbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float vbuf[ATTN_TILE * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     if (ldv != hd) /* V's padding columns only ever reach the accumulators' padding */
@@ -487,9 +491,9 @@ static void attend_item(ItemState *it)
     it->acc = acc;
     it->fold = fold_tile_f32;
 
-    if (lone && c->kv->layout.dtype == KV_DTYPE_Q8) {
-        item_walk_gathered(it, NULL); /* Q8 rows are dequantised into F32 tiles first */
-    } else if (lone) {
+    /* Q8 rows are dequantised into F32 tiles first, even for a lone vector */
+    int direct = lone && c->kv->layout.dtype != KV_DTYPE_Q8;
+    if (direct) {
         if (c->kv->layout.dtype == KV_DTYPE_F16)
             it->fold = fold_tile_f16;
         item_walk_direct(it);

@@ -50,7 +50,7 @@ static const Flag flags[] = {
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
      "memory for the paged KV cache, allocated once"},
     {"kv-dtype", 0, FLAG_SPECIAL, 0, 0, 0, "f16|f32|q8", "f16",
-     "element type of cached K/V; q8: 8-bit with a scale per row, 1.9x the tokens per MiB"},
+     "element type of cached K/V; q8: 8-bit with a scale per row (1.9x the tokens per MiB of f16 at head_dim 64)"},
     {"block-size", 0, FLAG_INT, FIELD(engine.block_size), 1, 1024, "N", "16",
      "token positions per KV block"},
     {"max-seqs", 0, FLAG_INT, FIELD(engine.max_seqs), 1, 65536, "N", "64",

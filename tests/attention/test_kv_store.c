@@ -155,20 +155,24 @@ static void test_f16_rounding(void **state)
 }
 
 /* Q8 by hand: the largest magnitude maps to +-127, halves round to even, an all-zero row
- * has scale 0, and a row holding NaN keeps a NaN scale (the cache does not hide it). */
+ * has scale 0, a row holding NaN or infinity keeps a NaN scale (the cache does not hide
+ * it), and a row too small for 127 / max|x| is stored as zeros with scale 0. */
 static void test_q8_rounding(void **state)
 {
     (void)state;
     enum { HD = 12 };
-    KvLayout lay = {1, 1, HD, 3, KV_DTYPE_Q8};
-    KvView kv = {NULL, lay, 2u * 3 * (HD + 4)};
+    KvLayout lay = {1, 1, HD, 5, KV_DTYPE_Q8};
+    KvView kv = {NULL, lay, 2u * 5 * (HD + 4)};
     kv.base = calloc(1, kv.block_bytes);
-    float k[3][HD] = {{-127.0f, 63.5f, -63.5f, 0.5f, 1.5f, 2.5f, 126.6f, 0.0f, -0.49f, 100.0f, 3.0f, -1.0f}},
-          v[3][HD] = {{0}};
+    float k[5][HD] = {{-127.0f, 63.5f, -63.5f, 0.5f, 1.5f, 2.5f, 126.6f, 0.0f, -0.49f, 100.0f, 3.0f, -1.0f}},
+          v[5][HD] = {{0}};
     k[2][5] = NAN;
+    k[3][0] = 1e-38f;
+    k[3][1] = -2e-38f;
+    k[4][3] = -INFINITY;
     const int8_t want_q[HD] = {-127, 64, -64, 0, 2, 2, 127, 0, 0, 100, 3, -1};
     int32_t table[1] = {0};
-    attn_kv_store(&kv, 0, table, 0, 3, &k[0][0], HD, &v[0][0], HD);
+    attn_kv_store(&kv, 0, table, 0, 5, &k[0][0], HD, &v[0][0], HD);
     const unsigned char *row = kv_view_ptr(&kv, 0, 0, 0, 0);
     float s;
     memcpy(&s, row + HD, 4);
@@ -179,6 +183,13 @@ static void test_q8_rounding(void **state)
     memcpy(&s, row + 2 * (HD + 4) + HD, 4);
     assert_true(isnan(s));
     assert_true(isnan(read_slot(&kv, 0, 0, 0, 0, 2, 0)));
+    static const int8_t zeros[HD];
+    memcpy(&s, row + 3 * (HD + 4) + HD, 4); /* tiny row */
+    assert_true(s == 0.0f);
+    assert_memory_equal(row + 3 * (HD + 4), zeros, HD);
+    memcpy(&s, row + 4 * (HD + 4) + HD, 4); /* a -infinity in the row */
+    assert_true(isnan(s));
+    assert_memory_equal(row + 4 * (HD + 4), zeros, HD);
     memcpy(&s, (const unsigned char *)kv_view_ptr(&kv, 0, 0, 1, 0) + HD, 4); /* V row 0 */
     assert_true(s == 0.0f);
     free(kv.base);

@@ -57,6 +57,8 @@ float attn_ref_q8_round_row(float *x, int n)
     for (int i = 0; i < n; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
     float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    if (!(inv <= 3.4028235e38f)) /* a row too small for 127 / max|x|: stored as zeros */
+        s = 0.0f, inv = 0.0f;
     for (int i = 0; i < n; i++) {
         float q = nearbyintf(x[i] * inv); /* default rounding: ties to even */
         x[i] = q * s;

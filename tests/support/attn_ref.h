@@ -20,7 +20,7 @@ void attn_ref_dense(const float *q, int q_stride, const float *k, const float *v
 float attn_ref_f16_round(float x);
 /* x[0..n) replaced by what a Q8 row holds of them, computed as paging.h defines it:
  * s = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even, value q * s. Returns
- * s (0 for an all-zero row). */
+ * s (0 for an all-zero row, or one whose max|x| < 127 / FLT_MAX). Finite rows only. */
 float attn_ref_q8_round_row(float *x, int n);
 /* The float value of binary16 bits h (pure C). */
 float attn_ref_f16_to_f32(uint16_t h);
