@@ -2,6 +2,7 @@
  *
  *   bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] [--gen 64] [--prefix 512]
  *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16|bf16]
+ *                [--kv-dtype f16|f32|q8]
  *
  * Decode: `seqs` requests of `prompt` random tokens each, `gen` new tokens, ignore_eos;
  * reports aggregate decode tokens/s over the steps after every prompt is in (prefill is
@@ -22,6 +23,7 @@ typedef struct {
     int n_levels;
     int prompt, gen, prefix, threads;
     size_t kv_mb;
+    KvDtype kv_dtype;
     ModelWeightType weight_type;
 } EngineBenchArgs;
 
@@ -35,7 +37,7 @@ static double now_s(void)
 static int parse(int argc, char **argv, EngineBenchArgs *a)
 {
     *a = (EngineBenchArgs){ .seqs = { 1, 8, 32 }, .n_levels = 3, .prompt = 32, .gen = 64,
-                            .prefix = 512, .kv_mb = 1024 };
+                            .prefix = 512, .kv_mb = 1024, .kv_dtype = KV_DTYPE_F16 };
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -48,6 +50,12 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         else if (!strcmp(argv[i], "--prefix")) a->prefix = atoi(v);
         else if (!strcmp(argv[i], "--threads")) a->threads = atoi(v);
         else if (!strcmp(argv[i], "--kv-cache-mb")) a->kv_mb = (size_t)atol(v);
+        else if (!strcmp(argv[i], "--kv-dtype")) {
+            if (kv_dtype_parse(v, &a->kv_dtype) != 0) {
+                fprintf(stderr, "bench engine: --kv-dtype takes f16, f32 or q8\n");
+                return -1;
+            }
+        }
         else if (!strcmp(argv[i], "--weight-type")) {
             if (model_weight_type_parse(v, &a->weight_type) != 0) {
                 fprintf(stderr, "bench engine: --weight-type takes auto, f32, f16 or bf16\n");
@@ -66,7 +74,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
     if (!a->model_path || a->prompt < 1 || a->gen < 1 || a->prefix < 1) {
         fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
                 "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
-                "                    [--weight-type auto|f32|f16|bf16]\n");
+                "                    [--weight-type auto|f32|f16|bf16] [--kv-dtype f16|f32|q8]\n");
         return -1;
     }
     return 0;
@@ -77,6 +85,7 @@ static Engine *open_engine(const Model *m, const EngineBenchArgs *a, int max_seq
     EngineConfig cfg;
     engine_config_default(&cfg);
     cfg.kv_cache_bytes = a->kv_mb << 20;
+    cfg.kv_dtype = a->kv_dtype;
     cfg.max_seqs = max_seqs;
     cfg.prefix_cache = prefix;
     cfg.threads = a->threads;
