@@ -30,7 +30,8 @@ static int check_config(const EngineConfig *c, char *err, size_t err_len)
                 KV_LAYOUT_MAX_BLOCK_SIZE);
         return -1;
     }
-    if (c->kv_dtype != KV_DTYPE_F32 && c->kv_dtype != KV_DTYPE_F16 && c->kv_dtype != KV_DTYPE_Q8) {
+    KvDtype known; /* a dtype paging names (its one table of them), not a list kept here */
+    if (kv_dtype_parse(kv_dtype_name(c->kv_dtype), &known) != 0) {
         engine_set_err(err, err_len, "unknown KV dtype %d", (int)c->kv_dtype);
         return -1;
     }
