@@ -4,7 +4,9 @@
  * contiguous cache, and never materialise a score matrix: each query row keeps a running
  * max, a running sum and an output accumulator (online softmax), rescaled as K/V tiles
  * stream past. All arithmetic is F32; F16 cache entries are widened on load, Q8 rows
- * (int8 values and a scale, paging.h) dequantised into the F32 tiles of the gathered path.
+ * (int8 values and a scale, paging.h) converted in registers where one query vector
+ * reads them (the row's scale applied to its score and its probability) and dequantised
+ * into the F32 tiles of the gathered path where several share them.
  *
  * One entry point serves decode (one query row per sequence) and chunked prefill (a run
  * of query rows of one sequence starting at any position): query row i of a sequence sits
@@ -23,8 +25,9 @@
  *
  * Inner loops (AVX2/FMA/F16C): a K/V tile is at most 32 positions. Scores
  * of 8 positions come out of 8 FMA chains and one reduction tree; e^x is a vector
- * polynomial; V is accumulated 32 dims at a time in registers. F16 K/V feeding a single
- * query vector (decode without GQA) are widened in registers straight from the cache;
+ * polynomial; V is accumulated 32 dims at a time in registers. F16 and Q8 K/V feeding a
+ * single query vector (decode without GQA) are widened in registers straight from the
+ * cache;
  * a tile shared by several query vectors is gathered (up to 32 positions across
  * blocks) and widened once into a per-thread buffer; with 9 or more query vectors the
  * tile is folded in as two small register-blocked matrix products (scores = K_tile·Qᵀ,

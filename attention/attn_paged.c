@@ -6,7 +6,9 @@
  * the item is one "query vector" with its own running max m, sum l and accumulator
  * acc[head_dim]. The item walks the sequence's K/V a tile at a time:
  * - one query vector per KV head (decode without GQA): a tile is a block (at most
- *   ATTN_TILE of its positions), read where it lies, F16 widened in registers;
+ *   ATTN_TILE of its positions), read where it lies, F16 widened in registers, Q8
+ *   integers converted in registers and each row's scale applied once per score and
+ *   once per probability;
  * - several (GQA decode, prefill rows): a tile is ATTN_TILE positions gathered from
  *   consecutive blocks into a per-thread F32 buffer (widened once), then folded into
  *   every vector of the item: K/V are read once per GQA group, and a prefill chunk
@@ -43,8 +45,8 @@ enum {
 #define ATTN_PARALLEL_MIN_WORK (1L << 15)
 
 /* A decode row without GQA has one query vector per KV head and no reuse of K/V: its
- * item takes several KV heads (one for a Q8 cache, see attn_paged), so that it streams
- * each block's K (and V) runs of those heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
+ * item takes several KV heads, so that it streams each block's K (and V) runs of those
+ * heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
  * reads run at half the DRAM bandwidth of 24 KiB ones). Everything else has one KV
  * head per item; the group's query heads and up to ATTN_MAX_VECS rows×heads share its
  * tiles. */
@@ -132,9 +134,20 @@ static void tile_prefetch(const AttnCall *c, int kv0, int n_kv, const TileSpan *
         }
 }
 
-/* Fold positions [0, n_valid) of a tile into one query vector's running state. */
+/* The scales of K rows [j, j + 8) of a Q8 tile, one per lane. */
+ATTN_INLINE __m256 q8_scales8(const void *kt, int j, int hd)
+{
+    float s[8];
+    for (int e = 0; e < 8; e++)
+        s[e] = q8_row_scale(kv_row(kt, j + e, hd, KV_DTYPE_Q8), hd);
+    return _mm256_loadu_ps(s);
+}
+
+/* Fold positions [0, n_valid) of a tile into one query vector's running state. A Q8
+ * tile is read in its integers: each score takes its K row's scale once (q·(s k) =
+ * s (q·k)), and each probability the V row's scale before the P·V sum (p (s v) = (p s) v). */
 ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                           int n_valid, float *m, float *l, float *acc, int f16)
+                           int n_valid, float *m, float *l, float *acc, int fmt)
 {
     int hd = c->head_dim;
     float s[ATTN_TILE] __attribute__((aligned(32)));
@@ -142,7 +155,9 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 8 <= n_valid; j += 8) {
-        __m256 sj = _mm256_mul_ps(dot8(q, kv_row(kt, j, hd, f16), hd, f16), vscale);
+        __m256 sj = _mm256_mul_ps(dot8(q, kv_row(kt, j, hd, fmt), hd, fmt), vscale);
+        if (fmt == KV_DTYPE_Q8)
+            sj = _mm256_mul_ps(sj, q8_scales8(kt, j, hd));
         _mm256_store_ps(s + j, sj);
         vmax = _mm256_max_ps(vmax, sj);
     }
@@ -150,7 +165,10 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
     if (j < n_valid) /* the tail's last vector: define the lanes past n_valid */
         _mm256_store_ps(s + j, _mm256_setzero_ps());
     for (; j < n_valid; j++) {
-        s[j] = dot1(q, kv_row(kt, j, hd, f16), hd, f16) * c->scale;
+        const void *kj = kv_row(kt, j, hd, fmt);
+        s[j] = dot1(q, kj, hd, fmt) * c->scale;
+        if (fmt == KV_DTYPE_Q8)
+            s[j] *= q8_row_scale(kj, hd);
         if (s[j] > tile_max)
             tile_max = s[j];
     }
@@ -170,24 +188,33 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
         vsum = _mm256_add_ps(vsum, p);
     }
     *l = *l * rescale + hsum256(vsum);
-    accumulate_pv(acc, rescale, s, vt, n_valid, hd, f16);
+    if (fmt == KV_DTYPE_Q8)
+        for (j = 0; j < n_valid; j++)
+            s[j] *= q8_row_scale(kv_row(vt, j, hd, fmt), hd);
+    accumulate_pv(acc, rescale, s, vt, n_valid, hd, fmt);
 }
 
 typedef void FoldFn(const AttnCall *c, const float *q, const void *kt, const void *vt,
                     int n_valid, float *m, float *l, float *acc);
 
-/* The two instances: F32 tiles (an F32 cache, or F16 widened once for many vectors) and
- * F16 tiles read straight from the cache (a lone vector gains nothing from a copy). */
+/* The instances: F32 tiles (an F32 cache, or F16/Q8 widened once for many vectors) and
+ * F16 or Q8 tiles read straight from the cache (a lone vector gains nothing from a copy). */
 static void fold_tile_f32(const AttnCall *c, const float *q, const void *kt, const void *vt,
                           int n_valid, float *m, float *l, float *acc)
 {
-    fold_tile(c, q, kt, vt, n_valid, m, l, acc, 0);
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_F32);
 }
 
 static void fold_tile_f16(const AttnCall *c, const float *q, const void *kt, const void *vt,
                           int n_valid, float *m, float *l, float *acc)
 {
-    fold_tile(c, q, kt, vt, n_valid, m, l, acc, 1);
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_F16);
+}
+
+static void fold_tile_q8(const AttnCall *c, const float *q, const void *kt, const void *vt,
+                         int n_valid, float *m, float *l, float *acc)
+{
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_Q8);
 }
 
 /* One work item: KV heads [kv0, kv0 + n_kv), query heads [head0, head0 + n_h) of each
@@ -491,11 +518,9 @@ static void attend_item(ItemState *it)
     it->acc = acc;
     it->fold = fold_tile_f32;
 
-    /* Q8 rows are dequantised into F32 tiles first, even for a lone vector */
-    int direct = lone && c->kv->layout.dtype != KV_DTYPE_Q8;
-    if (direct) {
-        if (c->kv->layout.dtype == KV_DTYPE_F16)
-            it->fold = fold_tile_f16;
+    if (lone) {
+        KvDtype dt = c->kv->layout.dtype;
+        it->fold = dt == KV_DTYPE_F16 ? fold_tile_f16 : dt == KV_DTYPE_Q8 ? fold_tile_q8 : fold_tile_f32;
         item_walk_direct(it);
     } else if (matrix) {
         TileVecs tv;
@@ -654,9 +679,7 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
         .out_stride = out_stride,
         .n_heads = shape->n_heads,
     };
-    /* Q8 rows go through one KV head's F32 tiles (attend_item), one KV head per item */
-    c.decode_kv_per_item = kv->layout.dtype == KV_DTYPE_Q8 ? 1
-                         : decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
+    c.decode_kv_per_item = decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
                                               parallel ? compute_threads() : 1);
 
     SeqItems all = { .c = &c, .seqs = seqs, .n_seqs = n_seqs };

@@ -1,8 +1,10 @@
 /* attn_simd — AVX2/FMA/F16C building blocks of the attention kernels (internal).
  *
- * K/V rows are read through kv_load8, which widens F16 on the fly or loads F32, chosen
- * by a flag that is a compile-time constant at every call site once inlined: each
- * kernel below exists twice in the object code, with no branch in its inner loops. */
+ * K/V rows are read through kv_load8, which loads F32, widens F16 or converts Q8's int8
+ * values on the fly, chosen by a KvDtype `fmt` that is a compile-time constant at every
+ * call site once inlined: each kernel below exists once per format in the object code,
+ * with no branch in its inner loops. Q8 values come out unscaled (the integers as
+ * floats): a Q8 row's scale is applied once per row by the caller (q8_row_scale). */
 #ifndef PAGEDSERVE_ATTN_SIMD_H
 #define PAGEDSERVE_ATTN_SIMD_H
 
@@ -10,25 +12,43 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "paging/paging.h"
+
 #define ATTN_INLINE static inline __attribute__((always_inline))
 
-/* Eight K/V elements from index i of row data p (F16 when f16, else F32), as F32. */
-ATTN_INLINE __m256 kv_load8(const void *p, int i, int f16)
+/* Eight K/V elements from index i of row data p, as F32 (Q8: unscaled). */
+ATTN_INLINE __m256 kv_load8(const void *p, int i, int fmt)
 {
-    if (f16)
+    if (fmt == KV_DTYPE_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    if (fmt == KV_DTYPE_Q8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + i))));
     return _mm256_loadu_ps((const float *)p + i);
 }
 
-ATTN_INLINE float kv_load1(const void *p, int i, int f16)
+ATTN_INLINE float kv_load1(const void *p, int i, int fmt)
 {
-    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    if (fmt == KV_DTYPE_F16)
+        return _cvtsh_ss(((const uint16_t *)p)[i]);
+    if (fmt == KV_DTYPE_Q8)
+        return (float)((const int8_t *)p)[i];
+    return ((const float *)p)[i];
 }
 
-/* Row j of a K/V tile of head_dim-element rows. */
-ATTN_INLINE const void *kv_row(const void *p, int j, int hd, int f16)
+/* Row j of a K/V tile of head_dim-element rows (the sizes of kv_layout_row_bytes). */
+ATTN_INLINE const void *kv_row(const void *p, int j, int hd, int fmt)
 {
-    return (const char *)p + (size_t)j * (size_t)hd * (f16 ? 2 : 4);
+    size_t row = fmt == KV_DTYPE_F16 ? 2 * (size_t)hd
+               : fmt == KV_DTYPE_Q8 ? (size_t)hd + sizeof(float) : 4 * (size_t)hd;
+    return (const char *)p + (size_t)j * row;
+}
+
+/* The scale of a Q8 row of hd values (stored after them, maybe unaligned). */
+ATTN_INLINE float q8_row_scale(const void *row, int hd)
+{
+    float s;
+    memcpy(&s, (const char *)row + hd, sizeof s);
+    return s;
 }
 
 ATTN_INLINE float hsum256(__m256 v)
@@ -70,42 +90,42 @@ ATTN_INLINE __m256 exp256(__m256 x)
 }
 
 /* q · k for one K row of hd elements. */
-ATTN_INLINE float dot1(const float *q, const void *k, int hd, int f16)
+ATTN_INLINE float dot1(const float *q, const void *k, int hd, int fmt)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, f16), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), kv_load8(k, d + 8, f16), s1);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, fmt), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), kv_load8(k, d + 8, fmt), s1);
     }
     for (; d + 8 <= hd; d += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, f16), s0);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k, d, fmt), s0);
     float s = hsum256(_mm256_add_ps(s0, s1));
     for (; d < hd; d++)
-        s += q[d] * kv_load1(k, d, f16);
+        s += q[d] * kv_load1(k, d, fmt);
     return s;
 }
 
 /* q against 8 consecutive K rows: eight running sums (independent FMA chains), then one
  * reduction tree that leaves the 8 dot products in the lanes of one vector. */
-ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int f16)
+ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int fmt)
 {
-    const void *k0 = kv_row(k, 0, hd, f16), *k1 = kv_row(k, 1, hd, f16);
-    const void *k2 = kv_row(k, 2, hd, f16), *k3 = kv_row(k, 3, hd, f16);
-    const void *k4 = kv_row(k, 4, hd, f16), *k5 = kv_row(k, 5, hd, f16);
-    const void *k6 = kv_row(k, 6, hd, f16), *k7 = kv_row(k, 7, hd, f16);
+    const void *k0 = kv_row(k, 0, hd, fmt), *k1 = kv_row(k, 1, hd, fmt);
+    const void *k2 = kv_row(k, 2, hd, fmt), *k3 = kv_row(k, 3, hd, fmt);
+    const void *k4 = kv_row(k, 4, hd, fmt), *k5 = kv_row(k, 5, hd, fmt);
+    const void *k6 = kv_row(k, 6, hd, fmt), *k7 = kv_row(k, 7, hd, fmt);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     int d = 0;
     for (; d + 8 <= hd; d += 8) {
         __m256 qd = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qd, kv_load8(k0, d, f16), a0);
-        a1 = _mm256_fmadd_ps(qd, kv_load8(k1, d, f16), a1);
-        a2 = _mm256_fmadd_ps(qd, kv_load8(k2, d, f16), a2);
-        a3 = _mm256_fmadd_ps(qd, kv_load8(k3, d, f16), a3);
-        a4 = _mm256_fmadd_ps(qd, kv_load8(k4, d, f16), a4);
-        a5 = _mm256_fmadd_ps(qd, kv_load8(k5, d, f16), a5);
-        a6 = _mm256_fmadd_ps(qd, kv_load8(k6, d, f16), a6);
-        a7 = _mm256_fmadd_ps(qd, kv_load8(k7, d, f16), a7);
+        a0 = _mm256_fmadd_ps(qd, kv_load8(k0, d, fmt), a0);
+        a1 = _mm256_fmadd_ps(qd, kv_load8(k1, d, fmt), a1);
+        a2 = _mm256_fmadd_ps(qd, kv_load8(k2, d, fmt), a2);
+        a3 = _mm256_fmadd_ps(qd, kv_load8(k3, d, fmt), a3);
+        a4 = _mm256_fmadd_ps(qd, kv_load8(k4, d, fmt), a4);
+        a5 = _mm256_fmadd_ps(qd, kv_load8(k5, d, fmt), a5);
+        a6 = _mm256_fmadd_ps(qd, kv_load8(k6, d, fmt), a6);
+        a7 = _mm256_fmadd_ps(qd, kv_load8(k7, d, fmt), a7);
     }
     __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
@@ -113,10 +133,10 @@ ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int f16)
     if (d < hd) { /* head_dim not a multiple of 8 */
         float tail[8];
         for (int j = 0; j < 8; j++) {
-            const void *kj = kv_row(k, j, hd, f16);
+            const void *kj = kv_row(k, j, hd, fmt);
             tail[j] = 0.0f;
             for (int e = d; e < hd; e++)
-                tail[j] += q[e] * kv_load1(kj, e, f16);
+                tail[j] += q[e] * kv_load1(kj, e, fmt);
         }
         s = _mm256_add_ps(s, _mm256_loadu_ps(tail));
     }
@@ -128,7 +148,7 @@ ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int f16)
  * rows feed separate sums, giving 8 independent FMA chains. (Named registers, not
  * arrays: a compiler may keep an array in memory.) */
 ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *v, int n,
-                               int hd, int f16)
+                               int hd, int fmt)
 {
     __m256 vc = _mm256_set1_ps(c);
     int d = 0;
@@ -141,24 +161,24 @@ ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *
         __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
         int j = 0;
         for (; j + 2 <= n; j += 2) {
-            const void *v0 = kv_row(v, j, hd, f16), *v1 = kv_row(v, j + 1, hd, f16);
+            const void *v0 = kv_row(v, j, hd, fmt), *v1 = kv_row(v, j + 1, hd, fmt);
             __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);
-            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, f16), o0);
-            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, f16), o1);
-            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, f16), o2);
-            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, f16), o3);
-            e0 = _mm256_fmadd_ps(p1, kv_load8(v1, d, f16), e0);
-            e1 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 8, f16), e1);
-            e2 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 16, f16), e2);
-            e3 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 24, f16), e3);
+            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, fmt), o0);
+            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, fmt), o1);
+            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, fmt), o2);
+            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, fmt), o3);
+            e0 = _mm256_fmadd_ps(p1, kv_load8(v1, d, fmt), e0);
+            e1 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 8, fmt), e1);
+            e2 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 16, fmt), e2);
+            e3 = _mm256_fmadd_ps(p1, kv_load8(v1, d + 24, fmt), e3);
         }
         if (j < n) {
-            const void *v0 = kv_row(v, j, hd, f16);
+            const void *v0 = kv_row(v, j, hd, fmt);
             __m256 p0 = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, f16), o0);
-            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, f16), o1);
-            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, f16), o2);
-            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, f16), o3);
+            o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, fmt), o0);
+            o1 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 8, fmt), o1);
+            o2 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 16, fmt), o2);
+            o3 = _mm256_fmadd_ps(p0, kv_load8(v0, d + 24, fmt), o3);
         }
         _mm256_storeu_ps(a, _mm256_add_ps(o0, e0));
         _mm256_storeu_ps(a + 8, _mm256_add_ps(o1, e1));
@@ -168,13 +188,13 @@ ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *
     for (; d + 8 <= hd; d += 8) {
         __m256 o = _mm256_mul_ps(vc, _mm256_loadu_ps(acc + d));
         for (int j = 0; j < n; j++)
-            o = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), kv_load8(kv_row(v, j, hd, f16), d, f16), o);
+            o = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), kv_load8(kv_row(v, j, hd, fmt), d, fmt), o);
         _mm256_storeu_ps(acc + d, o);
     }
     for (; d < hd; d++) {
         float o = acc[d] * c;
         for (int j = 0; j < n; j++)
-            o += p[j] * kv_load1(kv_row(v, j, hd, f16), d, f16);
+            o += p[j] * kv_load1(kv_row(v, j, hd, fmt), d, fmt);
         acc[d] = o;
     }
 }
@@ -305,8 +325,7 @@ static inline void widen_f16(float *dst, const uint16_t *src, int n)
 static inline void widen_q8(float *dst, const void *row, int n)
 {
     const int8_t *q = row;
-    float s;
-    memcpy(&s, q + n, sizeof s);
+    float s = q8_row_scale(row, n);
     __m256 vs = _mm256_set1_ps(s);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
