@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compute/vec_exp.h"
 #include "paging/paging.h"
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
@@ -65,28 +66,6 @@ ATTN_INLINE float hmax256(__m256 v)
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     x = _mm_max_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
-}
-
-/* e^x for x <= 0 (softmax arguments), relative error ~2e-7: x = n*ln2 + r with
- * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, 2^n put into the exponent bits.
- * Arguments below -87 give ~1e-38 instead of 0; callers mask lanes that must be 0. */
-ATTN_INLINE __m256 exp256(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* ln2 in two parts so that n*ln2_hi is exact and r keeps its low bits. */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 /* q · k for one K row of hd elements. */

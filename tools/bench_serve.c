@@ -40,8 +40,8 @@ static const Workload workloads[] = {
     {"prefix", 32, 1024, 32, "16", 2, 8, true,
      "a ~1024-token prefix shared by all + ~32 unique tokens, 32 new tokens; c = 16;\n"
      "                                     n = max(2c, 8); request 0 runs alone first"},
-    {"capacity", 512, 0, 512, "4,8,16", 1, 0, false,
-     "~512-token prompts, 512 new tokens; c = 4, 8, 16; n = c\n"
+    {"capacity", 512, 0, 512, "4,8,16,32", 1, 0, false,
+     "~512-token prompts, 512 new tokens; c = 4, 8, 16, 32; n = c\n"
      "                                     (run it against a fixed, small --kv-cache-mb)"},
 };
 #define N_WORKLOADS (int)(sizeof workloads / sizeof workloads[0])

@@ -127,19 +127,35 @@ typedef struct {
     Model *model;
 } Fixture;
 
-/* A small random GQA model made by tools/mkmodel (its own tests cover the file format). */
+/* A random model made by tools/mkmodel (its own tests cover the file format). */
+static void fixture_make(Fixture *fx, const char *name, const char *shape)
+{
+    const char *bin = getenv("PAGEDSERVE_BIN_DIR");
+    assert_non_null(bin);
+    snprintf(fx->path, sizeof(fx->path), "/tmp/pagedserve-forward-%s-%d.gguf", name, (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s %s --vocab 300 --ctx 256 --type f32 --seed 7 "
+             "--tied > /dev/null", bin, fx->path, shape);
+    assert_int_equal(system(cmd), 0);
+    char err[256];
+    assert_int_equal(model_load(fx->path, &fx->model, err, sizeof(err)), 0);
+}
+
+/* A small GQA model. */
 static int make_random_model(void **state)
 {
     static Fixture fx;
-    const char *bin = getenv("PAGEDSERVE_BIN_DIR");
-    assert_non_null(bin);
-    snprintf(fx.path, sizeof(fx.path), "/tmp/pagedserve-forward-%d.gguf", (int)getpid());
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s --dim 64 --layers 2 --heads 8 --kv-heads 2 "
-             "--ffn 96 --vocab 300 --ctx 256 --type f32 --seed 7 --tied > /dev/null", bin, fx.path);
-    assert_int_equal(system(cmd), 0);
-    char err[256];
-    assert_int_equal(model_load(fx.path, &fx.model, err, sizeof(err)), 0);
+    fixture_make(&fx, "small", "--dim 64 --layers 2 --heads 8 --kv-heads 2 --ffn 96");
+    *state = &fx;
+    return 0;
+}
+
+/* Wide enough that a long prefill chunk's norms, RoPE and SwiGLU are split over the
+ * compute pool (forward.c: at least 2^14 values per step). */
+static int make_wide_model(void **state)
+{
+    static Fixture fx;
+    fixture_make(&fx, "wide", "--dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 512");
     *state = &fx;
     return 0;
 }
@@ -472,6 +488,38 @@ static void test_stories260k_greedy_matches_reference(void **state)
         fprintf(stderr, "SKIPPED stories260K with --weight-type bf16: this CPU has no AVX512_BF16\n");
 }
 
+/* One 150-row prefill chunk (its row-wise steps run on every compute thread), then two
+ * decode rows (they stay on the calling thread), against the reference. */
+static void test_wide_prefill_matches_reference(void **state)
+{
+    Fixture *fx = *state;
+    const Model *m = fx->model;
+    const ModelConfig *c = &m->config;
+    enum { P = 150, N = 152 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, c->vocab_size, 5);
+    float *ref = reference_logits(m, tokens, N);
+    PagedRun p;
+    paged_open(&p, m, KV_DTYPE_F32, 16, P);
+    assert_int_equal(block_table_append(&p.table, p.pool, P), 0);
+    ModelSeqBatch b = { tokens, 0, P, p.table.blocks, MODEL_LOGITS_ALL };
+    KvView kv = block_pool_view(p.pool);
+    const float *lg = model_forward(p.runner, &kv, &b, 1);
+    assert_non_null(lg);
+    for (int i = 0; i < P; i++)
+        assert_true(max_abs_diff(lg + (size_t)i * c->vocab_size, ref + (size_t)i * c->vocab_size,
+                                 c->vocab_size) < 1e-3f);
+    for (int pos = P; pos < N; pos++) {
+        assert_int_equal(block_table_append(&p.table, p.pool, 1), 0);
+        ModelSeqBatch d = { tokens + pos, pos, 1, p.table.blocks, MODEL_LOGITS_LAST };
+        lg = model_forward(p.runner, &kv, &d, 1);
+        assert_non_null(lg);
+        assert_true(max_abs_diff(lg, ref + (size_t)pos * c->vocab_size, c->vocab_size) < 1e-3f);
+    }
+    paged_close(&p);
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest random_model[] = {
@@ -486,8 +534,13 @@ int main(void)
     const struct CMUnitTest shared_model[] = {
         cmocka_unit_test(test_stories260k_greedy_matches_reference),
     };
+    const struct CMUnitTest wide_model[] = {
+        cmocka_unit_test(test_wide_prefill_matches_reference),
+    };
     int failed = cmocka_run_group_tests_name("forward_random_model", random_model,
                                              make_random_model, free_model);
+    failed += cmocka_run_group_tests_name("forward_wide_model", wide_model, make_wide_model,
+                                          free_model);
     failed += cmocka_run_group_tests_name("forward_stories260k", shared_model, NULL, NULL);
     return failed;
 }
