@@ -26,6 +26,8 @@ size_t matmul_weights_floats(int in, int out)
 
 size_t matmul_weights_bytes(int in, int out, MatmulType type)
 {
+    if (type == MATMUL_I8)
+        return matmul_i8_layout(in, out).total;
     if (type == MATMUL_BF16) /* an odd in is padded to whole pairs */
         return matmul_weights_floats(in + in % 2, out) * sizeof(uint16_t);
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
@@ -37,6 +39,15 @@ int matmul_bf16_supported(void)
     if (off && *off && strcmp(off, "0") != 0)
         return 0;
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+int matmul_i8_supported(void)
+{
+    const char *off = getenv("PAGEDSERVE_NO_AVX512_VNNI"); /* see matmul.h */
+    if (off && *off && strcmp(off, "0") != 0)
+        return 0;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
 }
 
@@ -68,6 +79,10 @@ static size_t packed_index(int in, MatmulType type, int o, int k)
     if (type == MATMUL_BF16) {
         size_t pairs = (size_t)(in + 1) / 2;
         return ((panel * pairs + (size_t)k / 2) * MATMUL_PANEL + j) * 2 + (size_t)k % 2;
+    }
+    if (type == MATMUL_I8) {
+        size_t quads = (size_t)(in + 3) / 4;
+        return ((panel * quads + (size_t)k / 4) * MATMUL_PANEL + j) * 4 + (size_t)k % 4;
     }
     return (panel * in + (size_t)k) * MATMUL_PANEL + j;
 }
@@ -102,13 +117,41 @@ static int pack_rows(void *panels, const float *w, int in, int out, MatmulType t
     return 0;
 }
 
+/* Each row as int8 q = round(w * 127 / max|w|), stored as q + 128, with scale max|w| / 127
+ * (an all-zero row: q = 0, scale 0). Pads (inputs to whole quads, outputs to whole
+ * panels) hold q = 0 and scale 0. */
+static int pack_i8(void *buf, const float *w, int in, int out)
+{
+    I8Layout lay = matmul_i8_layout(in, out);
+    uint8_t *q = buf;
+    float *scales = (float *)((char *)buf + lay.scales_offset);
+    memset(q, 128, lay.scales_offset);
+    memset(scales, 0, lay.total - lay.scales_offset);
+    for (int o = 0; o < out; o++) {
+        const float *src = w + (size_t)o * in;
+        float amax = 0.0f;
+        for (int k = 0; k < in; k++) {
+            if (!isfinite(src[k]))
+                return -2;
+            amax = fmaxf(amax, fabsf(src[k]));
+        }
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        scales[o] = amax / 127.0f;
+        for (int k = 0; k < in; k++) {
+            float v = nearbyintf(src[k] * inv);
+            q[packed_index(in, MATMUL_I8, o, k)] = (uint8_t)(128 + (v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v));
+        }
+    }
+    return 0;
+}
+
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)
 {
     size_t n = matmul_weights_floats(in, out);
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
     *pw = (MatmulWeights){ .in = in, .out = out };
-    if (type == MATMUL_BF16 && !matmul_bf16_supported())
+    if ((type == MATMUL_BF16 && !matmul_bf16_supported()) || (type == MATMUL_I8 && !matmul_i8_supported()))
         return -3;
     pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
@@ -116,10 +159,10 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
      * which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel spares
      * start-up a pass over every matrix. */
-    size_t panel_bytes = matmul_weights_bytes(in, MATMUL_PANEL, type);
+    size_t panel_bytes = type == MATMUL_I8 ? bytes : matmul_weights_bytes(in, MATMUL_PANEL, type);
     if (bytes > 0)
         memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
-    int rc = pack_rows(p, w, in, out, type);
+    int rc = type == MATMUL_I8 ? pack_i8(p, w, in, out) : pack_rows(p, w, in, out, type);
     if (rc < 0) {
         free(p);
         return rc;
@@ -130,6 +173,14 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
 
 void matmul_weights_unpack(const MatmulWeights *pw, float *w)
 {
+    if (pw->type == MATMUL_I8) {
+        const float *scales = (const float *)((const char *)pw->panels + matmul_i8_layout(pw->in, pw->out).scales_offset);
+        for (int o = 0; o < pw->out; o++)
+            for (int k = 0; k < pw->in; k++)
+                w[(size_t)o * pw->in + k] =
+                    scales[o] * (float)(((const uint8_t *)pw->panels)[packed_index(pw->in, MATMUL_I8, o, k)] - 128);
+        return;
+    }
     for (int o = 0; o < pw->out; o++)
         for (int k = 0; k < pw->in; k++) {
             size_t at = packed_index(pw->in, pw->type, o, k);
@@ -166,26 +217,79 @@ static void product_item(void *arg, int item, int thread)
     p->run(&p->task, p0, p1);
 }
 
+/* ---- int8 products: x quantised once, over the pool, before the product ---- */
+
+typedef struct {
+    const float *x;
+    int ldx, in, rows_per_item, rows;
+    I8Rows *xr;
+} QuantiseJob;
+
+static void quantise_item(void *arg, int item, int thread)
+{
+    (void)thread;
+    const QuantiseJob *j = arg;
+    for (int r = item * j->rows_per_item; r < j->rows && r < (item + 1) * j->rows_per_item; r++)
+        i8_row_quantise(j->xr->q + (size_t)r * j->xr->stride, j->xr->sx + (size_t)r * j->xr->blocks,
+                        j->xr->zsum + (size_t)r * j->xr->blocks, j->x + (size_t)r * j->ldx, j->in);
+}
+
+/* x's rows into a new I8Rows (one allocation, freed with free(xr)); NULL when out of
+ * memory, and then the kernel quantises inside every work item (slower, same result). */
+static I8Rows *quantise_rows(const float *x, int ldx, int in, int rows, int parallel)
+{
+    int blocks = (in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK;
+    size_t stride = ((size_t)(in + 3) / 4 * 4 + 63) & ~(size_t)63;
+    size_t floats = (size_t)rows * blocks;
+    I8Rows *xr = malloc(sizeof *xr + floats * (sizeof(float) + sizeof(int32_t)) + (size_t)rows * stride);
+    if (!xr)
+        return NULL;
+    float *sx = (float *)(xr + 1);
+    int32_t *zsum = (int32_t *)(sx + floats);
+    *xr = (I8Rows){ (int8_t *)(zsum + floats), stride, sx, zsum, blocks, 0 };
+    QuantiseJob j = { x, ldx, in, 8, rows, xr };
+    int items = (rows + j.rows_per_item - 1) / j.rows_per_item;
+    if (parallel)
+        compute_parallel_for(items, quantise_item, &j);
+    else
+        for (int i = 0; i < items; i++)
+            quantise_item(&j, i, 0);
+    return xr;
+}
+
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
             float beta)
 {
     if (rows <= 0 || w->out <= 0)
         return;
     Product p = {
-        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type },
-        .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run : matmul_kernel_run,
+        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
+        .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
+             : w->type == MATMUL_I8   ? matmul_kernel_i8_run : matmul_kernel_run,
         .n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL,
     };
     size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
     p.item_panels = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
     p.item_panels = p.item_panels < 1 ? 1 : p.item_panels > ITEM_PANELS_MAX ? ITEM_PANELS_MAX
                                                                             : p.item_panels;
-    if (w->type == MATMUL_BF16) /* its kernel bounds an item's W per input chunk itself */
+    if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         p.item_panels = ITEM_PANELS_MAX;
     int n_items = (p.n_panels + p.item_panels - 1) / p.item_panels;
-    if ((long)rows * w->in * w->out < PARALLEL_MIN_WORK || compute_threads() == 1) {
-        p.run(&p.task, 0, p.n_panels);
-        return;
+    int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
+    I8Rows *xr = NULL;
+    if (w->type == MATMUL_I8 && rows > MATMUL_I8_ROWS_LOCAL) {
+        xr = quantise_rows(x, ldx, w->in, rows, parallel);
+        if (!xr) { /* no memory for the rows: the same product, MATMUL_I8_ROWS_LOCAL rows at a time */
+            for (int r = 0; r < rows; r += MATMUL_I8_ROWS_LOCAL)
+                matmul(y + (size_t)r * ldy, ldy, x + (size_t)r * ldx, ldx, w,
+                       rows - r < MATMUL_I8_ROWS_LOCAL ? rows - r : MATMUL_I8_ROWS_LOCAL, beta);
+            return;
+        }
+        p.task.xq = xr;
     }
-    compute_parallel_for(n_items, product_item, &p);
+    if (!parallel)
+        p.run(&p.task, 0, p.n_panels);
+    else
+        compute_parallel_for(n_items, product_item, &p);
+    free(xr);
 }

@@ -22,12 +22,18 @@
  * memory-bound product reads; widened to F32 in registers, products still sum in F32); or
  * BF16, where x is rounded to BF16 too and AVX512_BF16 multiplies pairs of them: half the
  * bytes like F16 and twice the multiply-adds per cycle of F32, at 8 significant bits
- * (matmul_bf16.c; only on CPUs that have the instructions, matmul_bf16_supported). */
-typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2 } MatmulType;
+ * (matmul_bf16.c; only on CPUs that have the instructions, matmul_bf16_supported). Or
+ * I8: each output row as int8 with one F32 scale (max|w|/127), and each row of x
+ * quantised to int8 per block of 128 inputs at every product, so that AVX512_VNNI
+ * multiplies quads of bytes: a quarter of F32's bytes, 4x F32's multiply-adds per cycle,
+ * at ~7 significant bits on both sides (matmul_i8.c, matmul_i8_supported). */
+typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3 } MatmulType;
 
 /* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
  * BF16 panels[(((p * pairs) + k / 2) * 16 + j) * 2 + k % 2] = W[16p + j][k] with
- * pairs = ceil(in / 2). Zero past out (and past in, for an odd in). */
+ * pairs = ceil(in / 2); I8 as matmul_kernel.h's I8Layout says (bytes q + 128 at
+ * [((p * quads + k / 4) * 16 + j) * 4 + k % 4], then the 16 scales of each panel). Zero
+ * past out (and past in, up to whole pairs or quads). */
 typedef struct {
     int in, out;
     MatmulType type;
@@ -42,11 +48,14 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
  * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
  * without the instructions does, tried on one that has them. */
 int matmul_bf16_supported(void);
+/* The same for int8 weights (AVX512_VNNI and AVX512BW); PAGEDSERVE_NO_AVX512_VNNI says no. */
+int matmul_i8_supported(void);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)
- * or is not finite (F16, BF16); -3 when the type is BF16 and the CPU cannot use it. */
+ * or is not finite (F16, BF16, I8); -3 when the type is BF16 or I8 and the CPU cannot use
+ * it. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
-/* Writes the matrix back as row-major [out][in] (tests, tools). */
+/* Writes the matrix back as row-major [out][in] (tests, tools); I8 as q * scale. */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);
 void matmul_weights_free(MatmulWeights *pw);
 

@@ -4,20 +4,61 @@
 #define PAGEDSERVE_MODEL_MATMUL_KERNEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model/matmul.h"
 
 /* Outputs per panel: two 8-float AVX2 vectors, or one 16-float AVX-512 vector. */
 #define MATMUL_PANEL 16
 
+/* Inputs per scale of a quantised row of x in int8 products (matmul_i8.c). */
+#define MATMUL_I8_BLOCK 128
+
+/* Where the parts of int8 packed weights lie (byte offsets from panels): each panel's
+ * weights (panel_bytes, k-quad-major, as q + 128), then every panel's 16 output scales. */
+typedef struct {
+    size_t panel_bytes, scales_offset, total;
+    int panels;
+} I8Layout;
+
+static inline I8Layout matmul_i8_layout(int in, int out)
+{
+    I8Layout l;
+    l.panels = (out + MATMUL_PANEL - 1) / MATMUL_PANEL;
+    l.panel_bytes = (size_t)((in + 3) / 4) * 4 * MATMUL_PANEL;
+    l.scales_offset = (size_t)l.panels * l.panel_bytes;
+    l.total = l.scales_offset + (size_t)l.panels * MATMUL_PANEL * sizeof(float);
+    return l;
+}
+
+/* Rows of x quantised for int8 products (matmul_i8.c): row r's int8 values for input
+ * quads [kq_base, ...) at q + r * stride, and per block of MATMUL_I8_BLOCK inputs its scale
+ * sx and zsum = 128 * (sum of the block's values) at r * blocks + (block - kq_base / 32). */
+typedef struct {
+    int8_t *q;
+    size_t stride;
+    float *sx;
+    int32_t *zsum;
+    int blocks;
+    int kq_base;
+} I8Rows;
+
+/* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
+ * zsum[...] (AVX-512; only where matmul_i8_supported()). */
+void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
+/* Rows of x per register block of the int8 kernel: products of at most this many rows
+ * quantise x inside each work item (t->xq NULL). */
+#define MATMUL_I8_ROWS_LOCAL 6
+
 /* Y[rows][out] = X[rows][in] · W^T + beta·Y, W given as panels (layout in matmul.h). */
 typedef struct {
     float *y;
     const float *x;
-    const void *panels; /* float, uint16_t IEEE halves, or BF16 pairs, as type says */
+    const void *panels; /* float, uint16_t IEEE halves, BF16 pairs or int8, as type says */
     int ldy, ldx, rows, in, out;
     float beta;
     MatmulType type;
+    const I8Rows *xq; /* I8: x quantised beforehand, or NULL (then rows <= MATMUL_I8_ROWS_LOCAL) */
 } MatmulTask;
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
@@ -26,5 +67,8 @@ void matmul_kernel_run(const MatmulTask *t, int p0, int p1);
 /* The same for BF16 panels (AVX512_BF16, matmul_bf16.c): only where
  * matmul_bf16_supported() says the CPU has it. */
 void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);
+/* The same for int8 panels (AVX512_VNNI, matmul_i8.c): only where matmul_i8_supported()
+ * says the CPU has it. */
+void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1);
 
 #endif

@@ -9,8 +9,8 @@
 
 int model_weight_type_parse(const char *name, ModelWeightType *out)
 {
-    static const char *const names[] = { "auto", "f32", "f16", "bf16" };
-    for (int i = 0; i < 4; i++)
+    static const char *const names[] = { "auto", "f32", "f16", "bf16", "int8" };
+    for (int i = 0; i < 5; i++)
         if (!strcmp(name, names[i])) {
             *out = (ModelWeightType)i;
             return 0;
@@ -20,10 +20,12 @@ int model_weight_type_parse(const char *name, ModelWeightType *out)
 
 const char *model_matrix_type_name(const ModelConfig *c)
 {
-    if (c->packed_matrices_f16 == 0 && c->packed_matrices_bf16 == 0)
+    if (c->packed_matrices_f16 == 0 && c->packed_matrices_bf16 == 0 && c->packed_matrices_i8 == 0)
         return "f32";
     if (c->packed_matrices_f16 == c->packed_matrices)
         return "f16";
+    if (c->packed_matrices_i8 == c->packed_matrices)
+        return "int8";
     return c->packed_matrices_bf16 == c->packed_matrices ? "bf16" : "mixed";
 }
 

@@ -140,7 +140,7 @@ typedef struct {
     size_t err_len;
     bool dry; /* check every tensor, allocate and convert nothing */
     ModelWeightType want;  /* how matrices are packed (see pack_type_for) */
-    int n_packed, n_packed_f16, n_packed_bf16; /* packed matrices; how many as F16, BF16 */
+    int n_packed, n_packed_f16, n_packed_bf16, n_packed_i8; /* packed matrices; how many as F16, BF16, int8 */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -219,12 +219,13 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
-/* F16 or BF16 when asked, or F16 under AUTO when every source tensor is stored F16 (then
+/* F16, BF16 or int8 when asked, or F16 under AUTO when every source tensor is stored F16 (then
  * packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
 static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
     if (ld->want != MODEL_WEIGHTS_AUTO)
         return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16
-             : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16 : MATMUL_F32;
+             : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16
+             : ld->want == MODEL_WEIGHTS_INT8 ? MATMUL_I8 : MATMUL_F32;
     for (int i = 0; i < n; i++) {
         const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
         if (!t || t->type != GGML_TYPE_F16)
@@ -235,6 +236,8 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 
 #define BF16_UNSUPPORTED "--weight-type bf16 needs a CPU with AVX512_BF16 (AMD Zen 4, Intel " \
                          "Cooper Lake, Sapphire Rapids or newer), which this one lacks: use f16 or f32"
+#define INT8_UNSUPPORTED "--weight-type int8 needs a CPU with AVX512_VNNI (AMD Zen 4, Intel " \
+                         "Ice Lake, Cascade Lake or newer), which this one lacks: use f16 or f32"
 
 /* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
 static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
@@ -247,13 +250,14 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
                     "infinity in BF16): load the model with --weight-type f32", what);
     if (rc == -3)
-        return model_errorf(ld->err, ld->err_len, "%s", BF16_UNSUPPORTED);
+        return model_errorf(ld->err, ld->err_len, "%s", type == MATMUL_I8 ? INT8_UNSUPPORTED : BF16_UNSUPPORTED);
     if (rc < 0)
         return model_errorf(ld->err, ld->err_len, "out of memory packing %s", what);
     ld->bytes += matmul_weights_bytes(in, out, type);
     ld->n_packed++;
     ld->n_packed_f16 += type == MATMUL_F16;
     ld->n_packed_bf16 += type == MATMUL_BF16;
+    ld->n_packed_i8 += type == MATMUL_I8;
     return 0;
 }
 
@@ -370,6 +374,8 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
         return -1;
     if (want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) /* before any loading */
         return model_errorf(err, err_len, "%s", BF16_UNSUPPORTED);
+    if (want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported())
+        return model_errorf(err, err_len, "%s", INT8_UNSUPPORTED);
     /* First a dry run over the same code: a file that names a huge or unsupported tensor
      * fails here, before any of its buffers is allocated. */
     Loader dry = {.f = f, .err = err, .err_len = err_len, .dry = true};
@@ -387,6 +393,7 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     c.packed_matrices = ld.n_packed;
     c.packed_matrices_f16 = ld.n_packed_f16;
     c.packed_matrices_bf16 = ld.n_packed_bf16;
+    c.packed_matrices_i8 = ld.n_packed_i8;
     *config = c;
     *weight_bytes = ld.bytes;
     return 0;

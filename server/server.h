@@ -53,7 +53,7 @@ typedef struct {
     char *host;              /* --host, 127.0.0.1 */
     int port;                /* --port, 8080; 0 = any free port (logged) */
     char *model_name;        /* --model-name; NULL = model file's base name without .gguf */
-    ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16: matrices in memory */
+    ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8: matrices in memory */
 
     EngineConfig engine;     /* --kv-cache-mb --kv-dtype --block-size --max-seqs
                               * --max-batch-tokens --max-queue --no-prefix-cache */

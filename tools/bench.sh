@@ -20,7 +20,7 @@
 #   BENCH_MAX_SECONDS=1800     bound on each `bench serve` invocation
 #   BENCH_QUICK=1              small smoke run (fewer levels and requests)
 #   BENCH_NO_INSTALL=1         never apt-get install gnuplot
-#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16 or bf16; bench serve is told too)
+#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16, bf16 or int8; bench serve is told too)
 #   BENCH_KV_DTYPE=f16         the servers' --kv-dtype (f16, f32 or q8; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
 set -euo pipefail
@@ -38,7 +38,7 @@ CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-288}
 MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
 WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
-case $WEIGHT_TYPE in f32|f16|bf16) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16 or bf16" >&2; exit 2 ;; esac
+case $WEIGHT_TYPE in f32|f16|bf16|int8) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16, bf16 or int8" >&2; exit 2 ;; esac
 KV_DTYPE=${BENCH_KV_DTYPE:-f16}
 case $KV_DTYPE in f16|f32|q8) ;; *) echo "bench.sh: BENCH_KV_DTYPE must be f16, f32 or q8" >&2; exit 2 ;; esac
 read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE --kv-dtype $KV_DTYPE ${BENCH_SERVER_FLAGS:-}"
@@ -87,7 +87,7 @@ fi
 # ---- machine peaks (optional) ---------------------------------------------------------
 GFLOPS=0
 GFLOPS32=0
-GFLOPS_BF16=0
+GFLOPS_SERVED=0
 GBPS=0
 if "$BIN/bench" matmul --help >/dev/null 2>&1; then
     log "machine: bench matmul (GFLOP/s at 256 rows: the best of pagedserve's kernel and OpenBLAS)"
@@ -106,11 +106,12 @@ if "$BIN/bench" matmul --help >/dev/null 2>&1; then
     # For reading decode numbers: the same at 32 rows (one decode step of 32 sequences).
     "$BIN/bench" matmul --rows 32 --min-time 0.2 > "$OUT/machine-matmul-32.txt" 2>&1 || true
     GFLOPS32=$(best_rate "$OUT/machine-matmul-32.txt" 32)
-    # BF16 products do twice the multiply-adds per cycle: their own peak, reported beside
-    # the F32 roofline that every ratio divides by (the issue's yardstick).
-    if [ "$WEIGHT_TYPE" = bf16 ]; then
-        "$BIN/bench" matmul --type bf16 --rows 256 --min-time 0.2 > "$OUT/machine-matmul-bf16.txt" 2>&1 || true
-        GFLOPS_BF16=$(best_rate "$OUT/machine-matmul-bf16.txt" 256)
+    # BF16 and int8 products do 2x and 4x the multiply-adds per cycle: their own peak,
+    # reported beside the F32 roofline that every ratio divides by (the issue's yardstick).
+    if [ "$WEIGHT_TYPE" = bf16 ] || [ "$WEIGHT_TYPE" = int8 ]; then
+        "$BIN/bench" matmul --type "$WEIGHT_TYPE" --rows 256 --min-time 0.2 \
+            > "$OUT/machine-matmul-$WEIGHT_TYPE.txt" 2>&1 || true
+        GFLOPS_SERVED=$(best_rate "$OUT/machine-matmul-$WEIGHT_TYPE.txt" 256)
     fi
 else
     log "machine: no 'bench matmul' in this build: no compute roofline"
@@ -228,7 +229,7 @@ fi
          "server flags (besides each run's): ${SERVER_FLAGS[*]}"
     echo "- machine peaks: products ${GFLOPS} GFLOP/s (the faster of pagedserve's kernel and" \
          "OpenBLAS, 256 rows; ${GFLOPS32} at 32 rows), memory read ${GBPS} GB/s (0 = not measured)"
-    [ "$WEIGHT_TYPE" != bf16 ] || echo "- BF16 products (the served weight type): ${GFLOPS_BF16} GFLOP/s" \
+    [ "$GFLOPS_SERVED" = 0 ] || echo "- $WEIGHT_TYPE products (the served weight type): ${GFLOPS_SERVED} GFLOP/s" \
          "at 256 rows; the roofline columns still divide by the F32 peak above"
     echo "- how to read: docs/benchmarks-howto.md"
     cat "$OUT/results-body.md"

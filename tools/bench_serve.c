@@ -79,8 +79,8 @@ static void usage(FILE *f)
             "  --gguf PATH            the served model file: FLOPs, weight and KV bytes per token\n"
             "  --kv-cache-mb MIB      the server's --kv-cache-mb (else blocks x block size)\n"
             "  --kv-dtype f16|f32|q8  the server's --kv-dtype (f16)\n"
-            "  --weight-type f32|f16|bf16 how the server holds weight matrices (f32): 4 or 2\n"
-            "                         bytes each in the memory-bound ITL\n"
+            "  --weight-type f32|f16|bf16|int8 how the server holds weight matrices (f32): 4, 2\n"
+            "                         or 1 bytes each in the memory-bound ITL\n"
             "  --kv-bytes-per-token N overrides the value computed from --gguf and --kv-dtype\n"
             "  --gflops G             measured sgemm GFLOP/s of this machine (roofline)\n"
             "  --gbps B               measured memory read GB/s of this machine (roofline)\n"
@@ -240,7 +240,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8"));
         } else if (!strcmp(f, "--weight-type")) {
             weight_type = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16"));
+            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8"));
         } else if (!strcmp(f, "--kv-bytes-per-token")) {
             bad = parse_double(v, 0, 1e12, &cfg->kv_bytes_per_token);
         } else if (!strcmp(f, "--gflops")) {
@@ -296,7 +296,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->metrics_interval_s = interval_ms / 1000.0;
     cfg->kv_dtype_bytes = !strcmp(kv_dtype, "f32") ? 4 : !strcmp(kv_dtype, "q8") ? 1 : 2;
     cfg->kv_row_extra_bytes = !strcmp(kv_dtype, "q8") ? 4 : 0; /* see paging.h */
-    cfg->weight_bytes = strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
+    cfg->weight_bytes = !strcmp(weight_type, "int8") ? 1 : strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
     return 0;
 }
 

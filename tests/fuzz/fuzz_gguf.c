@@ -202,19 +202,21 @@ static void check_tokenizer(const GgufFile *f) {
     tokenizer_free(tok);
 }
 
-/* Loaded as the file says (auto) and, if that works, again rounded to F16 and to BF16
- * (where the CPU has it): the forced types have their own failure paths (a weight F16 or
- * BF16 cannot hold). */
+/* Loaded as the file says (auto) and, if that works, again rounded to F16, to BF16 and
+ * to int8 (where the CPU has them): the forced types have their own failure paths (a
+ * weight F16, BF16 or int8 cannot hold). */
 static void check_weights(const GgufFile *f) {
-    static const ModelWeightType types[] = { MODEL_WEIGHTS_AUTO, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16 };
-    for (int forced = 0; forced < 3; forced++) {
+    static const ModelWeightType types[] = { MODEL_WEIGHTS_AUTO, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
+                                             MODEL_WEIGHTS_INT8 };
+    for (int forced = 0; forced < 4; forced++) {
         ModelConfig c;
         TransformerWeights w;
         size_t bytes = 0;
         char err[256] = "";
         ModelWeightType type = types[forced];
-        if (type == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported())
-            return;
+        if ((type == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) ||
+            (type == MODEL_WEIGHTS_INT8 && !matmul_i8_supported()))
+            continue;
         if (weights_load_as(f, type, &c, &w, &bytes, err, sizeof err) != 0) {
             FZ_CHECK(err[0] != '\0', "failed weights_load without a message");
             return;

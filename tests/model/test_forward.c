@@ -315,6 +315,27 @@ static void test_bf16_weights_close_to_reference(void **state)
     model_free(mb);
 }
 
+/* Weights held as int8 (--weight-type int8): each weight row rounded to 255 levels of its
+ * largest value, and each product's input rows to 255 levels per block of 128 values,
+ * which the reference (F32) does not do, so the logits only come close. Measured on this
+ * model: at most 0.15 apart (BF16: 0.033); the bound is 0.5. The product itself is checked
+ * exactly against its own quantisation in test_matmul. */
+static void test_int8_weights_close_to_reference(void **state)
+{
+    Fixture *fx = *state;
+    if (!matmul_i8_supported()) {
+        print_message("SKIPPED --weight-type int8 forward pass: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    Model *mi;
+    char err[256];
+    assert_int_equal(model_load_as(fx->path, MODEL_WEIGHTS_INT8, &mi, err, sizeof err), 0);
+    assert_string_equal(model_matrix_type_name(model_config(mi)), "int8");
+    assert_true(model_weight_bytes(mi) < model_weight_bytes(fx->model));
+    check_chunked_against_reference(mi, KV_DTYPE_F32, 16, 0.5f);
+    model_free(mi);
+}
+
 /* Three sequences in one pass — different lengths, positions and logits modes — give the
  * same logits as each computed alone by the reference. */
 static void test_mixed_batch_matches_reference(void **state)
@@ -421,9 +442,11 @@ static int json_int_array(const char *text, const char *key, int32_t *out, int m
     return n;
 }
 
+/* Greedy continuation of the prompt; its first n_match tokens must be the expected ones
+ * (all of them, n_match == n_expected, for the exact paths). */
 static void check_stories_greedy(const char *model_path, ModelWeightType type, KvDtype kv_dtype,
                                  const int32_t *prompt, int n_prompt, const int32_t *expected,
-                                 int n_expected)
+                                 int n_expected, int n_match)
 {
     Model *m;
     char err[256];
@@ -450,7 +473,13 @@ static void check_stories_greedy(const char *model_path, ModelWeightType type, K
         from = n;
         tokens[n++] = best;
     }
-    assert_memory_equal(tokens + n_prompt, expected, sizeof(expected[0]) * n_expected);
+    int same = 0;
+    while (same < n_expected && tokens[n_prompt + same] == expected[same])
+        same++;
+    if (same < n_expected)
+        fprintf(stderr, "stories260K, weights %d, KV %s: the first %d of %d greedy tokens match\n",
+                (int)type, kv_dtype_name(kv_dtype), same, n_expected);
+    assert_true(same >= n_match);
     paged_close(&p);
     model_free(m);
 }
@@ -476,16 +505,23 @@ static void test_stories260k_greedy_matches_reference(void **state)
     assert_int_equal(n_expected, 64);
 
     check_stories_greedy(model_path, MODEL_WEIGHTS_AUTO, KV_DTYPE_F16, prompt, n_prompt, expected,
-                         n_expected);
+                         n_expected, n_expected);
     /* a Q8 cache, and BF16 weights (with rounded product inputs), keep the same 64 tokens
      * on this model */
     check_stories_greedy(model_path, MODEL_WEIGHTS_AUTO, KV_DTYPE_Q8, prompt, n_prompt, expected,
-                         n_expected);
+                         n_expected, n_expected);
     if (matmul_bf16_supported())
         check_stories_greedy(model_path, MODEL_WEIGHTS_BF16, KV_DTYPE_F16, prompt, n_prompt,
-                             expected, n_expected);
+                             expected, n_expected, n_expected);
     else
         fprintf(stderr, "SKIPPED stories260K with --weight-type bf16: this CPU has no AVX512_BF16\n");
+    /* int8 weights and inputs: measured, the first 57 of the 64 tokens are the reference's,
+     * then the continuation differs; at least 48 must be */
+    if (matmul_i8_supported())
+        check_stories_greedy(model_path, MODEL_WEIGHTS_INT8, KV_DTYPE_F16, prompt, n_prompt,
+                             expected, n_expected, 48);
+    else
+        fprintf(stderr, "SKIPPED stories260K with --weight-type int8: this CPU has no AVX512_VNNI\n");
 }
 
 /* One 150-row prefill chunk (its row-wise steps run on every compute thread), then two
@@ -528,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_paged_q8_close_to_reference),
         cmocka_unit_test(test_f16_weights_match_reference),
         cmocka_unit_test(test_bf16_weights_close_to_reference),
+        cmocka_unit_test(test_int8_weights_close_to_reference),
         cmocka_unit_test(test_mixed_batch_matches_reference),
         cmocka_unit_test(test_invalid_batches_are_refused),
     };

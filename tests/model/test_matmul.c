@@ -1,5 +1,5 @@
-/* matmul tests: the packed-weight product (F32, F16 and, where the CPU has AVX512_BF16,
- * BF16 weights) against a naive double-precision reference,
+/* matmul tests: the packed-weight product (F32, F16 and, where the CPU has AVX512_BF16 or
+ * AVX512_VNNI, BF16 and int8 weights) against a naive double-precision reference,
  * over every row count up to several 6-row blocks plus each tail (1-5 rows take other
  * block shapes), and sizes that are and are not multiples of the 8-float vectors and
  * 16-output panels. Buffers are allocated to the exact last element used, so a read or write
@@ -31,10 +31,37 @@ static float rand_uniform(void) /* in [-1, 1) */
     return (float)(rng_state >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-/* The last type this CPU can run products on: BF16 needs AVX512_BF16. */
-static int last_type(void)
+/* The types this CPU can run products on (BF16 needs AVX512_BF16, I8 AVX512_VNNI), in
+ * types[]; returns how many. */
+static int supported_types(MatmulType types[4])
 {
-    return matmul_bf16_supported() ? MATMUL_BF16 : MATMUL_F16;
+    int n = 0;
+    types[n++] = MATMUL_F32;
+    types[n++] = MATMUL_F16;
+    if (matmul_bf16_supported())
+        types[n++] = MATMUL_BF16;
+    if (matmul_i8_supported())
+        types[n++] = MATMUL_I8;
+    return n;
+}
+
+/* What an int8 product multiplies for x, written out here independently of the kernel:
+ * per block of 128 inputs, s = max|x| / 127 and q = round(x * (127 / max|x|)) to nearest
+ * even (in float, as the kernel does), q * s in double. */
+static void i8_quantise_row(double *dst, const float *x, int n)
+{
+    for (int b0 = 0; b0 < n; b0 += 128) {
+        int nb = n - b0 < 128 ? n - b0 : 128;
+        float amax = 0.0f;
+        for (int k = 0; k < nb; k++)
+            amax = fmaxf(amax, fabsf(x[b0 + k]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, s = amax / 127.0f;
+        for (int k = 0; k < nb; k++) {
+            float q = nearbyintf(x[b0 + k] * inv);
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            dst[b0 + k] = (double)q * s;
+        }
+    }
 }
 
 /* BF16 rounding written out here, independent of the kernel's (hardware) conversion:
@@ -79,18 +106,28 @@ static void problem_make(Problem *p, int in, int out, MatmulType type)
      * packing's doing (checked in test_pack_layout), not the product's. A BF16 product
      * also rounds each x to BF16 (to nearest even), which the reference does here. */
     matmul_weights_unpack(&p->packed, p->w);
-    for (int r = 0; r < MAX_ROWS; r++)
+    double *xr = malloc(sizeof(double) * in);
+    assert_non_null(xr);
+    for (int r = 0; r < MAX_ROWS; r++) {
+        /* An int8 product quantises each row of x (per 128-input block) */
+        if (type == MATMUL_I8)
+            i8_quantise_row(xr, p->x + r * in, in);
+        for (int k = 0; type != MATMUL_I8 && k < in; k++) {
+            float xk = p->x[r * in + k];
+            xr[k] = type == MATMUL_BF16 ? bf16_round(xk) : xk;
+        }
         for (int o = 0; o < out; o++) {
             double s = 0.0, a = 0.0;
             for (int k = 0; k < in; k++) {
-                float xk = p->x[r * in + k];
-                double xw = (double)(type == MATMUL_BF16 ? bf16_round(xk) : xk) * p->w[o * in + k];
+                double xw = xr[k] * p->w[o * in + k];
                 s += xw;
                 a += fabs(xw);
             }
             p->dot[r * out + o] = s;
             p->absdot[r * out + o] = a;
         }
+    }
+    free(xr);
 }
 
 static void problem_free(Problem *p)
@@ -149,9 +186,11 @@ static int check_case(const Problem *p, int rows, int ldx, int ldy, float beta)
 static int check_shape(int in, int out, const int *row_counts, int n_row_counts)
 {
     int bad = 0;
-    for (int type = MATMUL_F32; type <= last_type(); type++) {
+    MatmulType types[4];
+    int n_types = supported_types(types);
+    for (int t = 0; t < n_types; t++) {
         Problem p;
-        problem_make(&p, in, out, (MatmulType)type);
+        problem_make(&p, in, out, types[t]);
         for (int i = 0; i < n_row_counts; i++)
             for (int strided = 0; strided < 2; strided++) {
                 int ldx = strided ? in + 3 : in, ldy = strided ? out + 5 : out;
@@ -172,7 +211,8 @@ static const int all_rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 static void test_against_reference(void **state)
 {
     (void)state;
-    /* 2047, 2050: BF16 converts x 2048 inputs at a time, and pads an odd row */
+    /* 2047, 2050: BF16 and I8 take x 2048 inputs at a time, and pad a row to whole pairs
+     * (BF16) or quads (I8: 7, 2047, 2050); 100 and 768 end inside an I8 block of 128 */
     static const int ins[] = {1, 7, 8, 64, 100, 768, 2047, 2050};
     /* 27, 50, 62: a partial last panel inside a 2- or 4-panel block (few rows) */
     static const int outs[] = {1, 3, 16, 27, 50, 62, 64, 257};
@@ -208,10 +248,12 @@ static void test_other_beta(void **state)
     /* 2050 inputs: BF16 products run in two input chunks, and only the first may apply beta */
     static const int ins[] = {100, 2050};
     int bad = 0;
-    for (int type = MATMUL_F32; type <= last_type(); type++)
+    MatmulType types[4];
+    int n_types = supported_types(types);
+    for (int t = 0; t < n_types; t++)
         for (int i = 0; i < 2; i++) {
             Problem p;
-            problem_make(&p, ins[i], 64, (MatmulType)type);
+            problem_make(&p, ins[i], 64, types[t]);
             for (int rows = 1; rows <= MAX_ROWS; rows += 13)
                 bad += check_case(&p, rows, ins[i], 64, -0.5f);
             problem_free(&p);
@@ -253,7 +295,12 @@ static void test_pack_layout(void **state)
     assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_BF16), 2 * 16 * 8 * 2);
     if (!matmul_bf16_supported())
         print_message("SKIPPED BF16 packing and products: this CPU has no AVX512_BF16\n");
-    for (int type = MATMUL_F32; type <= last_type(); type++) {
+    MatmulType types[4];
+    int n_types = supported_types(types);
+    for (int t = 0; t < n_types; t++) {
+        int type = types[t];
+        if (type == MATMUL_I8) /* its own test below */
+            continue;
         MatmulWeights m;
         assert_int_equal(matmul_weights_pack(&m, w, 7, 21, (MatmulType)type), 0);
         /* F16 has an 11-bit significand: relative error at most 2^-11 (absolute 2^-25
@@ -334,12 +381,64 @@ static void test_pack_bf16_range(void **state)
     assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -2);
 }
 
+/* I8 packing: each row's weights become q = round(w * 127 / max|w|) (to nearest even) with
+ * scale max|w| / 127, unpacked as q * scale, so within half a scale step of w; stored as
+ * bytes q + 128 where matmul.h says; pads of inputs and outputs hold q = 0, scale 0. An
+ * all-zero row has scale 0; non-finite weights are refused; so is a CPU without
+ * AVX512_VNNI. */
+static void test_pack_i8(void **state)
+{
+    (void)state;
+    float w[21 * 7], back[21 * 7];
+    MatmulWeights m;
+    for (int i = 0; i < 21 * 7; i++)
+        w[i] = rand_uniform() * 1000.0f;
+    for (int k = 0; k < 7; k++)
+        w[5 * 7 + k] = 0.0f;
+    assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_I8), 2 * 16 * 8 + 2 * 16 * 4);
+    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_VNNI", "1", 1), 0);
+    assert_false(matmul_i8_supported());
+    assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -3);
+    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_VNNI"), 0);
+    if (!matmul_i8_supported()) {
+        print_message("SKIPPED int8 packing and products: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), 0);
+    matmul_weights_unpack(&m, back);
+    const uint8_t *bytes = m.panels;
+    const float *scales = (const float *)(bytes + 2 * 16 * 8);
+    for (int o = 0; o < 32; o++) {
+        float amax = 0.0f;
+        for (int k = 0; o < 21 && k < 7; k++)
+            amax = fmaxf(amax, fabsf(w[o * 7 + k]));
+        assert_true(scales[o] == amax / 127.0f); /* 0 for row 5 and the pad outputs */
+        for (int k = 0; k < 8; k++) {
+            uint8_t got = bytes[((o / 16 * 2 + k / 4) * 16 + o % 16) * 4 + k % 4];
+            if (o >= 21 || k >= 7) {
+                assert_int_equal(got, 128);
+                continue;
+            }
+            float q = o == 5 ? 0.0f : nearbyintf(w[o * 7 + k] * (127.0f / amax));
+            assert_int_equal(got, 128 + (int)q);
+            assert_true(back[o * 7 + k] == scales[o] * q);
+            assert_true(fabsf(back[o * 7 + k] - w[o * 7 + k]) <= scales[o] * 0.5001f);
+        }
+    }
+    matmul_weights_free(&m);
+    w[37] = INFINITY;
+    assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -2);
+    w[37] = NAN;
+    assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_pack_f16_range),
         cmocka_unit_test(test_pack_bf16_range),
+        cmocka_unit_test(test_pack_i8),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),

@@ -216,15 +216,18 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
 }
 
 /* Matrices are counted packed: their outputs rounded up to whole 16-wide panels (BF16: an
- * odd input count to whole pairs), 2 or 4 bytes a weight as each was packed (which type each should have is checked apart). The
+ * odd input count to whole pairs; int8: inputs to whole quads, plus a 4-byte scale per
+ * output), 1, 2 or 4 bytes a weight as each was packed (which type each should have is
+ * checked apart). The
  * output matrix is packed even when tied (the embedding table stays row-major F32, like
  * the norms). */
 static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) {
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-#define PACKED(m, in, out) (((size_t)(out) + 15) / 16 * 16 * \
-                            ((size_t)(in) + ((m).type == MATMUL_BF16 ? (in) % 2 : 0)) * \
-                            ((m).type == MATMUL_F32 ? sizeof(float) : 2))
+#define PACKED(m, in, out) ((m).type == MATMUL_I8 \
+        ? ((size_t)(out) + 15) / 16 * 16 * (((size_t)(in) + 3) / 4 * 4 + sizeof(float)) \
+        : ((size_t)(out) + 15) / 16 * 16 * ((size_t)(in) + ((m).type == MATMUL_BF16 ? (in) % 2 : 0)) * \
+          ((m).type == MATMUL_F32 ? sizeof(float) : 2))
     size_t bytes = PACKED(w->output, dim, c->vocab_size);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *lw = &w->layers[l];
@@ -413,7 +416,8 @@ static void test_auto_mixed_file(void **state) {
 }
 
 /* Forced types: F32 file as F16 rounds each weight to the nearest half, as BF16 (where the
- * CPU has AVX512_BF16) to the nearest BF16; F16 file as F32 keeps it. */
+ * CPU has AVX512_BF16) to the nearest BF16, as int8 (where it has AVX512_VNNI) to the
+ * nearest of 255 levels of its row's largest value; F16 file as F32 keeps it. */
 static void test_forced_weight_types(void **state) {
     (void)state;
     static const struct {
@@ -425,10 +429,15 @@ static void test_forced_weight_types(void **state) {
         { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f },
         { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f },
         { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f }, /* bound per row, below */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
             print_message("SKIPPED --weight-type bf16 load: this CPU has no AVX512_BF16\n");
+            continue;
+        }
+        if (cases[k].want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported()) {
+            print_message("SKIPPED --weight-type int8 load: this CPU has no AVX512_VNNI\n");
             continue;
         }
         Spec s = default_spec();
@@ -445,15 +454,41 @@ static void test_forced_weight_types(void **state) {
         assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
         float *down = unpacked(&w.layers[1].w_down);
-        for (int i = 0; i < c.dim * c.ffn_dim; i++)
-            assert_true(fabsf(down[i] - file_down[i]) <=
-                        fmaxf(fabsf(file_down[i]) * cases[k].rel, cases[k].floor));
+        for (int i = 0; i < c.dim * c.ffn_dim; i++) {
+            float bound = fmaxf(fabsf(file_down[i]) * cases[k].rel, cases[k].floor);
+            if (cases[k].want == MODEL_WEIGHTS_INT8) { /* half a step of the row's 255 levels */
+                float row_max = 0.0f;
+                for (int j = i / c.ffn_dim * c.ffn_dim; j < (i / c.ffn_dim + 1) * c.ffn_dim; j++)
+                    row_max = fmaxf(row_max, fabsf(file_down[j]));
+                bound = row_max / 254.0f * 1.0001f;
+            }
+            assert_true(fabsf(down[i] - file_down[i]) <= bound);
+        }
         free(down);
         free(file_down);
         weights_free(&w, &c);
         gguf_close(f);
         free(data);
     }
+}
+
+/* Without AVX512_VNNI, --weight-type int8 is refused with a message that says so. */
+static void test_int8_needs_cpu_support(void **state) {
+    (void)state;
+    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_VNNI", "1", 1), 0);
+    assert_false(matmul_i8_supported());
+    Spec s = default_spec();
+    void *data;
+    GgufFile *f = make_model(&s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes;
+    char err[512] = "";
+    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_INT8, &c, &w, &bytes, err, sizeof err), -1);
+    assert_non_null(strstr(err, "AVX512_VNNI"));
+    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_VNNI"), 0);
+    gguf_close(f);
+    free(data);
 }
 
 /* Without AVX512_BF16, --weight-type bf16 is refused with a message that says so (a CPU
@@ -597,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
         cmocka_unit_test(test_bf16_needs_cpu_support),
+        cmocka_unit_test(test_int8_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
         cmocka_unit_test(test_bad_tensors),
