@@ -1,6 +1,7 @@
 /* matmul — packing and threading of the weight products; the kernel is matmul_kernel.c. */
 #include "model/matmul.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -118,8 +119,8 @@ static int pack_rows(void *panels, const float *w, int in, int out, MatmulType t
 }
 
 /* Each row as int8 q = round(w * 127 / max|w|), stored as q + 128, with scale max|w| / 127
- * (an all-zero row: q = 0, scale 0). Pads (inputs to whole quads, outputs to whole
- * panels) hold q = 0 and scale 0. */
+ * (an all-zero row, or one too small for 127 / max|w|: q = 0, scale 0). Pads (inputs to
+ * whole quads, outputs to whole panels) hold q = 0 and scale 0. Writes every byte. */
 static int pack_i8(void *buf, const float *w, int in, int out)
 {
     I8Layout lay = matmul_i8_layout(in, out);
@@ -136,6 +137,8 @@ static int pack_i8(void *buf, const float *w, int in, int out)
             amax = fmaxf(amax, fabsf(src[k]));
         }
         float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (!(inv <= FLT_MAX)) /* max|w| below ~3.7e-37: the row is zero to its own precision */
+            amax = inv = 0.0f;
         scales[o] = amax / 127.0f;
         for (int k = 0; k < in; k++) {
             float v = nearbyintf(src[k] * inv);
@@ -159,7 +162,7 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
      * which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel spares
      * start-up a pass over every matrix. */
-    size_t panel_bytes = type == MATMUL_I8 ? bytes : matmul_weights_bytes(in, MATMUL_PANEL, type);
+    size_t panel_bytes = type == MATMUL_I8 ? 0 : matmul_weights_bytes(in, MATMUL_PANEL, type);
     if (bytes > 0)
         memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
     int rc = type == MATMUL_I8 ? pack_i8(p, w, in, out) : pack_rows(p, w, in, out, type);
@@ -235,11 +238,13 @@ static void quantise_item(void *arg, int item, int thread)
 }
 
 /* x's rows into a new I8Rows (one allocation, freed with free(xr)); NULL when out of
- * memory, and then the kernel quantises inside every work item (slower, same result). */
+ * memory, and then the kernel quantises inside every work item (slower, same result). A
+ * malloc per product: glibc's dynamic mmap threshold soon serves sizes like these from the
+ * heap, so only the first products of a size pay page faults. */
 static I8Rows *quantise_rows(const float *x, int ldx, int in, int rows, int parallel)
 {
     int blocks = (in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK;
-    size_t stride = ((size_t)(in + 3) / 4 * 4 + 63) & ~(size_t)63;
+    size_t stride = (size_t)(in + 3) / 4 * 4;
     size_t floats = (size_t)rows * blocks;
     I8Rows *xr = malloc(sizeof *xr + floats * (sizeof(float) + sizeof(int32_t)) + (size_t)rows * stride);
     if (!xr)
@@ -277,16 +282,8 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     int n_items = (p.n_panels + p.item_panels - 1) / p.item_panels;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     I8Rows *xr = NULL;
-    if (w->type == MATMUL_I8 && rows > MATMUL_I8_ROWS_LOCAL) {
-        xr = quantise_rows(x, ldx, w->in, rows, parallel);
-        if (!xr) { /* no memory for the rows: the same product, MATMUL_I8_ROWS_LOCAL rows at a time */
-            for (int r = 0; r < rows; r += MATMUL_I8_ROWS_LOCAL)
-                matmul(y + (size_t)r * ldy, ldy, x + (size_t)r * ldx, ldx, w,
-                       rows - r < MATMUL_I8_ROWS_LOCAL ? rows - r : MATMUL_I8_ROWS_LOCAL, beta);
-            return;
-        }
-        p.task.xq = xr;
-    }
+    if (w->type == MATMUL_I8 && rows > MATMUL_I8_ROWS_LOCAL)
+        p.task.xq = xr = quantise_rows(x, ldx, w->in, rows, parallel); /* NULL: items quantise */
     if (!parallel)
         p.run(&p.task, 0, p.n_panels);
     else

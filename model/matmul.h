@@ -26,14 +26,15 @@
  * I8: each output row as int8 with one F32 scale (max|w|/127), and each row of x
  * quantised to int8 per block of 128 inputs at every product, so that AVX512_VNNI
  * multiplies quads of bytes: a quarter of F32's bytes, 4x F32's multiply-adds per cycle,
- * at ~7 significant bits on both sides (matmul_i8.c, matmul_i8_supported). */
+ * at 255 levels of the row's (block's) largest |value| on both sides: an absolute step,
+ * not a relative precision like BF16's (matmul_i8.c, matmul_i8_supported). */
 typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3 } MatmulType;
 
 /* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
  * BF16 panels[(((p * pairs) + k / 2) * 16 + j) * 2 + k % 2] = W[16p + j][k] with
  * pairs = ceil(in / 2); I8 as matmul_kernel.h's I8Layout says (bytes q + 128 at
  * [((p * quads + k / 4) * 16 + j) * 4 + k % 4], then the 16 scales of each panel). Zero
- * past out (and past in, up to whole pairs or quads). */
+ * past out (and past in, up to whole pairs); I8 holds q = 0 (byte 128) and scale 0 there. */
 typedef struct {
     int in, out;
     MatmulType type;

@@ -31,8 +31,10 @@
  */
 #include "model/matmul_kernel.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define I8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define I8_INLINE static inline __attribute__((always_inline)) I8_TARGET
@@ -43,29 +45,43 @@
 #define KCQ 512
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
 #define CHUNK_BLOCKS (KCQ / BLOCK_QUADS)
+/* Chunks start on block boundaries: a chunk's blocks are the row's blocks. */
+_Static_assert(KCQ % BLOCK_QUADS == 0, "a chunk is whole blocks");
 
 /* One row's inputs [0, n) quantised per block: q (zero-padded to whole quads), each block's
  * scale sx and zsum = 128 * sum(q). Rounding to nearest even, as the tests' reference
- * does: q = round(x * (127 / max|x|)), sx = max|x| / 127. */
+ * does: q = round(x * (127 / max|x|)), sx = max|x| / 127. A block too small for
+ * 127 / max|x| (below ~3.7e-37) is stored as zeros with sx = 0; a block holding a NaN or
+ * an infinity as zeros with sx = NaN, so that its outputs are NaN as in an F32 product
+ * (a product must not hide them; a max would skip a NaN, hence the separate test). */
 I8_TARGET void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
 {
     for (int b0 = 0, b = 0; b0 < n; b0 += MATMUL_I8_BLOCK, b++) {
         int nb = n - b0 < MATMUL_I8_BLOCK ? n - b0 : MATMUL_I8_BLOCK;
+        int padded = (nb + 3) & ~3;
         __m512 amax = _mm512_setzero_ps();
+        __mmask16 bad = 0;
         for (int i = 0; i < nb; i += 16) {
             __mmask16 m = nb - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - i)) - 1);
-            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + b0 + i)));
+            __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + b0 + i));
+            bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ); /* NaN or inf */
+            amax = _mm512_max_ps(amax, a);
         }
         float mx = _mm512_reduce_max_ps(amax);
-        __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+        if (bad || !(inv <= FLT_MAX)) {
+            memset(q + b0, 0, (size_t)padded);
+            sx[b] = bad ? __builtin_nanf("") : 0.0f;
+            zsum[b] = 0;
+            continue;
+        }
         __m512i sum = _mm512_setzero_si512();
-        int padded = (nb + 3) & ~3;
         for (int i = 0; i < padded; i += 16) {
             int left = nb - i; /* inputs of x left in the block from i (maybe <= 0) */
             __mmask16 m = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + b0 + i), inv));
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + b0 + i), _mm512_set1_ps(inv)));
             v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-            sum = _mm512_add_epi32(sum, v);
+            sum = _mm512_mask_add_epi32(sum, m, sum, v); /* only the values q holds */
             int store = padded - i < 16 ? padded - i : 16;
             _mm_mask_storeu_epi8(q + b0 + i, (__mmask16)((1u << store) - 1), _mm512_cvtepi32_epi8(v));
         }
@@ -142,7 +158,7 @@ I8_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8La
         run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 1);
 }
 
-static void sweep_n(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
+static I8_TARGET void sweep_n(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
                     int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
 {
     switch (mr) {
@@ -157,7 +173,8 @@ static void sweep_n(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Lay
 }
 
 /* At least one chunk runs, so that in == 0 still writes beta * y. Without t->xq (a few
- * rows) each chunk of the rows is quantised here, into an I8Rows on the stack. */
+ * rows, or no memory for the buffer) each row block's chunk of x is quantised here, into
+ * an I8Rows on the stack. */
 I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
 {
     I8Layout lay = matmul_i8_layout(t->in, t->out);
@@ -168,18 +185,18 @@ I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
     for (int kq0 = 0; kq0 == 0 || kq0 < quads; kq0 += KCQ) {
         int nkq = quads - kq0 < KCQ ? quads - kq0 : KCQ;
         float beta = kq0 == 0 ? t->beta : 1.0f;
-        const I8Rows *xr = t->xq;
+        int n_in = t->in - 4 * kq0 < 4 * nkq ? t->in - 4 * kq0 : 4 * nkq;
         I8Rows own = { q, 4 * KCQ, sx, zsum, CHUNK_BLOCKS, kq0 };
-        if (!xr) {
-            int n_in = t->in - 4 * kq0 < 4 * nkq ? t->in - 4 * kq0 : 4 * nkq;
-            for (int i = 0; i < t->rows && i < MR_MAX; i++)
-                i8_row_quantise(q + i * own.stride, sx + i * CHUNK_BLOCKS, zsum + i * CHUNK_BLOCKS,
-                                t->x + (size_t)i * t->ldx + 4 * kq0, n_in);
-            xr = &own;
-        }
         for (int r = 0; r < t->rows; r += MR_MAX) {
             int mr = t->rows - r < MR_MAX ? t->rows - r : MR_MAX;
-            sweep_n(t, xr, r, &lay, kq0, nkq, beta, r, p0, p1, mr);
+            if (t->xq) {
+                sweep_n(t, t->xq, r, &lay, kq0, nkq, beta, r, p0, p1, mr);
+                continue;
+            }
+            for (int i = 0; i < mr; i++)
+                i8_row_quantise(q + i * own.stride, sx + i * CHUNK_BLOCKS, zsum + i * CHUNK_BLOCKS,
+                                t->x + (size_t)(r + i) * t->ldx + 4 * kq0, n_in);
+            sweep_n(t, &own, 0, &lay, kq0, nkq, beta, r, p0, p1, mr);
         }
     }
 }

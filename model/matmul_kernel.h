@@ -33,7 +33,8 @@ static inline I8Layout matmul_i8_layout(int in, int out)
 
 /* Rows of x quantised for int8 products (matmul_i8.c): row r's int8 values for input
  * quads [kq_base, ...) at q + r * stride, and per block of MATMUL_I8_BLOCK inputs its scale
- * sx and zsum = 128 * (sum of the block's values) at r * blocks + (block - kq_base / 32). */
+ * sx and zsum = 128 * (sum of the block's values) at
+ * r * blocks + (block - kq_base / (MATMUL_I8_BLOCK / 4)). */
 typedef struct {
     int8_t *q;
     size_t stride;
@@ -47,7 +48,7 @@ typedef struct {
  * zsum[...] (AVX-512; only where matmul_i8_supported()). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
 /* Rows of x per register block of the int8 kernel: products of at most this many rows
- * quantise x inside each work item (t->xq NULL). */
+ * quantise x inside each work item (t->xq NULL; any row count works that way). */
 #define MATMUL_I8_ROWS_LOCAL 6
 
 /* Y[rows][out] = X[rows][in] · W^T + beta·Y, W given as panels (layout in matmul.h). */
@@ -58,7 +59,7 @@ typedef struct {
     int ldy, ldx, rows, in, out;
     float beta;
     MatmulType type;
-    const I8Rows *xq; /* I8: x quantised beforehand, or NULL (then rows <= MATMUL_I8_ROWS_LOCAL) */
+    const I8Rows *xq; /* I8: x quantised beforehand, or NULL (each work item quantises) */
 } MatmulTask;
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).

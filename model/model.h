@@ -50,7 +50,8 @@ typedef struct {
  * CPU without AVX512_BF16. INT8 holds each matrix row as int8 with one scale (max|w|/127)
  * and quantises each product's input rows to int8 per block of 128 values, so that
  * AVX512_VNNI multiplies 4 byte pairs per lane (compute-bound products ~1.5-1.8x faster
- * than BF16; a quarter of F32's weight bytes); lossy on both sides (~7 significant bits);
+ * than BF16; a quarter of F32's weight bytes); lossy on both sides (255 levels of the
+ * row's, or the 128-value block's, largest |value|);
  * loading fails on a CPU without AVX512_VNNI. Vectors (norms) and the embedding table are
  * always F32. */
 typedef enum {

@@ -246,6 +246,8 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
     if (rc == -2 && type == MATMUL_F16)
         return model_errorf(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
                     "not finite): load the model with --weight-type f32", what);
+    if (rc == -2 && type == MATMUL_I8)
+        return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite", what);
     if (rc == -2)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
                     "infinity in BF16): load the model with --weight-type f32", what);

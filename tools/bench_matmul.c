@@ -187,8 +187,8 @@ static double read_bandwidth(const Bench *b)
 }
 
 /* Random weights in [-1, 1) as the packed type holds them: floats, or halves of either kind
- * (the panels' layout does not matter to the timing, only their bytes; int8 panels, their
- * scales and corrections get the BF16 halves' bytes). */
+ * (the panels' layout does not matter to the timing, only their bytes; int8 panels and
+ * their scales get the BF16 halves' bytes). */
 static void fill_arena(float *arena, MatmulType type)
 {
     uint16_t *h = (uint16_t *)arena;

@@ -5,6 +5,7 @@
  * 16-output panels. Buffers are allocated to the exact last element used, so a read or write
  * past a row's end is caught by the sanitizer build; x's row padding holds NaN (a read
  * would poison the result) and y's holds a sentinel that must survive. */
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <setjmp.h>
@@ -47,15 +48,24 @@ static int supported_types(MatmulType types[4])
 
 /* What an int8 product multiplies for x, written out here independently of the kernel:
  * per block of 128 inputs, s = max|x| / 127 and q = round(x * (127 / max|x|)) to nearest
- * even (in float, as the kernel does), q * s in double. */
+ * even (in float, as the kernel does), q * s in double. A block with a NaN or an infinity
+ * is all NaN; one too small for 127 / max|x| is all zero. */
 static void i8_quantise_row(double *dst, const float *x, int n)
 {
     for (int b0 = 0; b0 < n; b0 += 128) {
         int nb = n - b0 < 128 ? n - b0 : 128;
         float amax = 0.0f;
-        for (int k = 0; k < nb; k++)
+        int finite = 1;
+        for (int k = 0; k < nb; k++) {
+            finite &= isfinite(x[b0 + k]) != 0;
             amax = fmaxf(amax, fabsf(x[b0 + k]));
+        }
         float inv = amax > 0.0f ? 127.0f / amax : 0.0f, s = amax / 127.0f;
+        if (!finite || !(inv <= FLT_MAX)) {
+            for (int k = 0; k < nb; k++)
+                dst[b0 + k] = finite ? 0.0 : NAN;
+            continue;
+        }
         for (int k = 0; k < nb; k++) {
             float q = nearbyintf(x[b0 + k] * inv);
             q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
@@ -95,10 +105,12 @@ static void problem_make(Problem *p, int in, int out, MatmulType type)
     p->dot = malloc(sizeof(double) * MAX_ROWS * out);
     p->absdot = malloc(sizeof(double) * MAX_ROWS * out);
     assert_non_null(p->x && p->w && p->y0 && p->dot && p->absdot);
+    /* Magnitudes vary by powers of two across x's 128-input blocks and across W's rows, so
+     * that a product using the wrong block's or row's scale (int8) is far off. */
     for (int i = 0; i < MAX_ROWS * in; i++)
-        p->x[i] = rand_uniform();
+        p->x[i] = rand_uniform() * (float)(1 << (i % in / 128 % 5));
     for (int i = 0; i < out * in; i++)
-        p->w[i] = rand_uniform();
+        p->w[i] = rand_uniform() * (float)(1 << (i / in % 7));
     for (int i = 0; i < MAX_ROWS * out; i++)
         p->y0[i] = rand_uniform();
     assert_int_equal(matmul_weights_pack(&p->packed, p->w, in, out, type), 0);
@@ -212,7 +224,8 @@ static void test_against_reference(void **state)
 {
     (void)state;
     /* 2047, 2050: BF16 and I8 take x 2048 inputs at a time, and pad a row to whole pairs
-     * (BF16) or quads (I8: 7, 2047, 2050); 100 and 768 end inside an I8 block of 128 */
+     * (BF16) or quads (I8: 7, 2047, 2050); 100 ends inside an I8 block of 128, 768 on the
+     * boundary (inputs of several chunks: test_long_inputs) */
     static const int ins[] = {1, 7, 8, 64, 100, 768, 2047, 2050};
     /* 27, 50, 62: a partial last panel inside a 2- or 4-panel block (few rows) */
     static const int outs[] = {1, 3, 16, 27, 50, 62, 64, 257};
@@ -238,14 +251,83 @@ static void test_thread_counts(void **state)
         assert_int_equal(check_shape(768, 257, rows, 5), 0);
         assert_int_equal(check_shape(2048, 13, rows, 5), 0);
         assert_int_equal(check_shape(33, 1003, rows, 5), 0);
+        assert_int_equal(check_shape(4500, 40, rows, 5), 0);
     }
+}
+
+/* Inputs of several 2048-input chunks, later chunks of several 128-input blocks and a
+ * partial last one (4500: three chunks; 2307: two, the second of two blocks and a partial
+ * quad), on one thread. */
+static void test_long_inputs(void **state)
+{
+    (void)state;
+    static const int rows[] = {1, 5, 6, 7, 13, 40};
+    assert_int_equal(matmul_init(1), 1);
+    assert_int_equal(check_shape(4500, 40, rows, 6), 0);
+    assert_int_equal(check_shape(2307, 33, rows, 6), 0);
+}
+
+/* int8 products on rows the quantiser must treat apart: a NaN (not in a block's last 16
+ * values, which a max would skip), +infinity and -infinity make the row's outputs NaN, as
+ * in an F32 product; a block of values too small for 127/max|x| counts as zero; an
+ * all-zero block is fine. Through the quantised-buffer path (8 rows) and the per-item
+ * path (3 rows at a time). */
+static void test_i8_special_inputs(void **state)
+{
+    (void)state;
+    if (!matmul_i8_supported()) {
+        print_message("SKIPPED int8 special inputs: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    enum { IN = 300, OUT = 20, ROWS = 8 };
+    static float x[ROWS * IN], w[OUT * IN], y[ROWS * OUT];
+    for (int i = 0; i < ROWS * IN; i++)
+        x[i] = rand_uniform();
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform();
+    x[0 * IN + 5] = NAN;
+    x[1 * IN + 200] = INFINITY;
+    x[2 * IN + 299] = -INFINITY;
+    for (int k = 128; k < 256; k++)
+        x[3 * IN + k] = 1e-38f * (k % 2 ? 1 : -1);
+    for (int k = 256; k < IN; k++)
+        x[4 * IN + k] = 0.0f;
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_I8), 0);
+    matmul_weights_unpack(&m, w);
+    double xr[IN];
+    assert_int_equal(matmul_init(2), 2);
+    for (int split = 0; split < 2; split++) {
+        if (split)
+            for (int r = 0; r < ROWS; r += 3)
+                matmul(y + r * OUT, OUT, x + r * IN, IN, &m, ROWS - r < 3 ? ROWS - r : 3, 0.0f);
+        else
+            matmul(y, OUT, x, IN, &m, ROWS, 0.0f);
+        for (int r = 0; r < ROWS; r++) {
+            i8_quantise_row(xr, x + r * IN, IN);
+            for (int o = 0; o < OUT; o++) {
+                double want = 0.0, abs_sum = 0.0;
+                for (int k = 0; k < IN; k++) {
+                    want += xr[k] * w[o * IN + k];
+                    abs_sum += fabs(xr[k] * w[o * IN + k]);
+                }
+                float got = y[r * OUT + o];
+                if (r < 3)
+                    assert_true(isnan(got));
+                else
+                    assert_true(fabs(got - want) <= 1e-5 * abs_sum);
+            }
+        }
+    }
+    matmul_weights_free(&m);
 }
 
 /* beta other than 0 and 1 also follows the contract (y = x·w^T + beta·y). */
 static void test_other_beta(void **state)
 {
     (void)state;
-    /* 2050 inputs: BF16 products run in two input chunks, and only the first may apply beta */
+    /* 2050 inputs: BF16 and I8 products run in two input chunks, and only the first may
+     * apply beta */
     static const int ins[] = {100, 2050};
     int bad = 0;
     MatmulType types[4];
@@ -394,7 +476,9 @@ static void test_pack_i8(void **state)
     for (int i = 0; i < 21 * 7; i++)
         w[i] = rand_uniform() * 1000.0f;
     for (int k = 0; k < 7; k++)
-        w[5 * 7 + k] = 0.0f;
+        w[5 * 7 + k] = w[6 * 7 + k] = w[7 * 7 + k] = 0.0f;
+    w[6 * 7 + 3] = 1e-40f; /* rows too small for 127 / max|w|: zero, scale 0 */
+    w[7 * 7 + 2] = -1e-37f;
     assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_I8), 2 * 16 * 8 + 2 * 16 * 4);
     assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_VNNI", "1", 1), 0);
     assert_false(matmul_i8_supported());
@@ -412,17 +496,19 @@ static void test_pack_i8(void **state)
         float amax = 0.0f;
         for (int k = 0; o < 21 && k < 7; k++)
             amax = fmaxf(amax, fabsf(w[o * 7 + k]));
-        assert_true(scales[o] == amax / 127.0f); /* 0 for row 5 and the pad outputs */
+        int zero_row = o == 5 || o == 6 || o == 7;
+        assert_true(scales[o] == (zero_row ? 0.0f : amax / 127.0f)); /* and 0 for the pads */
         for (int k = 0; k < 8; k++) {
             uint8_t got = bytes[((o / 16 * 2 + k / 4) * 16 + o % 16) * 4 + k % 4];
             if (o >= 21 || k >= 7) {
                 assert_int_equal(got, 128);
                 continue;
             }
-            float q = o == 5 ? 0.0f : nearbyintf(w[o * 7 + k] * (127.0f / amax));
+            float q = zero_row ? 0.0f : nearbyintf(w[o * 7 + k] * (127.0f / amax));
             assert_int_equal(got, 128 + (int)q);
             assert_true(back[o * 7 + k] == scales[o] * q);
-            assert_true(fabsf(back[o * 7 + k] - w[o * 7 + k]) <= scales[o] * 0.5001f);
+            if (!zero_row)
+                assert_true(fabsf(back[o * 7 + k] - w[o * 7 + k]) <= scales[o] * 0.5001f);
         }
     }
     matmul_weights_free(&m);
@@ -442,6 +528,8 @@ int main(void)
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),
+        cmocka_unit_test(test_long_inputs),
+        cmocka_unit_test(test_i8_special_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
