@@ -34,22 +34,24 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type)
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
 }
 
+/* Whether the environment variable `off` (set, not "0") tells this process to act as if
+ * the CPU lacked an instruction set (see matmul.h). */
+static int told_unsupported(const char *off)
+{
+    const char *v = getenv(off);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 int matmul_bf16_supported(void)
 {
-    const char *off = getenv("PAGEDSERVE_NO_AVX512_BF16"); /* see matmul.h */
-    if (off && *off && strcmp(off, "0") != 0)
-        return 0;
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return !told_unsupported("PAGEDSERVE_NO_AVX512_BF16") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 int matmul_i8_supported(void)
 {
-    const char *off = getenv("PAGEDSERVE_NO_AVX512_VNNI"); /* see matmul.h */
-    if (off && *off && strcmp(off, "0") != 0)
-        return 0;
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return !told_unsupported("PAGEDSERVE_NO_AVX512_VNNI") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 /* Round to nearest even, as VCVTNEPS2BF16 does the row of x; NaN stays a (quiet) NaN;

@@ -294,6 +294,25 @@ static void test_f16_weights_match_reference(void **state)
     model_free(m16);
 }
 
+/* The model loaded with a lossy forced weight type, whose products are skipped where the
+ * CPU cannot run them: fewer weight bytes than F32, and logits within tol of the
+ * reference. */
+static void check_lossy_type(const Fixture *fx, ModelWeightType type, const char *held,
+                             int supported, float tol)
+{
+    if (!supported) {
+        print_message("SKIPPED --weight-type %s forward pass: this CPU cannot run it\n", held);
+        return;
+    }
+    Model *m;
+    char err[256];
+    assert_int_equal(model_load_as(fx->path, type, &m, err, sizeof err), 0);
+    assert_string_equal(model_matrix_type_name(model_config(m)), held);
+    assert_true(model_weight_bytes(m) < model_weight_bytes(fx->model));
+    check_chunked_against_reference(m, KV_DTYPE_F32, 16, tol);
+    model_free(m);
+}
+
 /* Weights held as BF16 (--weight-type bf16): the products also round their input rows to
  * BF16, which the reference (F32 inputs) does not, so the logits only come close: each
  * input loses up to 2^-9 of itself. Measured on this model: at most 0.039 apart; with the
@@ -301,18 +320,7 @@ static void test_f16_weights_match_reference(void **state)
  * what rounding does. */
 static void test_bf16_weights_close_to_reference(void **state)
 {
-    Fixture *fx = *state;
-    if (!matmul_bf16_supported()) {
-        print_message("SKIPPED --weight-type bf16 forward pass: this CPU has no AVX512_BF16\n");
-        return;
-    }
-    Model *mb;
-    char err[256];
-    assert_int_equal(model_load_as(fx->path, MODEL_WEIGHTS_BF16, &mb, err, sizeof err), 0);
-    assert_string_equal(model_matrix_type_name(model_config(mb)), "bf16");
-    assert_true(model_weight_bytes(mb) < model_weight_bytes(fx->model));
-    check_chunked_against_reference(mb, KV_DTYPE_F32, 16, 0.2f);
-    model_free(mb);
+    check_lossy_type(*state, MODEL_WEIGHTS_BF16, "bf16", matmul_bf16_supported(), 0.2f);
 }
 
 /* Weights held as int8 (--weight-type int8): each weight row rounded to 255 levels of its
@@ -322,18 +330,7 @@ static void test_bf16_weights_close_to_reference(void **state)
  * exactly against its own quantisation in test_matmul. */
 static void test_int8_weights_close_to_reference(void **state)
 {
-    Fixture *fx = *state;
-    if (!matmul_i8_supported()) {
-        print_message("SKIPPED --weight-type int8 forward pass: this CPU has no AVX512_VNNI\n");
-        return;
-    }
-    Model *mi;
-    char err[256];
-    assert_int_equal(model_load_as(fx->path, MODEL_WEIGHTS_INT8, &mi, err, sizeof err), 0);
-    assert_string_equal(model_matrix_type_name(model_config(mi)), "int8");
-    assert_true(model_weight_bytes(mi) < model_weight_bytes(fx->model));
-    check_chunked_against_reference(mi, KV_DTYPE_F32, 16, 0.5f);
-    model_free(mi);
+    check_lossy_type(*state, MODEL_WEIGHTS_INT8, "int8", matmul_i8_supported(), 0.5f);
 }
 
 /* Three sequences in one pass — different lengths, positions and logits modes — give the

@@ -472,11 +472,13 @@ static void test_forced_weight_types(void **state) {
     }
 }
 
-/* Without AVX512_VNNI, --weight-type int8 is refused with a message that says so. */
-static void test_int8_needs_cpu_support(void **state) {
-    (void)state;
-    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_VNNI", "1", 1), 0);
-    assert_false(matmul_i8_supported());
+/* Without the instructions a forced type needs (a CPU that has them is told it has not,
+ * through the environment variable `off`, as matmul.h allows), loading is refused with a
+ * message that names them. */
+static void check_needs_cpu_support(const char *off, int (*supported)(void), ModelWeightType type,
+                                    const char *named) {
+    assert_int_equal(setenv(off, "1", 1), 0);
+    assert_false(supported());
     Spec s = default_spec();
     void *data;
     GgufFile *f = make_model(&s, &data);
@@ -484,31 +486,23 @@ static void test_int8_needs_cpu_support(void **state) {
     TransformerWeights w;
     size_t bytes;
     char err[512] = "";
-    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_INT8, &c, &w, &bytes, err, sizeof err), -1);
-    assert_non_null(strstr(err, "AVX512_VNNI"));
-    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_VNNI"), 0);
+    assert_int_equal(weights_load_as(f, type, &c, &w, &bytes, err, sizeof err), -1);
+    assert_non_null(strstr(err, named));
+    assert_int_equal(unsetenv(off), 0);
     gguf_close(f);
     free(data);
 }
 
-/* Without AVX512_BF16, --weight-type bf16 is refused with a message that says so (a CPU
- * that has it is told it has not, as matmul.h allows). */
+static void test_int8_needs_cpu_support(void **state) {
+    (void)state;
+    check_needs_cpu_support("PAGEDSERVE_NO_AVX512_VNNI", matmul_i8_supported, MODEL_WEIGHTS_INT8,
+                            "AVX512_VNNI");
+}
+
 static void test_bf16_needs_cpu_support(void **state) {
     (void)state;
-    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_BF16", "1", 1), 0);
-    assert_false(matmul_bf16_supported());
-    Spec s = default_spec();
-    void *data;
-    GgufFile *f = make_model(&s, &data);
-    ModelConfig c;
-    TransformerWeights w;
-    size_t bytes;
-    char err[512] = "";
-    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_BF16, &c, &w, &bytes, err, sizeof err), -1);
-    assert_non_null(strstr(err, "AVX512_BF16"));
-    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_BF16"), 0);
-    gguf_close(f);
-    free(data);
+    check_needs_cpu_support("PAGEDSERVE_NO_AVX512_BF16", matmul_bf16_supported, MODEL_WEIGHTS_BF16,
+                            "AVX512_BF16");
 }
 
 static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
