@@ -175,12 +175,13 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     long prompt_words = -1, prefix_words = -1, max_tokens = -1, port = 8080, seed = 1;
     long interval_ms = 200;
     int first_alone = -1;
-    const char *host = "127.0.0.1", *kv_dtype = "f16", *weight_type = "f32";
+    const char *host = "127.0.0.1", *weight_type = "f32";
     x->requests = -1;
     cfg->temperature = 0;
     cfg->timeout_s = 300;
     cfg->max_seconds = 3600;
     cfg->metrics = true;
+    cfg->kv_dtype = KV_DTYPE_F16; /* the server's default */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -236,8 +237,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
         } else if (!strcmp(f, "--kv-cache-mb")) {
             bad = parse_double(v, 0, 1e9, &cfg->kv_cache_mb);
         } else if (!strcmp(f, "--kv-dtype")) {
-            kv_dtype = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8"));
+            bad = v == NULL || kv_dtype_parse(v, &cfg->kv_dtype) != 0;
         } else if (!strcmp(f, "--weight-type")) {
             weight_type = v;
             bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8"));
@@ -294,8 +294,6 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->first_alone = first_alone >= 0 ? first_alone : w->first_alone;
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
-    cfg->kv_dtype_bytes = !strcmp(kv_dtype, "f32") ? 4 : !strcmp(kv_dtype, "q8") ? 1 : 2;
-    cfg->kv_row_extra_bytes = !strcmp(kv_dtype, "q8") ? 4 : 0; /* see paging.h */
     cfg->weight_bytes = !strcmp(weight_type, "int8") ? 1 : strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
     return 0;
 }

@@ -47,9 +47,9 @@ static void stats_capacity(const BsConfig *cfg, const BsLevel *lv, Stats *s)
     const BsModelInfo *m = &cfg->model;
     s->ctx = cfg->server_ctx_len > 0 ? (double)cfg->server_ctx_len
                                      : (m->known ? (double)m->ctx_len : NAN);
+    KvLayout row = {.head_dim = m->head_dim, .dtype = cfg->kv_dtype};
     s->bpt = cfg->kv_bytes_per_token > 0 ? cfg->kv_bytes_per_token
-             : m->known ? 2.0 * m->n_layers * m->n_kv_heads *
-                              (m->head_dim * cfg->kv_dtype_bytes + cfg->kv_row_extra_bytes)
+             : m->known ? 2.0 * m->n_layers * m->n_kv_heads * (double)kv_layout_row_bytes(&row)
                         : NAN;
     double metric_slots = lv->blocks_total * lv->block_size; /* NAN unless both were seen */
     s->kv_bytes = cfg->kv_cache_mb > 0 ? cfg->kv_cache_mb * 1048576.0 : metric_slots * s->bpt;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "paging/paging.h"
 #include "tools/bench_serve_internal.h"
 
 /* ---- one TCP connection carrying HTTP/1.1 exchanges, one at a time ---------------------
@@ -123,8 +124,7 @@ typedef struct {
     BsModelInfo model;
     double kv_cache_mb;    /* the server's --kv-cache-mb; 0 unknown */
     double kv_bytes_per_token; /* 0: from the model and kv_dtype_bytes */
-    double kv_dtype_bytes;     /* per value: 4, 2, or 1 (q8) */
-    double kv_row_extra_bytes; /* per row of head_dim values: q8's scale */
+    KvDtype kv_dtype;          /* the server's --kv-dtype: bytes per row by paging's kv_layout_row_bytes */
     double weight_bytes;       /* per weight-matrix element in the server's memory: 4 or 2 */
     double gflops, gbps;   /* measured machine peaks for the roofline; 0 unknown */
     const char *label;
