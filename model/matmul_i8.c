@@ -13,11 +13,10 @@
  * block's int32 sum of (q + 128) * qx and Z[b] = 128 * (sum of the block's qx): the +128
  * only adds a per-row constant, taken off in int32 (exactly) before the conversion.
  *
- * x is quantised once per product into a buffer (I8Rows; matmul.c runs i8_row_quantise
- * over the pool first) when there are more rows than one register block; a product of a
- * few rows (decode of one sequence) has each work item quantise its own copy, a chunk of
- * inputs at a time, on the stack instead: no allocation, and such a product is bound by
- * reading W anyway.
+ x is quantised once per product into an I8Rows (matmul.c: on its stack for a few short
+ * rows, else a malloc'd buffer filled over the pool); for a few long rows, or without
+ * memory, each work item quantises its own copy, a chunk of inputs at a time, on the stack
+ * instead (such a product is bound by reading W anyway).
  *
  * Panels hold 16 outputs k-quad-major: for input quad kq, 16 32-bit words, word j holding
  * q[16p + j][4kq .. 4kq + 3] + 128, one zmm; a 32-bit broadcast of x's quad meets all 16.
