@@ -252,14 +252,17 @@ static void test_max_connections(void **state)
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
-/* SIGTERM while a stream is in flight (held back by a client that does not read yet): the
- * server stops accepting, /ready says 503 on a kept-alive connection, the stream still
- * completes whole, and the process exits 0. */
+/* SIGTERM while a stream is in flight (held back by a client that does not read yet, and
+ * long: 3000 tokens, more than socket buffers absorb and more than the engine generates
+ * before the signal lands -- with 300 on the small model, the whole stream could leave
+ * before it, and the test failed on a fast machine): the server stops accepting, /ready
+ * says 503 on a kept-alive connection, the stream still completes whole, and the process
+ * exits 0. */
 static void test_sigterm_drains_in_flight(void **state)
 {
     (void)state;
     static ServerProc sp; /* static: its log reader thread may outlive a failed test */
-    assert_int_equal(start_random_server(&sp, NULL), 0);
+    assert_int_equal(start_long_server(&sp, NULL), 0);
     HttpConn keep;
     assert_int_equal(http_conn_open(&keep, sp.port, 0, T_IO), 0);
     HttpResponse r;
@@ -277,7 +280,7 @@ static void test_sigterm_drains_in_flight(void **state)
     /* A small receive window: the server cannot push 300 tokens of SSE ahead of us. */
     HttpConn c;
     assert_int_equal(http_conn_open(&c, sp.port, 2048, T_IO), 0);
-    stream_send(&c, "{\"model\":\"random\",\"prompt\":\"drain\",\"max_tokens\":300,"
+    stream_send(&c, "{\"model\":\"long\",\"prompt\":\"drain\",\"max_tokens\":3000,"
                     "\"ignore_eos\":true,\"stream\":true,\"stream_options\":"
                     "{\"include_usage\":true}}");
     char *frame;
@@ -317,7 +320,7 @@ static void test_sigterm_drains_in_flight(void **state)
     assert_string_equal(s.finish[0], "length");
     assert_null(s.error);
     assert_non_null(s.usage);
-    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 300);
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 3000);
     stream_result_free(&s);
     http_conn_close(&c);
     assert_int_equal(server_proc_wait_exit(&sp, T_IO), 0);
