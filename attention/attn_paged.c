@@ -293,7 +293,7 @@ static void item_walk_direct(const ItemState *it)
     }
 }
 
-/* n values of F32 or F16 (widened) as floats. */
+/* n values of F32 or F16 (widened) as floats (Q8 rows go through widen_q8, one by one). */
 static void copy_rows(float *dst, const void *src, int n, KvDtype dtype)
 {
     if (dtype == KV_DTYPE_F16)
@@ -429,7 +429,7 @@ static void tile_vecs_init(const ItemState *it, TileVecs *tv)
 }
 
 /* Several query vectors of one KV head: tiles of up to ATTN_TILE positions are gathered
- * from as many blocks as it takes (F16 widened on the way) into kbuf/vbuf, then serve
+ * from as many blocks as it takes (F16 widened, Q8 dequantised on the way) into kbuf/vbuf, then serve
  * them all -- in matrix form (tv), or one vector at a time (tv NULL). */
 static void item_walk_gathered(const ItemState *it, TileVecs *tv)
 {
@@ -500,7 +500,7 @@ static void attend_item(ItemState *it)
     int hd = c->head_dim;
     int n_vecs = it->n_kv * it->n_h * it->n_rows;
     assert(n_vecs <= ATTN_MAX_VECS);
-    /* A lone vector per KV head (decode without GQA) reads F16 straight from the cache;
+    /* A lone vector per KV head (decode without GQA) reads F16 or Q8 straight from the cache;
      * vectors that share tiles get them widened once, and many of them take the tiles
      * in as matrix products, whose rows of V and accumulators are a whole number of
      * registers long. */

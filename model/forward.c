@@ -100,10 +100,13 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
 }
 
 /* silu(g) * u in 8 lanes: g * sigmoid(g), the sigmoid from e^-|g| (in (0, 1]: no
- * overflow for any g): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+ * overflow for any g): 1 / (1 + e) for g >= 0, e / (1 + e) below. exp256 gives ~1e-38
+ * below -87, not 0: those lanes are zeroed, so that a very negative gate gives -0 and
+ * -inf gives NaN, as g / (1 + e^-g) does (the scalar tail). */
 static inline __m256 swiglu8(__m256 g, __m256 u)
 {
-    __m256 e = exp256(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));
+    __m256 neg_abs = _mm256_or_ps(g, _mm256_set1_ps(-0.0f));
+    __m256 e = _mm256_and_ps(exp256(neg_abs), _mm256_cmp_ps(neg_abs, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
     __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
     __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), g); /* g's sign bit picks */
     return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
@@ -130,7 +133,7 @@ static void swiglu_row(float *gate, const float *up, int ffn_dim)
 
 typedef struct {
     ModelRunner *r;
-    const LayerWeights *w; /* NULL for steps that need no weights */
+    const LayerWeights *w; /* the layer's (steps that need none ignore it) */
     int rows_per_item, rows;
     void (*fn)(ModelRunner *r, const LayerWeights *w, int r0, int r1);
 } RowJob;

@@ -13,7 +13,7 @@
  * block's int32 sum of (q + 128) * qx and Z[b] = 128 * (sum of the block's qx): the +128
  * only adds a per-row constant, taken off in int32 (exactly) before the conversion.
  *
- x is quantised once per product into an I8Rows (matmul.c: on its stack for a few short
+ * x is quantised once per product into an I8Rows (matmul.c: on its stack for a few short
  * rows, else a malloc'd buffer filled over the pool); for a few long rows, or without
  * memory, each work item quantises its own copy, a chunk of inputs at a time, on the stack
  * instead (such a product is bound by reading W anyway).

@@ -47,8 +47,8 @@ typedef struct {
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
  * zsum[...] (AVX-512; only where matmul_i8_supported()). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
-/* Rows of x per register block of the int8 kernel: products of at most this many rows
- * quantise x inside each work item (t->xq NULL; any row count works that way). */
+/* Rows of x per register block of the int8 kernel (and the most rows matmul() quantises
+ * on its stack); with t->xq NULL each work item quantises x itself, any row count. */
 #define MATMUL_I8_ROWS_LOCAL 6
 
 /* Y[rows][out] = X[rows][in] · W^T + beta·Y, W given as panels (layout in matmul.h). */

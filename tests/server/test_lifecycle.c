@@ -252,17 +252,19 @@ static void test_max_connections(void **state)
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
-/* SIGTERM while a stream is in flight (held back by a client that does not read yet, and
- * long: 3000 tokens, more than socket buffers absorb and more than the engine generates
- * before the signal lands -- with 300 on the small model, the whole stream could leave
- * before it, and the test failed on a fast machine): the server stops accepting, /ready
- * says 503 on a kept-alive connection, the stream still completes whole, and the process
- * exits 0. */
+/* SIGTERM while a stream is in flight, held back by a client that does not read yet:
+ * 10000 tokens with 5 logprobs each, ~4 MB of SSE, more than loopback's socket buffers
+ * take (~2.3 MB measured with this client's 2 KiB receive buffer), so the response cannot
+ * be queued whole before the signal (300 plain tokens could, on a fast machine, and the
+ * test failed): the server stops accepting, /ready says 503 on a kept-alive connection,
+ * the stream still completes whole (a long drain timeout, so that a sanitizer build's
+ * slower generation finishes too), and the process exits 0. */
 static void test_sigterm_drains_in_flight(void **state)
 {
     (void)state;
     static ServerProc sp; /* static: its log reader thread may outlive a failed test */
-    assert_int_equal(start_long_server(&sp, NULL), 0);
+    const char *extra[] = {"--drain-timeout-s", "300", NULL};
+    assert_int_equal(start_long_server(&sp, extra), 0);
     HttpConn keep;
     assert_int_equal(http_conn_open(&keep, sp.port, 0, T_IO), 0);
     HttpResponse r;
@@ -277,10 +279,10 @@ static void test_sigterm_drains_in_flight(void **state)
     assert_int_equal(r.status, 200);
     http_response_free(&r);
 
-    /* A small receive window: the server cannot push 300 tokens of SSE ahead of us. */
+    /* A small receive window: the server cannot push the stream ahead of us. */
     HttpConn c;
     assert_int_equal(http_conn_open(&c, sp.port, 2048, T_IO), 0);
-    stream_send(&c, "{\"model\":\"long\",\"prompt\":\"drain\",\"max_tokens\":3000,"
+    stream_send(&c, "{\"model\":\"long\",\"prompt\":\"drain\",\"max_tokens\":10000,\"logprobs\":5,"
                     "\"ignore_eos\":true,\"stream\":true,\"stream_options\":"
                     "{\"include_usage\":true}}");
     char *frame;
@@ -320,7 +322,7 @@ static void test_sigterm_drains_in_flight(void **state)
     assert_string_equal(s.finish[0], "length");
     assert_null(s.error);
     assert_non_null(s.usage);
-    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 3000);
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 10000);
     stream_result_free(&s);
     http_conn_close(&c);
     assert_int_equal(server_proc_wait_exit(&sp, T_IO), 0);
