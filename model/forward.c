@@ -133,9 +133,9 @@ static void swiglu_row(float *gate, const float *up, int ffn_dim)
 
 typedef struct {
     ModelRunner *r;
-    const LayerWeights *w; /* the layer's (steps that need none ignore it) */
+    const float *norm; /* a norm step's weights (other steps ignore it) */
     int rows_per_item, rows;
-    void (*fn)(ModelRunner *r, const LayerWeights *w, int r0, int r1);
+    void (*fn)(ModelRunner *r, const float *norm, int r0, int r1);
 } RowJob;
 
 static void row_job_item(void *ctx, int item, int thread)
@@ -144,39 +144,33 @@ static void row_job_item(void *ctx, int item, int thread)
     const RowJob *j = ctx;
     int r0 = item * j->rows_per_item;
     int r1 = r0 + j->rows_per_item < j->rows ? r0 + j->rows_per_item : j->rows;
-    j->fn(j->r, j->w, r0, r1);
+    j->fn(j->r, j->norm, r0, r1);
 }
 
-static void rows_run(ModelRunner *r, const LayerWeights *w, int rows, int values_per_row,
-                     void (*fn)(ModelRunner *, const LayerWeights *, int, int))
+static void rows_run(ModelRunner *r, const float *norm, int rows, int values_per_row,
+                     void (*fn)(ModelRunner *, const float *, int, int))
 {
     int threads = compute_threads();
     if (threads < 2 || (long)rows * values_per_row < ROWS_PARALLEL_MIN_WORK || rows < 2) {
-        fn(r, w, 0, rows);
+        fn(r, norm, 0, rows);
         return;
     }
     int items = 2 * threads < rows ? 2 * threads : rows;
-    RowJob j = {r, w, (rows + items - 1) / items, rows, fn};
+    RowJob j = {r, norm, (rows + items - 1) / items, rows, fn};
     compute_parallel_for((rows + j.rows_per_item - 1) / j.rows_per_item, row_job_item, &j);
 }
 
-static void attn_norm_rows(ModelRunner *r, const LayerWeights *w, int r0, int r1)
+/* xb = RMSNorm(x) with the given weights, rows [r0, r1). */
+static void norm_rows(ModelRunner *r, const float *norm, int r0, int r1)
 {
     const ModelConfig *c = &r->model->config;
     for (int i = r0; i < r1; i++)
-        rmsnorm(r->xb + (size_t)i * c->dim, r->x + (size_t)i * c->dim, w->attn_norm, c->dim, c->rms_eps);
+        rmsnorm(r->xb + (size_t)i * c->dim, r->x + (size_t)i * c->dim, norm, c->dim, c->rms_eps);
 }
 
-static void ffn_norm_rows(ModelRunner *r, const LayerWeights *w, int r0, int r1)
+static void swiglu_rows(ModelRunner *r, const float *norm, int r0, int r1)
 {
-    const ModelConfig *c = &r->model->config;
-    for (int i = r0; i < r1; i++)
-        rmsnorm(r->xb + (size_t)i * c->dim, r->x + (size_t)i * c->dim, w->ffn_norm, c->dim, c->rms_eps);
-}
-
-static void swiglu_rows(ModelRunner *r, const LayerWeights *w, int r0, int r1)
-{
-    (void)w;
+    (void)norm;
     int ffn_dim = r->model->config.ffn_dim;
     for (int i = r0; i < r1; i++) {
         float *gate = r->ffn + (size_t)i * 2 * ffn_dim;
@@ -186,9 +180,9 @@ static void swiglu_rows(ModelRunner *r, const LayerWeights *w, int r0, int r1)
 
 /* Q and K heads sit side by side in a qkv row: one call rotates both, computing the
  * cos/sin of each (row, pair) once. */
-static void rope_rows(ModelRunner *r, const LayerWeights *w, int r0, int r1)
+static void rope_rows(ModelRunner *r, const float *norm, int r0, int r1)
 {
-    (void)w;
+    (void)norm;
     const ModelConfig *c = &r->model->config;
     int stride = qkv_dim(c);
     rope_apply(r->qkv + (size_t)r0 * stride, r1 - r0, stride, r->positions + r0,
@@ -288,16 +282,16 @@ static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
     int q_width = c->n_heads * c->head_dim;
 
     /* Attention block: x += Wo · attention(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) */
-    rows_run(r, w, rows, c->dim, attn_norm_rows);
+    rows_run(r, w->attn_norm, rows, c->dim, norm_rows);
     matmul(r->qkv, qkv_stride, r->xb, c->dim, &w->wqkv, rows, 0.0f);
-    rows_run(r, w, rows, (c->n_heads + c->n_kv_heads) * c->head_dim, rope_rows);
+    rows_run(r, NULL, rows, (c->n_heads + c->n_kv_heads) * c->head_dim, rope_rows);
     attention_layer(r, kv, layer, seqs, n_seqs);
     matmul(r->x, c->dim, r->att, q_width, &w->wo, rows, 1.0f);
 
     /* Feed-forward block: x += Wdown · (silu(Wgate·n(x)) * Wup·n(x)) */
-    rows_run(r, w, rows, c->dim, ffn_norm_rows);
+    rows_run(r, w->ffn_norm, rows, c->dim, norm_rows);
     matmul(r->ffn, 2 * c->ffn_dim, r->xb, c->dim, &w->w_gate_up, rows, 0.0f);
-    rows_run(r, w, rows, c->ffn_dim, swiglu_rows);
+    rows_run(r, NULL, rows, c->ffn_dim, swiglu_rows);
     matmul(r->x, c->dim, r->ffn, 2 * c->ffn_dim, &w->w_down, rows, 1.0f);
 }
 
