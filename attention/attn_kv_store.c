@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/attn_simd.h"
 
 static void row_store_f16(uint16_t *dst, const float *src, int n)
 {
@@ -41,10 +42,7 @@ static void row_store_q8(void *dst, const float *src, int n)
         all_finite = _mm256_and_ps(all_finite, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
         vmax = _mm256_max_ps(vmax, a);
     }
-    float lanes[8], amax = 0.0f;
-    _mm256_storeu_ps(lanes, vmax);
-    for (int j = 0; j < 8; j++)
-        amax = lanes[j] > amax ? lanes[j] : amax;
+    float amax = hmax256(vmax);
     int finite = _mm256_movemask_ps(all_finite) == 0xff;
     for (; i < n; i++) {
         float a = fabsf(src[i]);

@@ -36,12 +36,11 @@ ATTN_INLINE float kv_load1(const void *p, int i, int fmt)
     return ((const float *)p)[i];
 }
 
-/* Row j of a K/V tile of head_dim-element rows (the sizes of kv_layout_row_bytes). */
+/* Row j of a K/V tile of head_dim-element rows (fmt constant: the size folds away). */
 ATTN_INLINE const void *kv_row(const void *p, int j, int hd, int fmt)
 {
-    size_t row = fmt == KV_DTYPE_F16 ? 2 * (size_t)hd
-               : fmt == KV_DTYPE_Q8 ? (size_t)hd + sizeof(float) : 4 * (size_t)hd;
-    return (const char *)p + (size_t)j * row;
+    KvLayout row = {.head_dim = hd, .dtype = (KvDtype)fmt};
+    return (const char *)p + (size_t)j * kv_layout_row_bytes(&row);
 }
 
 /* The scale of a Q8 row of hd values (stored after them, maybe unaligned). */
