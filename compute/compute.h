@@ -30,4 +30,10 @@ void compute_shutdown(void);
 typedef void (*ComputeFn)(void *ctx, int item, int thread);
 void compute_parallel_for(int n_items, ComputeFn fn, void *ctx);
 
+/* fn(ctx, lo, hi, thread) over [0, n) cut into ranges of per_item (the last one shorter),
+ * spread over the pool like compute_parallel_for; `parallel` 0 runs the whole of [0, n)
+ * as one range on the calling thread. Rows of a matrix, panels of a product. */
+typedef void (*ComputeRangeFn)(void *ctx, int lo, int hi, int thread);
+void compute_parallel_ranges(int n, int per_item, int parallel, ComputeRangeFn fn, void *ctx);
+
 #endif

@@ -207,3 +207,28 @@ void compute_parallel_for(int n_items, ComputeFn fn, void *ctx)
     }
     pthread_mutex_unlock(&pool.submit);
 }
+
+typedef struct {
+    ComputeRangeFn fn;
+    void *ctx;
+    int n, per_item;
+} Ranges;
+
+static void run_range(void *arg, int item, int thread)
+{
+    const Ranges *r = arg;
+    int lo = item * r->per_item;
+    r->fn(r->ctx, lo, r->n - lo < r->per_item ? r->n : lo + r->per_item, thread);
+}
+
+void compute_parallel_ranges(int n, int per_item, int parallel, ComputeRangeFn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (!parallel || per_item >= n) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    Ranges r = { fn, ctx, n, per_item < 1 ? 1 : per_item };
+    compute_parallel_for((n + r.per_item - 1) / r.per_item, run_range, &r);
+}

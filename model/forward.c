@@ -134,16 +134,13 @@ static void swiglu_row(float *gate, const float *up, int ffn_dim)
 typedef struct {
     ModelRunner *r;
     const float *norm; /* a norm step's weights (other steps ignore it) */
-    int rows_per_item, rows;
     void (*fn)(ModelRunner *r, const float *norm, int r0, int r1);
 } RowJob;
 
-static void row_job_item(void *ctx, int item, int thread)
+static void row_job_range(void *ctx, int r0, int r1, int thread)
 {
     (void)thread;
     const RowJob *j = ctx;
-    int r0 = item * j->rows_per_item;
-    int r1 = r0 + j->rows_per_item < j->rows ? r0 + j->rows_per_item : j->rows;
     j->fn(j->r, j->norm, r0, r1);
 }
 
@@ -151,13 +148,10 @@ static void rows_run(ModelRunner *r, const float *norm, int rows, int values_per
                      void (*fn)(ModelRunner *, const float *, int, int))
 {
     int threads = compute_threads();
-    if (threads < 2 || (long)rows * values_per_row < ROWS_PARALLEL_MIN_WORK || rows < 2) {
-        fn(r, norm, 0, rows);
-        return;
-    }
+    int parallel = threads > 1 && (long)rows * values_per_row >= ROWS_PARALLEL_MIN_WORK;
     int items = 2 * threads < rows ? 2 * threads : rows;
-    RowJob j = {r, norm, (rows + items - 1) / items, rows, fn};
-    compute_parallel_for((rows + j.rows_per_item - 1) / j.rows_per_item, row_job_item, &j);
+    RowJob j = {r, norm, fn};
+    compute_parallel_ranges(rows, (rows + items - 1) / (items ? items : 1), parallel, row_job_range, &j);
 }
 
 /* xb = RMSNorm(x) with the given weights, rows [r0, r1). */

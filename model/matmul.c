@@ -213,12 +213,10 @@ typedef struct {
     int item_panels, n_panels;
 } Product;
 
-static void product_item(void *arg, int item, int thread)
+static void product_range(void *arg, int p0, int p1, int thread)
 {
     (void)thread;
     const Product *p = arg;
-    int p0 = item * p->item_panels;
-    int p1 = p0 + p->item_panels < p->n_panels ? p0 + p->item_panels : p->n_panels;
     p->run(&p->task, p0, p1);
 }
 
@@ -226,15 +224,15 @@ static void product_item(void *arg, int item, int thread)
 
 typedef struct {
     const float *x;
-    int ldx, in, rows_per_item, rows;
+    int ldx, in;
     I8Rows *xr;
 } QuantiseJob;
 
-static void quantise_item(void *arg, int item, int thread)
+static void quantise_range(void *arg, int r0, int r1, int thread)
 {
     (void)thread;
     const QuantiseJob *j = arg;
-    for (int r = item * j->rows_per_item; r < j->rows && r < (item + 1) * j->rows_per_item; r++)
+    for (int r = r0; r < r1; r++)
         i8_row_quantise(j->xr->q + (size_t)r * j->xr->stride, j->xr->sx + (size_t)r * j->xr->blocks,
                         j->xr->zsum + (size_t)r * j->xr->blocks, j->x + (size_t)r * j->ldx, j->in);
 }
@@ -255,13 +253,8 @@ static I8Rows *quantise_rows(void *mem, const float *x, int ldx, int in, int row
     float *sx = (float *)(xr + 1);
     int32_t *zsum = (int32_t *)(sx + floats);
     *xr = (I8Rows){ (int8_t *)(zsum + floats), (size_t)(in + 3) / 4 * 4, sx, zsum, blocks, 0 };
-    QuantiseJob j = { x, ldx, in, 8, rows, xr };
-    int items = (rows + j.rows_per_item - 1) / j.rows_per_item;
-    if (parallel)
-        compute_parallel_for(items, quantise_item, &j);
-    else
-        for (int i = 0; i < items; i++)
-            quantise_item(&j, i, 0);
+    QuantiseJob j = { x, ldx, in, xr };
+    compute_parallel_ranges(rows, 8, parallel, quantise_range, &j);
     return xr;
 }
 
@@ -291,7 +284,6 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
                                                                             : p.item_panels;
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         p.item_panels = ITEM_PANELS_MAX;
-    int n_items = (p.n_panels + p.item_panels - 1) / p.item_panels;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     unsigned char local[I8_LOCAL_BYTES] __attribute__((aligned(64)));
     void *heap = NULL;
@@ -301,9 +293,6 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         if (mem)
             p.task.xq = quantise_rows(mem, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     }
-    if (!parallel)
-        p.run(&p.task, 0, p.n_panels);
-    else
-        compute_parallel_for(n_items, product_item, &p);
+    compute_parallel_ranges(p.n_panels, p.item_panels, parallel, product_range, &p);
     free(heap);
 }

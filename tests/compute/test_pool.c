@@ -1,5 +1,6 @@
 /* The worker pool runs every item exactly once, hands out valid thread indices, and keeps
- * working across resizes, restarts and callers on several threads. */
+ * working across resizes, restarts and callers on several threads; its ranges cover
+ * [0, n) exactly once in pieces of at most per_item. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -102,6 +103,51 @@ static void test_callers_on_several_threads(void **state)
     compute_shutdown();
 }
 
+typedef struct {
+    atomic_int hits[200];
+    atomic_int calls, too_long, bad;
+    int n, per_item;
+} RangeTally;
+
+static void count_range(void *arg, int lo, int hi, int thread)
+{
+    RangeTally *t = arg;
+    atomic_fetch_add(&t->calls, 1);
+    if (lo < 0 || hi > t->n || lo >= hi || thread < 0 || thread >= compute_threads())
+        atomic_fetch_add(&t->bad, 1);
+    if (hi - lo > t->per_item)
+        atomic_fetch_add(&t->too_long, 1);
+    for (int i = lo; i < hi && i >= 0 && i < 200; i++)
+        atomic_fetch_add(&t->hits[i], 1);
+}
+
+/* The number of calls ranges made for n, per_item, parallel. */
+static int ranges_check(int n, int per_item, int parallel)
+{
+    static RangeTally t;
+    memset(&t, 0, sizeof t);
+    t.n = n;
+    t.per_item = parallel ? per_item : n;
+    compute_parallel_ranges(n, per_item, parallel, count_range, &t);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(atomic_load(&t.hits[i]), i < n ? 1 : 0);
+    assert_int_equal(atomic_load(&t.bad), 0);
+    assert_int_equal(atomic_load(&t.too_long), 0);
+    return atomic_load(&t.calls);
+}
+
+static void test_ranges_cover_once(void **state)
+{
+    (void)state;
+    assert_int_equal(compute_init(3), 3);
+    for (int n = 1; n <= 150; n += 7)
+        for (int per = 1; per <= 40; per += 3)
+            assert_int_equal(ranges_check(n, per, 1), (n + per - 1) / per);
+    assert_int_equal(ranges_check(150, 8, 0), 1); /* not parallel: one range, [0, n) */
+    assert_int_equal(ranges_check(5, 9, 1), 1);   /* one range holds it all */
+    assert_int_equal(ranges_check(0, 4, 1), 0);   /* nothing to do: fn never called */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -109,6 +155,7 @@ int main(void)
         cmocka_unit_test(test_more_items_than_one_loop_counts),
         cmocka_unit_test(test_resize_and_restart),
         cmocka_unit_test(test_callers_on_several_threads),
+        cmocka_unit_test(test_ranges_cover_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
