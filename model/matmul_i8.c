@@ -21,7 +21,11 @@
  * Panels hold 16 outputs k-quad-major: for input quad kq, 16 32-bit words, word j holding
  * q[16p + j][4kq .. 4kq + 3] + 128, one zmm; a 32-bit broadcast of x's quad meets all 16.
  * Register block: 6 rows x 2 panels, 12 int32 sums for the current block and 12 F32 sums
- * for the chunk (plus 2 weight vectors, a broadcast and a scale: 28 of 32 registers).
+ * for the chunk (plus 2 weight vectors, a broadcast and a scale: 28 of 32 registers). One
+ * or two rows (decode) take 4 panels at a time instead: such a product only streams W,
+ * and 4 streams a core keep more of it in flight than 2 (bench matmul --rows 1 --shape
+ * logits --type int8, median of three alternations: 1.05 -> 0.90 ms; --best 2-7% on the
+ * other shapes, at 31-33 GB/s).
  * Chunks of inputs are outermost, as in matmul_bf16.c, so that the item's panels' share of
  * W stays in L2 while every row block passes over it.
  *
@@ -39,7 +43,7 @@
 #define I8_INLINE static inline __attribute__((always_inline)) I8_TARGET
 
 #define MR_MAX MATMUL_I8_ROWS_LOCAL
-#define NP_MAX 2
+#define NP_MAX 4
 /* Input quads per chunk: 2048 inputs, 16 blocks. */
 #define KCQ 512
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
@@ -151,8 +155,11 @@ I8_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8La
                      int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
 {
     int p = p0;
-    for (; p + NP_MAX <= p1; p += NP_MAX)
-        run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, NP_MAX);
+    if (mr <= 2)
+        for (; p + 4 <= p1; p += 4)
+            run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 4);
+    for (; p + 2 <= p1; p += 2)
+        run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 2);
     for (; p < p1; p++)
         run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 1);
 }

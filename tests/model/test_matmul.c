@@ -227,12 +227,13 @@ static void test_against_reference(void **state)
      * (BF16) or quads (I8: 7, 2047, 2050); 100 ends inside an I8 block of 128, 768 on the
      * boundary (inputs of several chunks: test_long_inputs) */
     static const int ins[] = {1, 7, 8, 64, 100, 768, 2047, 2050};
-    /* 27, 50, 62: a partial last panel inside a 2- or 4-panel block (few rows) */
-    static const int outs[] = {1, 3, 16, 27, 50, 62, 64, 257};
+    /* 27, 50, 62: a partial last panel inside a 2- or 4-panel block (few rows); 100: 7
+     * panels, a 4-, a 2- and a 1-panel block for int8's one or two rows */
+    static const int outs[] = {1, 3, 16, 27, 50, 62, 64, 100, 257};
     assert_int_equal(matmul_init(1), 1);
     int bad = 0;
     for (int i = 0; i < 8; i++)
-        for (int o = 0; o < 8; o++)
+        for (int o = 0; o < 9; o++)
             bad += check_shape(ins[i], outs[o], all_rows, N_ALL_ROWS);
     assert_int_equal(bad, 0);
 }
