@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "compute/compute.h"
+#include "compute/quant_i8.h"
 #include "model/matmul_kernel.h"
 
 /* Below this many multiply-adds a product is not worth waking the other threads. */
@@ -120,34 +121,30 @@ static int pack_rows(void *panels, const float *w, int in, int out, MatmulType t
     return 0;
 }
 
-/* Each row as int8 q = round(w * 127 / max|w|), stored as q + 128, with scale max|w| / 127
- * (an all-zero row, or one too small for 127 / max|w|: q = 0, scale 0). Pads (inputs to
- * whole quads, outputs to whole panels) hold q = 0 and scale 0. Writes every byte. */
+/* Each row quantised by compute/quant_i8.h's rule, stored as q + 128 with its scale (an
+ * all-zero or tiny row: q = 0, scale 0; a NaN or an infinity: -2). Pads (inputs to whole
+ * quads, outputs to whole panels) hold q = 0 and scale 0. Writes every byte. 0, -1 (no
+ * memory for a row) or -2. */
 static int pack_i8(void *buf, const float *w, int in, int out)
 {
     I8Layout lay = matmul_i8_layout(in, out);
     uint8_t *q = buf;
     float *scales = (float *)((char *)buf + lay.scales_offset);
+    int8_t *row = malloc((size_t)(in > 0 ? in : 1));
+    if (!row)
+        return -1;
     memset(q, 128, lay.scales_offset);
     memset(scales, 0, lay.total - lay.scales_offset);
-    for (int o = 0; o < out; o++) {
-        const float *src = w + (size_t)o * in;
-        float amax = 0.0f;
-        for (int k = 0; k < in; k++) {
-            if (!isfinite(src[k]))
-                return -2;
-            amax = fmaxf(amax, fabsf(src[k]));
-        }
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        if (!(inv <= FLT_MAX)) /* max|w| below ~3.7e-37: the row is zero to its own precision */
-            amax = inv = 0.0f;
-        scales[o] = amax / 127.0f;
-        for (int k = 0; k < in; k++) {
-            float v = nearbyintf(src[k] * inv);
-            q[packed_index(in, MATMUL_I8, o, k)] = (uint8_t)(128 + (v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v));
-        }
+    int rc = 0;
+    for (int o = 0; o < out && rc == 0; o++) {
+        scales[o] = quant_i8_row(row, w + (size_t)o * in, in, NULL);
+        if (isnan(scales[o]))
+            rc = -2; /* a NaN or an infinity among the weights */
+        for (int k = 0; k < in && rc == 0; k++)
+            q[packed_index(in, MATMUL_I8, o, k)] = (uint8_t)(128 + row[k]);
     }
-    return 0;
+    free(row);
+    return rc;
 }
 
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)

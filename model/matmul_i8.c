@@ -34,7 +34,8 @@
  */
 #include "model/matmul_kernel.h"
 
-#include <float.h>
+#include "compute/quant_i8.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -51,45 +52,18 @@
 /* Chunks start on block boundaries: a chunk's blocks are the row's blocks. */
 _Static_assert(KCQ % BLOCK_QUADS == 0, "a chunk is whole blocks");
 
-/* One row's inputs [0, n) quantised per block: q (zero-padded to whole quads), each block's
- * scale sx and zsum = 128 * sum(q). Rounding to nearest even, as the tests' reference
- * does: q = round(x * (127 / max|x|)), sx = max|x| / 127. A block too small for
- * 127 / max|x| (below ~3.7e-37) is stored as zeros with sx = 0; a block holding a NaN or
- * an infinity as zeros with sx = NaN, so that its outputs are NaN as in an F32 product
- * (a product must not hide them; a max would skip a NaN, hence the separate test). */
-I8_TARGET void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
+/* One row's inputs [0, n) quantised per block by compute/quant_i8.h's rule: q (zero-padded
+ * to whole quads), each block's scale sx (NaN for a block holding a NaN or an infinity, so
+ * that its outputs are NaN as in an F32 product; 0 for a zero or tiny block, whose q are
+ * zeros) and zsum = 128 * sum(q). */
+void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
 {
     for (int b0 = 0, b = 0; b0 < n; b0 += MATMUL_I8_BLOCK, b++) {
         int nb = n - b0 < MATMUL_I8_BLOCK ? n - b0 : MATMUL_I8_BLOCK;
-        int padded = (nb + 3) & ~3;
-        __m512 amax = _mm512_setzero_ps();
-        __mmask16 bad = 0;
-        for (int i = 0; i < nb; i += 16) {
-            __mmask16 m = nb - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - i)) - 1);
-            __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + b0 + i));
-            bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ); /* NaN or inf */
-            amax = _mm512_max_ps(amax, a);
-        }
-        float mx = _mm512_reduce_max_ps(amax);
-        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        if (bad || !(inv <= FLT_MAX)) {
-            memset(q + b0, 0, (size_t)padded);
-            sx[b] = bad ? __builtin_nanf("") : 0.0f;
-            zsum[b] = 0;
-            continue;
-        }
-        __m512i sum = _mm512_setzero_si512();
-        for (int i = 0; i < padded; i += 16) {
-            int left = nb - i; /* inputs of x left in the block from i (maybe <= 0) */
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + b0 + i), _mm512_set1_ps(inv)));
-            v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-            sum = _mm512_mask_add_epi32(sum, m, sum, v); /* only the values q holds */
-            int store = padded - i < 16 ? padded - i : 16;
-            _mm_mask_storeu_epi8(q + b0 + i, (__mmask16)((1u << store) - 1), _mm512_cvtepi32_epi8(v));
-        }
-        sx[b] = mx / 127.0f;
-        zsum[b] = 128 * _mm512_reduce_add_epi32(sum);
+        int32_t sum;
+        sx[b] = quant_i8_row(q + b0, x + b0, nb, &sum);
+        memset(q + b0 + nb, 0, (size_t)(((nb + 3) & ~3) - nb));
+        zsum[b] = 128 * sum;
     }
 }
 
