@@ -244,7 +244,7 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
 
 static int parse_options(int argc, char **argv, BenchOptions *o, const char *name)
 {
-    *o = (BenchOptions){.threads = 2, .min_time = 0.25, .f16 = 1, .f32 = 1, .own = 40,
+    *o = (BenchOptions){.threads = 2, .min_time = 0.25, .f16 = 1, .f32 = 1, .q8 = 1, .own = 40,
                         .decode = 1, .prefill = 1, .shared_cases = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -270,12 +270,13 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             o->shared_cases = !strcmp(k, "shared");
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
-            o->f16 = !strcmp(d, "f16") || !strcmp(d, "both");
-            o->f32 = !strcmp(d, "f32") || !strcmp(d, "both");
-            o->q8 = !strcmp(d, "q8");
+            int all = !strcmp(d, "all");
+            o->f16 = all || !strcmp(d, "f16") || !strcmp(d, "both");
+            o->f32 = all || !strcmp(d, "f32") || !strcmp(d, "both");
+            o->q8 = all || !strcmp(d, "q8");
         } else {
             printf("usage: bench %s [--threads N (2)] [--min-time SECONDS per case (0.25)]%s\n", name,
-                   strcmp(name, "attention") ? "" : " [--dtype f16|f32|both|q8]\n"
+                   strcmp(name, "attention") ? "" : " [--dtype f16|f32|q8|both (f16 and f32)|all (the default)]\n"
                    "       [--only decode|prefill|shared] [--ctx N] [--batch N] (decode at this context / batch)\n"
                    "       [--shared N [--own M (40)]] (decode whose first N positions are blocks shared\n"
                    "       by the whole batch, then M own positions each; --batch default 16)\n"
