@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "compute/vec_exp.h"
+#include "compute/vec_reduce.h"
 #include "paging/paging.h"
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
@@ -49,22 +50,6 @@ ATTN_INLINE float q8_row_scale(const void *row, int hd)
     float s;
     memcpy(&s, (const char *)row + hd, sizeof s);
     return s;
-}
-
-ATTN_INLINE float hsum256(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-ATTN_INLINE float hmax256(__m256 v)
-{
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
 }
 
 /* q · k for one K row of hd elements. */

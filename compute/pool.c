@@ -225,10 +225,8 @@ void compute_parallel_ranges(int n, int per_item, int parallel, ComputeRangeFn f
 {
     if (n <= 0)
         return;
-    if (!parallel || per_item >= n) {
-        fn(ctx, 0, n, 0);
-        return;
-    }
-    Ranges r = { fn, ctx, n, per_item < 1 ? 1 : per_item };
+    /* One range too goes through compute_parallel_for, which runs it here: thread 0 stays
+     * exclusive to one caller at a time. */
+    Ranges r = { fn, ctx, n, !parallel || per_item >= n ? n : per_item < 1 ? 1 : per_item };
     compute_parallel_for((n + r.per_item - 1) / r.per_item, run_range, &r);
 }

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "compute/vec_reduce.h"
+
 static float clamp127(float r) { return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r; }
 
 /* max|x| over x[0, n); *finite 0 if a value is NaN or infinite (which a max would skip). */
@@ -19,9 +21,7 @@ static float abs_max(const float *x, int n, int *finite)
         all_finite = _mm256_and_ps(all_finite, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
         vmax = _mm256_max_ps(vmax, a);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float amax = hmax256(vmax);
     *finite = _mm256_movemask_ps(all_finite) == 0xff;
     for (; i < n; i++) {
         float a = fabsf(x[i]);

@@ -1,7 +1,6 @@
 /* matmul — packing and threading of the weight products; the kernel is matmul_kernel.c. */
 #include "model/matmul.h"
 
-#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

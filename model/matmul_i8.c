@@ -29,8 +29,9 @@
  * Chunks of inputs are outermost, as in matmul_bf16.c, so that the item's panels' share of
  * W stays in L2 while every row block passes over it.
  *
- * Every function here is compiled for AVX-512 whatever the build's -march, and only runs
- * where matmul_i8_supported() (matmul.c) found AVX512_VNNI.
+ * The kernel is compiled for AVX-512 whatever the build's -march, and only runs where
+ * matmul_i8_supported() (matmul.c) found AVX512_VNNI; i8_row_quantise is portable (it
+ * applies compute/quant_i8.h's rule block by block).
  */
 #include "model/matmul_kernel.h"
 

@@ -45,7 +45,7 @@ typedef struct {
 } I8Rows;
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
- * zsum[...] (AVX-512; only where matmul_i8_supported()). */
+ * zsum[...], by compute/quant_i8.h's rule per 128-input block (any CPU with AVX2). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
 /* Rows of x per register block of the int8 kernel (and the most rows matmul() quantises
  * on its stack); with t->xq NULL each work item quantises x itself, any row count. */
