@@ -434,6 +434,37 @@ static void test_pack_f16_range(void **state)
     matmul_weights_free(&m);
 }
 
+/* Tell matmul.c the CPU lacks an instruction set (matmul.h's variables), then put the
+ * variable back as it was: `make test-portable` runs the suite with both set, which must
+ * hold for the tests after this one. A test that fails in between leaves it to the
+ * teardown. */
+static struct {
+    const char *name;
+    char *saved; /* its value before, NULL if it was unset */
+    int forced;
+} env_told;
+
+static void env_tell_unsupported(const char *name)
+{
+    const char *v = getenv(name);
+    env_told.name = name;
+    env_told.saved = v ? strdup(v) : NULL;
+    env_told.forced = 1;
+    assert_int_equal(setenv(name, "1", 1), 0);
+}
+
+static int env_restore(void **state)
+{
+    (void)state;
+    if (!env_told.forced)
+        return 0;
+    int rc = env_told.saved ? setenv(env_told.name, env_told.saved, 1) : unsetenv(env_told.name);
+    free(env_told.saved);
+    env_told.saved = NULL;
+    env_told.forced = 0;
+    return rc;
+}
+
 /* BF16 has F32's range: only what rounds to infinity, infinity and NaN are refused; and
  * where the CPU cannot run BF16 products, packing for them is refused with -3. */
 static void test_pack_bf16_range(void **state)
@@ -442,9 +473,9 @@ static void test_pack_bf16_range(void **state)
     float w[16 * 4] = {0};
     MatmulWeights m;
     /* a CPU without the instructions (or one told so, matmul.h) refuses to pack for them */
-    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_BF16", "1", 1), 0);
+    env_tell_unsupported("PAGEDSERVE_NO_AVX512_BF16");
     assert_int_equal(matmul_weights_pack(&m, w, 4, 16, MATMUL_BF16), -3);
-    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_BF16"), 0);
+    assert_int_equal(env_restore(NULL), 0);
     if (!matmul_bf16_supported()) {
         print_message("SKIPPED BF16 range checks: this CPU has no AVX512_BF16\n");
         return;
@@ -485,10 +516,10 @@ static void test_pack_i8(void **state)
     w[6 * 7 + 3] = 1e-40f; /* rows too small for 127 / max|w|: zero, scale 0 */
     w[7 * 7 + 2] = -1e-37f;
     assert_int_equal(matmul_weights_bytes(7, 21, MATMUL_I8), 2 * 16 * 8 + 2 * 16 * 4);
-    assert_int_equal(setenv("PAGEDSERVE_NO_AVX512_VNNI", "1", 1), 0);
+    env_tell_unsupported("PAGEDSERVE_NO_AVX512_VNNI");
     assert_false(matmul_i8_supported());
     assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -3);
-    assert_int_equal(unsetenv("PAGEDSERVE_NO_AVX512_VNNI"), 0);
+    assert_int_equal(env_restore(NULL), 0);
     if (!matmul_i8_supported()) {
         print_message("SKIPPED int8 packing and products: this CPU has no AVX512_VNNI\n");
         return;
@@ -528,8 +559,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_pack_f16_range),
-        cmocka_unit_test(test_pack_bf16_range),
-        cmocka_unit_test(test_pack_i8),
+        cmocka_unit_test_teardown(test_pack_bf16_range, env_restore),
+        cmocka_unit_test_teardown(test_pack_i8, env_restore),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_other_beta),
