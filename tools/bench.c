@@ -10,6 +10,7 @@ int bench_membw_main(int argc, char **argv);
 int bench_serve_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
 int bench_matmul_main(int argc, char **argv);
+int bench_targets_main(int argc, char **argv);
 
 typedef struct {
     const char *name;
@@ -23,6 +24,7 @@ static const BenchCommand commands[] = {
     {"matmul", bench_matmul_main, "weight products of the forward pass: own kernel vs sgemm, GFLOP/s and GB/s"},
     {"engine", bench_engine_main, "the batching engine without HTTP: decode tok/s by sequences, prefix-cache savings"},
     {"serve", bench_serve_main, "closed-loop load on an OpenAI-compatible server: TTFT, ITL, tok/s, KV peaks"},
+    {"targets", bench_targets_main, "issue 7's targets, met or not, from a make bench run's JSON files"},
 };
 
 static void usage(FILE *out)

@@ -6,7 +6,8 @@
 #    bandwidth when `bench matmul` / `bench membw` exist, 3. starts pagedserve on a free
 #    loopback port and runs the `bench serve` workloads against it (a second server without
 #    the prefix cache, a third with a small KV cache for the capacity workload), 4. writes
-#    build/bench/: one JSON per run, results.md, results.tsv and, with gnuplot, PNG plots.
+#    build/bench/: one JSON per run, results.md (ending with `bench targets`' table of issue
+#    7's targets), results.tsv and, with gnuplot, PNG plots.
 # Every server it starts is stopped on exit, whatever happens (trap).
 #
 # Environment (all optional):
@@ -233,6 +234,10 @@ fi
          "at 256 rows; the roofline columns still divide by the F32 peak above"
     echo "- how to read: docs/benchmarks-howto.md"
     cat "$OUT/results-body.md"
+    echo
+    echo "## Targets (issue 7)"
+    echo
+    "$BIN/bench" targets "$OUT" || true # exit 3: some target missed or not run
 } > "$OUT/results.md"
 rm -f "$OUT/results-body.md"
 

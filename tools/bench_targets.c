@@ -1,0 +1,165 @@
+/* bench targets — issue 7's targets checked against the JSON of one `make bench` run.
+ *
+ * Reads DIR/{chat,decode,prefix-cache,prefix-nocache,capacity}.json (what tools/bench.sh
+ * writes with `bench serve --json`) and prints one markdown row per target: what was
+ * measured, the bound, met or not. A workload that did not run (no file, no such level,
+ * a number the run could not compute) is "not run", never "met". The bounds are the
+ * issue's, written once here; the peer's numbers are quoted beside the throughput ones.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    json_t *chat, *decode, *prefix, *nocache, *capacity;
+} Runs;
+
+static json_t *load_run(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    return json_load_file(path, 0, NULL); /* NULL: not run (or unreadable) */
+}
+
+/* The level of a run with `concurrency` clients that ran, or NULL. */
+static json_t *level(json_t *run, int concurrency)
+{
+    size_t i;
+    json_t *lv;
+    json_array_foreach(json_object_get(run, "levels"), i, lv) {
+        if (json_number_value(json_object_get(lv, "concurrency")) == concurrency &&
+            json_is_true(json_object_get(lv, "ran")))
+            return lv;
+    }
+    return NULL;
+}
+
+/* A number at a path of keys ("ttft_ms", "p99"), NAN when any part is missing. */
+static double num(json_t *o, const char *k1, const char *k2)
+{
+    json_t *v = json_object_get(o, k1);
+    if (k2)
+        v = json_object_get(v, k2);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+typedef struct {
+    FILE *out;
+    int met, missed, not_run;
+} Table;
+
+/* One row: `measured` is printed as given; met < 0 means not run. */
+static void row(Table *t, const char *target, int met, const char *measured)
+{
+    const char *verdict = met < 0 ? "not run" : met ? "yes" : "**no**";
+    fprintf(t->out, "| %s | %s | %s |\n", target, met < 0 ? "—" : measured, verdict);
+    if (met < 0)
+        t->not_run++;
+    else if (met)
+        t->met++;
+    else
+        t->missed++;
+}
+
+/* value <= bound (or >= when at_least), as a row; a NAN value is "not run". */
+static void check(Table *t, const char *target, double value, double bound, int at_least, const char *fmt)
+{
+    char measured[128];
+    snprintf(measured, sizeof measured, fmt, value);
+    row(t, target, isnan(value) ? -1 : at_least ? value >= bound : value <= bound, measured);
+}
+
+static void chat_targets(Table *t, const Runs *r)
+{
+    json_t *c32 = level(r->chat, 32), *c1 = level(r->chat, 1);
+    check(t, "chat c=32 ≥ 350 output tok/s (peer ≈ 232)", num(c32, "output_tok_s", NULL), 350, 1, "%.1f tok/s");
+    check(t, "chat c=32 TTFT p99 ≤ 2 s (peer ≈ 4.0 s)", num(c32, "ttft_ms", "p99") / 1000, 2.0, 0, "%.2f s");
+    check(t, "chat c=32 ITL p99 ≤ 3 × ITL p50", num(c32, "itl_ms", "p99") / num(c32, "itl_ms", "p50"), 3.0, 0,
+          "%.2f ×");
+    /* ITL p50 within 20% of the memory-bandwidth bound: bound / p50 >= 1 / 1.2 */
+    double ratio = num(c1, "itl_ms", "p50") / num(c1, "roofline", "itl_memory_bound_ms");
+    check(t, "chat c=1 ITL p50 ≤ 1.2 × the memory-bandwidth bound", ratio, 1.2, 0, "%.2f × the bound");
+}
+
+static void decode_targets(Table *t, const Runs *r)
+{
+    json_t *c32 = level(r->decode, 32);
+    check(t, "decode c=32 ≥ 580 output tok/s (peer ≈ 385)", num(c32, "output_tok_s", NULL), 580, 1, "%.1f tok/s");
+    check(t, "decode c=32 ≥ 75% of the measured sgemm roofline", 100 * num(c32, "roofline", "compute_ratio"), 75,
+          1, "%.1f%%");
+}
+
+static void prefix_targets(Table *t, const Runs *r)
+{
+    json_t *on = level(r->prefix, 16), *off = level(r->nocache, 16);
+    check(t, "prefix: TTFT p50 cached ≤ 1/5 of uncached",
+          num(on, "ttft_ms", "p50") / num(off, "ttft_ms", "p50"), 0.2, 0, "%.3f of uncached");
+    check(t, "prefix c=16 ≥ 150 output tok/s (peer ≈ 42)", num(on, "output_tok_s", NULL), 150, 1, "%.1f tok/s");
+    check(t, "prefix c=16 TTFT p99 ≤ 1 s", num(on, "ttft_ms", "p99") / 1000, 1.0, 0, "%.2f s");
+}
+
+/* The most sequences any capacity level ran at once over what contiguous reservations at
+ * full context fit in the same KV budget. */
+static double concurrency_gain(json_t *run)
+{
+    double best = NAN;
+    size_t i;
+    json_t *lv;
+    json_array_foreach(json_object_get(run, "levels"), i, lv) {
+        double g = num(json_object_get(lv, "server"), "peak_num_requests_running", NULL) /
+                   num(lv, "kv_capacity", "contiguous_full_context_seqs");
+        if (!isnan(g) && !isinf(g) && (isnan(best) || g > best))
+            best = g;
+    }
+    return best;
+}
+
+static void capacity_targets(Table *t, const Runs *r)
+{
+    json_t *c16 = level(r->capacity, 16);
+    double ok = num(c16, "successes", NULL), n = num(c16, "requests", NULL);
+    char measured[64];
+    snprintf(measured, sizeof measured, "%.0f of %.0f", ok, n);
+    row(t, "capacity c=16 (288 MiB): all 16 requests succeed", isnan(ok) || isnan(n) ? -1 : ok == n && n == 16,
+        measured);
+    check(t, "capacity c=16 ≥ 237 output tok/s (1.5 × peer's ≈ 158)", num(c16, "output_tok_s", NULL), 237, 1,
+          "%.1f tok/s");
+    check(t, "capacity c=16 TTFT p99 ≤ 10 s", num(c16, "ttft_ms", "p99") / 1000, 10.0, 0, "%.1f s");
+    check(t, "capacity c=16: KV blocks hold ≥ 96% tokens at peak use",
+          100 * num(json_object_get(c16, "server"), "kv_slot_fill_ratio_at_peak_kv", NULL), 96, 1, "%.1f%%");
+    check(t, "capacity: ≥ 3 × the sequences contiguous reservation fits", concurrency_gain(r->capacity), 3.0, 1,
+          "%.2f ×");
+}
+
+/* The table for the run in dir; returns 0 when every target is met, else 3. */
+int bench_targets_write(FILE *out, const char *dir)
+{
+    Runs r = {load_run(dir, "chat"), load_run(dir, "decode"), load_run(dir, "prefix-cache"),
+              load_run(dir, "prefix-nocache"), load_run(dir, "capacity")};
+    Table t = {out, 0, 0, 0};
+    fprintf(out, "| target | measured | met |\n| --- | --- | --- |\n");
+    chat_targets(&t, &r);
+    decode_targets(&t, &r);
+    prefix_targets(&t, &r);
+    capacity_targets(&t, &r);
+    fprintf(out, "\n%d met, %d missed, %d not run.\n", t.met, t.missed, t.not_run);
+    json_decref(r.chat);
+    json_decref(r.decode);
+    json_decref(r.prefix);
+    json_decref(r.nocache);
+    json_decref(r.capacity);
+    return t.missed || t.not_run ? 3 : 0;
+}
+
+int bench_targets_main(int argc, char **argv)
+{
+    if (argc != 2 || !strcmp(argv[1], "--help")) {
+        printf("usage: bench targets DIR\n"
+               "issue 7's targets against DIR/{chat,decode,prefix-cache,prefix-nocache,capacity}.json\n"
+               "(a `make bench` run's results): a markdown table; exit 0 all met, 3 some missed or\n"
+               "not run, 2 usage\n");
+        return argc == 2 ? 0 : 2;
+    }
+    return bench_targets_write(stdout, argv[1]);
+}
