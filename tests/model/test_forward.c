@@ -553,6 +553,52 @@ static void test_wide_prefill_matches_reference(void **state)
     free(ref);
 }
 
+/* Two prompts in one pass, 100 + 90 rows: the row-wise steps and the K/V store are cut
+ * into ranges that cross from one sequence into the other, each row writing through its
+ * own sequence's table; then a decode row of each, against the reference. */
+static void test_wide_two_prompts_match_reference(void **state)
+{
+    Fixture *fx = *state;
+    const Model *m = fx->model;
+    int V = m->config.vocab_size;
+    enum { LA = 100, LB = 90 };
+    int32_t ta[LA + 1], tb[LB + 1];
+    random_tokens(ta, LA + 1, V, 7);
+    random_tokens(tb, LB + 1, V, 8);
+    float *ra = reference_logits(m, ta, LA + 1), *rb = reference_logits(m, tb, LB + 1);
+    PagedRun p;
+    paged_open(&p, m, KV_DTYPE_F32, 16, LA + LB);
+    BlockTable bt[2];
+    block_table_init(&bt[0]);
+    block_table_init(&bt[1]);
+    assert_int_equal(block_table_append(&bt[1], p.pool, LB), 0); /* B's blocks first */
+    assert_int_equal(block_table_append(&bt[0], p.pool, LA), 0);
+    KvView kv = block_pool_view(p.pool);
+    ModelSeqBatch prompts[2] = {
+        { ta, 0, LA, bt[0].blocks, MODEL_LOGITS_LAST },
+        { tb, 0, LB, bt[1].blocks, MODEL_LOGITS_LAST },
+    };
+    const float *lg = model_forward(p.runner, &kv, prompts, 2);
+    assert_non_null(lg);
+    assert_true(max_abs_diff(lg, ra + (size_t)(LA - 1) * V, V) < 1e-3f);
+    assert_true(max_abs_diff(lg + V, rb + (size_t)(LB - 1) * V, V) < 1e-3f);
+    assert_int_equal(block_table_append(&bt[0], p.pool, 1), 0);
+    assert_int_equal(block_table_append(&bt[1], p.pool, 1), 0);
+    ModelSeqBatch decodes[2] = {
+        { ta + LA, LA, 1, bt[0].blocks, MODEL_LOGITS_LAST },
+        { tb + LB, LB, 1, bt[1].blocks, MODEL_LOGITS_LAST },
+    };
+    lg = model_forward(p.runner, &kv, decodes, 2);
+    assert_non_null(lg);
+    assert_true(max_abs_diff(lg, ra + (size_t)LA * V, V) < 1e-3f);
+    assert_true(max_abs_diff(lg + V, rb + (size_t)LB * V, V) < 1e-3f);
+    block_table_destroy(&bt[0], p.pool);
+    block_table_destroy(&bt[1], p.pool);
+    paged_close(&p);
+    free(ra);
+    free(rb);
+}
+
 int main(void)
 {
     const struct CMUnitTest random_model[] = {
@@ -570,6 +616,7 @@ int main(void)
     };
     const struct CMUnitTest wide_model[] = {
         cmocka_unit_test(test_wide_prefill_matches_reference),
+        cmocka_unit_test(test_wide_two_prompts_match_reference),
     };
     int failed = cmocka_run_group_tests_name("forward_random_model", random_model,
                                              make_random_model, free_model);
