@@ -19,6 +19,14 @@
  * rows, and 4 keeps the one-row case at 8 accumulators (1 row x 4 panels). */
 #define ITEM_W_BYTES (256 << 10)
 #define ITEM_PANELS_MAX 4
+/* An int8 product of one or two rows only streams W, and its panels are a quarter of
+ * F32's: 4 of them (48 KiB at 768 inputs) made items so short that claiming them and
+ * starting their streams showed. Up to 16 panels an item, keeping 4 items a thread for
+ * the balance (bench matmul --rows 1 --type int8: logits 0.70 -> 0.61-0.64 ms and
+ * gate_up 87 -> 77-80 us in one session, 0.76-0.79 -> 0.71-0.74 ms and 94.5 -> 92-94 us
+ * in three alternations of another; 16 panels on wo and down's 48 left 3 items and lost;
+ * now they take 6). */
+#define I8_FEW_ROWS_ITEM_PANELS_MAX 16
 
 size_t matmul_weights_floats(int in, int out)
 {
@@ -280,6 +288,11 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
                                                                             : p.item_panels;
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         p.item_panels = ITEM_PANELS_MAX;
+    if (w->type == MATMUL_I8 && rows <= 2) {
+        int share = p.n_panels / (4 * compute_threads());
+        p.item_panels = share < ITEM_PANELS_MAX ? ITEM_PANELS_MAX
+                      : share > I8_FEW_ROWS_ITEM_PANELS_MAX ? I8_FEW_ROWS_ITEM_PANELS_MAX : share;
+    }
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     unsigned char local[I8_LOCAL_BYTES] __attribute__((aligned(64)));
     void *heap = NULL;
