@@ -21,11 +21,12 @@
  * Panels hold 16 outputs k-quad-major: for input quad kq, 16 32-bit words, word j holding
  * q[16p + j][4kq .. 4kq + 3] + 128, one zmm; a 32-bit broadcast of x's quad meets all 16.
  * Register block: 6 rows x 2 panels, 12 int32 sums for the current block and 12 F32 sums
- * for the chunk (plus 2 weight vectors, a broadcast and a scale: 28 of 32 registers). One
- * or two rows (decode) take 4 panels at a time instead: such a product only streams W,
- * and 4 streams a core keep more of it in flight than 2 (bench matmul --rows 1 --shape
- * logits --type int8, median of three alternations: 1.05 -> 0.90 ms; --best 2-7% on the
- * other shapes, at 31-33 GB/s).
+ * for the chunk (plus 2 weight vectors, a broadcast and a scale: 28 of 32 registers). Two
+ * rows (decode) take 4 panels at a time instead and one row 8 (8 + 8 sums, 8 weight
+ * vectors): such a product only streams W, and more streams a core keep more of it in
+ * flight (bench matmul --rows 1 --shape logits --type int8: 2 -> 4 panels 1.05 -> 0.90 ms,
+ * median of three alternations; 4 -> 8 panels 0.69-0.82 -> 0.62-0.64 ms --best, gate_up
+ * 85-107 -> 76-102 us, three alternations).
  * Chunks of inputs are outermost, as in matmul_bf16.c, so that the item's panels' share of
  * W stays in L2 while every row block passes over it.
  *
@@ -45,7 +46,7 @@
 #define I8_INLINE static inline __attribute__((always_inline)) I8_TARGET
 
 #define MR_MAX MATMUL_I8_ROWS_LOCAL
-#define NP_MAX 4
+#define NP_MAX 8
 /* Input quads per chunk: 2048 inputs, 16 blocks. */
 #define KCQ 512
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
@@ -130,6 +131,9 @@ I8_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8La
                      int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
 {
     int p = p0;
+    if (mr == 1)
+        for (; p + 8 <= p1; p += 8)
+            run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 8);
     if (mr <= 2)
         for (; p + 4 <= p1; p += 4)
             run_block(t, xr, xrow, lay, kq0, nkq, beta, r, p, mr, 4);
