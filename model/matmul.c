@@ -143,11 +143,13 @@ static int pack_i8(void *buf, const float *w, int in, int out)
     memset(q, 128, lay.scales_offset);
     memset(scales, 0, lay.total - lay.scales_offset);
     int rc = 0;
-    for (int o = 0; o < out && rc == 0; o++) {
+    for (int o = 0; o < out; o++) {
         scales[o] = quant_i8_row(row, w + (size_t)o * in, in, NULL);
-        if (isnan(scales[o]))
-            rc = -2; /* a NaN or an infinity among the weights */
-        for (int k = 0; k < in && rc == 0; k++)
+        if (isnan(scales[o])) { /* a NaN or an infinity among the weights */
+            rc = -2;
+            break;
+        }
+        for (int k = 0; k < in; k++)
             q[packed_index(in, MATMUL_I8, o, k)] = (uint8_t)(128 + row[k]);
     }
     free(row);
@@ -214,7 +216,6 @@ int matmul_init(int n_threads)
 typedef struct {
     MatmulTask task;
     void (*run)(const MatmulTask *t, int p0, int p1);
-    int item_panels, n_panels;
 } Product;
 
 static void product_range(void *arg, int p0, int p1, int thread)
@@ -241,22 +242,29 @@ static void quantise_range(void *arg, int r0, int r1, int thread)
                         j->xr->zsum + (size_t)r * j->xr->blocks, j->x + (size_t)r * j->ldx, j->in);
 }
 
-/* Bytes of an I8Rows (the struct, scales, zero-point sums and values) for rows x in. */
-static size_t i8_rows_bytes(int in, int rows)
+/* An I8Rows for `rows` rows of `in` inputs: scales, zero-point sums, then the values. */
+typedef struct {
+    int blocks;    /* per row */
+    size_t stride; /* bytes a row of values: whole quads */
+    size_t bytes;  /* the struct and all of it */
+} I8RowsShape;
+
+static I8RowsShape i8_rows_shape(int in, int rows)
 {
-    size_t blocks = (size_t)(in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK;
-    return sizeof(I8Rows) + (size_t)rows * (blocks * (sizeof(float) + sizeof(int32_t)) + (size_t)(in + 3) / 4 * 4);
+    I8RowsShape sh = { (in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK, (size_t)(in + 3) / 4 * 4, 0 };
+    sh.bytes = sizeof(I8Rows) + (size_t)rows * ((size_t)sh.blocks * (sizeof(float) + sizeof(int32_t)) + sh.stride);
+    return sh;
 }
 
-/* x's rows quantised into mem (i8_rows_bytes of it), over the pool when `parallel`. */
-static I8Rows *quantise_rows(void *mem, const float *x, int ldx, int in, int rows, int parallel)
+/* x's rows quantised into mem (shape.bytes of it), over the pool when `parallel`. */
+static I8Rows *quantise_rows(void *mem, I8RowsShape shape, const float *x, int ldx, int in, int rows,
+                             int parallel)
 {
-    int blocks = (in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK;
-    size_t floats = (size_t)rows * blocks;
+    size_t floats = (size_t)rows * shape.blocks;
     I8Rows *xr = mem;
     float *sx = (float *)(xr + 1);
     int32_t *zsum = (int32_t *)(sx + floats);
-    *xr = (I8Rows){ (int8_t *)(zsum + floats), (size_t)(in + 3) / 4 * 4, sx, zsum, blocks, 0 };
+    *xr = (I8Rows){ (int8_t *)(zsum + floats), shape.stride, sx, zsum, shape.blocks, 0 };
     QuantiseJob j = { x, ldx, in, xr };
     compute_parallel_ranges(rows, 8, parallel, quantise_range, &j);
     return xr;
@@ -271,6 +279,21 @@ static I8Rows *quantise_rows(void *mem, const float *x, int ldx, int in, int row
 #define I8_LOCAL_BYTES (56 << 10)
 #define QUANTISE_PARALLEL_ROWS 16
 
+/* Panels per work item of a product (see ITEM_W_BYTES and I8_FEW_ROWS_ITEM_PANELS_MAX). */
+static int item_panels(const MatmulWeights *w, int rows, int n_panels)
+{
+    if (w->type == MATMUL_I8 && rows <= 2) {
+        int share = n_panels / (4 * compute_threads());
+        return share < ITEM_PANELS_MAX ? ITEM_PANELS_MAX
+             : share > I8_FEW_ROWS_ITEM_PANELS_MAX ? I8_FEW_ROWS_ITEM_PANELS_MAX : share;
+    }
+    if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
+        return ITEM_PANELS_MAX;
+    size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
+    int n = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
+    return n < 1 ? 1 : n > ITEM_PANELS_MAX ? ITEM_PANELS_MAX : n;
+}
+
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
             float beta)
 {
@@ -280,28 +303,18 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
         .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
              : w->type == MATMUL_I8   ? matmul_kernel_i8_run : matmul_kernel_run,
-        .n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL,
     };
-    size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
-    p.item_panels = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
-    p.item_panels = p.item_panels < 1 ? 1 : p.item_panels > ITEM_PANELS_MAX ? ITEM_PANELS_MAX
-                                                                            : p.item_panels;
-    if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
-        p.item_panels = ITEM_PANELS_MAX;
-    if (w->type == MATMUL_I8 && rows <= 2) {
-        int share = p.n_panels / (4 * compute_threads());
-        p.item_panels = share < ITEM_PANELS_MAX ? ITEM_PANELS_MAX
-                      : share > I8_FEW_ROWS_ITEM_PANELS_MAX ? I8_FEW_ROWS_ITEM_PANELS_MAX : share;
-    }
+    int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     unsigned char local[I8_LOCAL_BYTES] __attribute__((aligned(64)));
     void *heap = NULL;
     if (w->type == MATMUL_I8) {
-        size_t bytes = i8_rows_bytes(w->in, rows);
-        void *mem = bytes <= sizeof local ? local : rows > MATMUL_I8_ROWS_LOCAL ? (heap = malloc(bytes)) : NULL;
+        I8RowsShape shape = i8_rows_shape(w->in, rows);
+        void *mem = shape.bytes <= sizeof local ? local
+                  : rows > MATMUL_I8_ROWS_LOCAL ? (heap = malloc(shape.bytes)) : NULL;
         if (mem)
-            p.task.xq = quantise_rows(mem, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
+            p.task.xq = quantise_rows(mem, shape, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     }
-    compute_parallel_ranges(p.n_panels, p.item_panels, parallel, product_range, &p);
+    compute_parallel_ranges(n_panels, item_panels(w, rows, n_panels), parallel, product_range, &p);
     free(heap);
 }
