@@ -30,8 +30,6 @@ struct ModelRunner {
     int32_t *positions; /* [max_rows] */
     const int32_t **row_tables; /* [max_rows]: each row's sequence's block table */
     AttnSeq *attn;      /* [max_rows]: at most one sequence per row */
-    const KvView *kv;   /* the pass's cache and the layer at work (kv_store_rows) */
-    int layer;
 };
 
 static int qkv_dim(const ModelConfig *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
@@ -136,40 +134,43 @@ static void swiglu_row(float *gate, const float *up, int ffn_dim)
  * values) stays on the calling thread, where waking the workers would cost more. */
 #define ROWS_PARALLEL_MIN_WORK (1L << 14)
 
+/* A row step: fn(r, arg, r0, r1), arg what it needs beyond the runner (a norm's weights,
+ * the K/V store's cache and layer; NULL for the others). */
+typedef void RowFn(ModelRunner *r, const void *arg, int r0, int r1);
+
 typedef struct {
     ModelRunner *r;
-    const float *norm; /* a norm step's weights (other steps ignore it) */
-    void (*fn)(ModelRunner *r, const float *norm, int r0, int r1);
+    const void *arg;
+    RowFn *fn;
 } RowJob;
 
 static void row_job_range(void *ctx, int r0, int r1, int thread)
 {
     (void)thread;
     const RowJob *j = ctx;
-    j->fn(j->r, j->norm, r0, r1);
+    j->fn(j->r, j->arg, r0, r1);
 }
 
-static void rows_run(ModelRunner *r, const float *norm, int rows, int values_per_row,
-                     void (*fn)(ModelRunner *, const float *, int, int))
+static void rows_run(ModelRunner *r, const void *arg, int rows, int values_per_row, RowFn *fn)
 {
     int threads = compute_threads();
     int parallel = threads > 1 && (long)rows * values_per_row >= ROWS_PARALLEL_MIN_WORK;
     int items = 2 * threads < rows ? 2 * threads : rows;
-    RowJob j = {r, norm, fn};
+    RowJob j = {r, arg, fn};
     compute_parallel_ranges(rows, (rows + items - 1) / (items ? items : 1), parallel, row_job_range, &j);
 }
 
-/* xb = RMSNorm(x) with the given weights, rows [r0, r1). */
-static void norm_rows(ModelRunner *r, const float *norm, int r0, int r1)
+/* xb = RMSNorm(x) with the weights `norm`, rows [r0, r1). */
+static void norm_rows(ModelRunner *r, const void *norm, int r0, int r1)
 {
     const ModelConfig *c = &r->model->config;
     for (int i = r0; i < r1; i++)
         rmsnorm(r->xb + (size_t)i * c->dim, r->x + (size_t)i * c->dim, norm, c->dim, c->rms_eps);
 }
 
-static void swiglu_rows(ModelRunner *r, const float *norm, int r0, int r1)
+static void swiglu_rows(ModelRunner *r, const void *arg, int r0, int r1)
 {
-    (void)norm;
+    (void)arg;
     int ffn_dim = r->model->config.ffn_dim;
     for (int i = r0; i < r1; i++) {
         float *gate = r->ffn + (size_t)i * 2 * ffn_dim;
@@ -179,9 +180,9 @@ static void swiglu_rows(ModelRunner *r, const float *norm, int r0, int r1)
 
 /* Q and K heads sit side by side in a qkv row: one call rotates both, computing the
  * cos/sin of each (row, pair) once. */
-static void rope_rows(ModelRunner *r, const float *norm, int r0, int r1)
+static void rope_rows(ModelRunner *r, const void *arg, int r0, int r1)
 {
-    (void)norm;
+    (void)arg;
     const ModelConfig *c = &r->model->config;
     int stride = qkv_dim(c);
     rope_apply(r->qkv + (size_t)r0 * stride, r1 - r0, stride, r->positions + r0,
@@ -243,15 +244,21 @@ static void embed_rows(ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs)
     }
 }
 
-/* K and V of rows [r0, r1) into their slots of the cache (r->kv, r->layer). */
-static void kv_store_rows(ModelRunner *r, const float *norm, int r0, int r1)
+typedef struct {
+    const KvView *kv;
+    int layer;
+} KvStoreArg;
+
+/* K and V of rows [r0, r1) into their slots of the cache, each through its own sequence's
+ * block table. */
+static void kv_store_rows(ModelRunner *r, const void *arg, int r0, int r1)
 {
-    (void)norm;
+    const KvStoreArg *a = arg;
     const ModelConfig *c = &r->model->config;
     int stride = qkv_dim(c), q_width = c->n_heads * c->head_dim, kv_width = c->n_kv_heads * c->head_dim;
     for (int i = r0; i < r1; i++) {
         const float *k = r->qkv + (size_t)i * stride + q_width;
-        attn_kv_store(r->kv, r->layer, r->row_tables[i], r->positions[i], 1, k, stride, k + kv_width, stride);
+        attn_kv_store(a->kv, a->layer, r->row_tables[i], r->positions[i], 1, k, stride, k + kv_width, stride);
     }
 }
 
@@ -269,9 +276,8 @@ static void attention_layer(ModelRunner *r, const KvView *kv, int layer,
     };
     /* Rows write distinct slots, so they store in parallel: on the engine thread alone the
      * Q8 store of a 96-row step was ~1 ms while the other core waited. */
-    r->kv = kv;
-    r->layer = layer;
-    rows_run(r, NULL, rows, 2 * c->n_kv_heads * c->head_dim, kv_store_rows);
+    KvStoreArg store = {kv, layer};
+    rows_run(r, &store, rows, 2 * c->n_kv_heads * c->head_dim, kv_store_rows);
     int row = 0;
     for (int s = 0; s < n_seqs; s++) {
         r->attn[s] = (AttnSeq){
