@@ -15,10 +15,25 @@
 
 static char dir[64];
 
+static const char *const run_names[] = {"chat", "decode", "prefix-cache", "prefix-nocache", "capacity"};
+
+/* dir/name.json, as bench targets reads it. */
+static void run_path(char *path, size_t len, const char *name)
+{
+    snprintf(path, len, "%s/%s.json", dir, name);
+}
+
+static void remove_run(const char *name)
+{
+    char path[128];
+    run_path(path, sizeof path, name);
+    unlink(path);
+}
+
 static void write_run(const char *name, const char *json)
 {
     char path[128];
-    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    run_path(path, sizeof path, name);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(json, f);
@@ -62,12 +77,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    const char *names[] = {"chat", "decode", "prefix-cache", "prefix-nocache", "capacity"};
-    for (int i = 0; i < 5; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/%s.json", dir, names[i]);
-        unlink(path);
-    }
+    for (size_t i = 0; i < sizeof run_names / sizeof run_names[0]; i++)
+        remove_run(run_names[i]);
     return rmdir(dir);
 }
 
@@ -121,12 +132,8 @@ static void test_not_run_is_never_met(void **state)
     (void)state;
     /* Only chat, and its c=32 level lacks TTFT and ITL; no other file. */
     write_run("chat", "{\"levels\": [{\"concurrency\": 32, \"ran\": true, \"output_tok_s\": 400}]}");
-    const char *gone[] = {"decode", "prefix-cache", "prefix-nocache", "capacity"};
-    for (int i = 0; i < 4; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/%s.json", dir, gone[i]);
-        unlink(path);
-    }
+    for (size_t i = 1; i < sizeof run_names / sizeof run_names[0]; i++) /* all but chat */
+        remove_run(run_names[i]);
     int rc;
     char *tab = table(&rc);
     assert_verdict(tab, "chat c=32 ≥ 350", "yes");
