@@ -3,7 +3,8 @@
  * (internal to model/.) Weights are packed once, at load, into the layout the kernel
  * reads (matmul_kernel.c): panels of 16 outputs, each stored k-major, so one product at
  * any row count reads W front to back exactly once per row block, from a contiguous run
- * of memory. With that layout one register-blocked AVX2 kernel serves every row count:
+ * of memory. With that layout one register-blocked kernel (AVX2; on AVX-512 CPUs its twin
+ * matmul_avx512.c, same results bit for bit, ~1.25x faster on many rows) serves every row count:
  * one row (decode of one sequence) streams W at the memory's read bandwidth, many rows
  * (prefill, big batches) run as fast as single-threaded OpenBLAS sgemm slices, and in
  * between (decode of 8-64 sequences) it is faster than both OpenBLAS and the streaming
@@ -51,6 +52,9 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
 int matmul_bf16_supported(void);
 /* The same for int8 weights (AVX512_VNNI and AVX512BW); PAGEDSERVE_NO_AVX512_VNNI says no. */
 int matmul_i8_supported(void);
+/* Whether F32 and F16 products run on the AVX-512 kernel (AVX512F; else AVX2, same results);
+ * PAGEDSERVE_NO_AVX512_F says no. matmul() asks once, at its first product. */
+int matmul_avx512_supported(void);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)
  * or is not finite (F16, BF16, I8); -3 when the type is BF16 or I8 and the CPU cannot use

@@ -65,6 +65,9 @@ typedef struct {
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
 void matmul_kernel_run(const MatmulTask *t, int p0, int p1);
+/* The same over AVX-512 registers (matmul_avx512.c), bit-identical results: only where
+ * matmul_avx512_supported() says the CPU has AVX512F. */
+void matmul_kernel_avx512_run(const MatmulTask *t, int p0, int p1);
 /* The same for BF16 panels (AVX512_BF16, matmul_bf16.c): only where
  * matmul_bf16_supported() says the CPU has it. */
 void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);

@@ -90,7 +90,7 @@ API=(api/buf.c api/completion.c api/endpoints.c api/error.c api/json_util.c api/
      api/request.c api/request_tokenize.c api/vocab_tokenizer.c model/sampler.c)
 # Loading weights packs them for the product kernel (model/matmul*.c, which run on the
 # compute pool).
-WEIGHTS=(model/weights.c model/matmul.c model/matmul_kernel.c model/matmul_bf16.c model/matmul_i8.c
+WEIGHTS=(model/weights.c model/matmul.c model/matmul_kernel.c model/matmul_avx512.c model/matmul_bf16.c model/matmul_i8.c
          compute/pool.c compute/quant_i8.c)
 sources_of() {
   case "$1" in

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "model/matmul.h"
+#include "model/matmul_kernel.h"
 
 #define MAX_ROWS 40
 #define Y_SENTINEL 777.0f
@@ -559,6 +560,60 @@ static void test_pack_i8(void **state)
     assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -2);
 }
 
+/* The AVX-512 kernel for F32 and F16 panels gives the AVX2 kernel's results bit for bit
+ * (matmul_avx512.c: the same FMAs in the same order), called directly on the same task for
+ * every row count up to a few 6-row blocks and their tails, partial last panels, whole and
+ * split panel ranges (4-, 2- and 1-panel blocks), beta 0 and not. The AVX2 kernel itself is
+ * checked against the reference by make test-portable (PAGEDSERVE_NO_AVX512_F). */
+static void test_avx512_kernel_matches_avx2(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512f")) {
+        print_message("SKIPPED AVX-512 kernel: this CPU has no AVX512F\n");
+        return;
+    }
+    static const int ins[] = {1, 7, 64, 768, 2050};
+    static const int outs[] = {1, 27, 50, 100, 257};
+    enum { ROWS = 19 };
+    int bad = 0;
+    for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
+        for (int i = 0; i < 5; i++)
+            for (int o = 0; o < 5; o++) {
+                int in = ins[i], out = outs[o], panels = (out + 15) / 16;
+                float *x = malloc(sizeof(float) * ROWS * in), *w = malloc(sizeof(float) * out * in);
+                float *y2 = malloc(sizeof(float) * ROWS * out), *y5 = malloc(sizeof(float) * ROWS * out);
+                assert_non_null(x && w && y2 && y5);
+                for (int k = 0; k < ROWS * in; k++)
+                    x[k] = rand_uniform();
+                for (int k = 0; k < out * in; k++)
+                    w[k] = rand_uniform();
+                MatmulWeights m;
+                assert_int_equal(matmul_weights_pack(&m, w, in, out, (MatmulType)type), 0);
+                for (int rows = 1; rows <= ROWS; rows++)
+                    for (int beta = 0; beta < 2; beta++) {
+                        for (int k = 0; k < ROWS * out; k++)
+                            y2[k] = y5[k] = rand_uniform();
+                        MatmulTask t2 = { y2, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, NULL };
+                        MatmulTask t5 = t2;
+                        t5.y = y5;
+                        int cut = panels > 3 ? 3 : panels; /* [0, 3): a 2- and a 1-panel block */
+                        matmul_kernel_run(&t2, 0, cut);
+                        matmul_kernel_run(&t2, cut, panels);
+                        matmul_kernel_avx512_run(&t5, 0, cut);
+                        matmul_kernel_avx512_run(&t5, cut, panels);
+                        if (memcmp(y2, y5, sizeof(float) * ROWS * out) != 0 && bad++ == 0)
+                            print_error("type %d in %d out %d rows %d beta %d: AVX-512 != AVX2\n",
+                                        type, in, out, rows, beta);
+                    }
+                matmul_weights_free(&m);
+                free(x);
+                free(w);
+                free(y2);
+                free(y5);
+            }
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -571,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_other_beta),
         cmocka_unit_test(test_long_inputs),
         cmocka_unit_test(test_i8_special_inputs),
+        cmocka_unit_test(test_avx512_kernel_matches_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
