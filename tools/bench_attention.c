@@ -7,7 +7,9 @@
  *
  * The shape is the 110M TinyStories-class model's: 12 KV heads (= query heads), head_dim
  * 64, blocks of 16 positions. Only one layer is allocated; a block of a real 12-layer pool
- * holds the same 2 KiB per (layer, head, K|V) runs the kernel reads, only farther apart. */
+ * holds the same 2 KiB per (layer, head, K|V) runs the kernel reads, only farther apart.
+ * Decode cases read K/V from memory, not cache (COLD_BYTES); prefill and shared-prefix
+ * cases reuse theirs call after call. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +21,10 @@
 #include "attention/attention.h"
 #include "compute/compute.h"
 
-#define L3_BYTES (32.0 * 1024 * 1024) /* this machine's L3: working sets below it are cache-resident */
+/* Decode reads K/V that is no longer in the (32 MiB) L3: in a real step every layer's
+ * weights and K/V pass through between two visits to one layer. A case smaller than this
+ * cycles through enough copies of its sequences (own blocks, same shape) to reach it. */
+#define COLD_BYTES (64.0 * 1024 * 1024)
 
 typedef struct {
     int threads;
@@ -114,17 +119,18 @@ static double now_seconds(void)
 }
 
 /* Seconds per attn_paged call: the best of 5 rounds, each the mean over at least
- * min_time/5 (the machine is shared; the best round is the least disturbed one). */
+ * min_time/5 (the machine is shared; the best round is the least disturbed one). Call n
+ * takes the n_seqs sequences of copy n % copies out of seqs[copies][n_seqs]. */
 static double time_calls(const BenchPool *p, const AttnShape *shape, const AttnSeq *seqs,
-                         int n_seqs, int stride, double min_time)
+                         int n_seqs, int copies, int stride, double min_time)
 {
     attn_paged(&p->view, 0, shape, seqs, n_seqs, stride, stride);
     double best = 1e30;
-    for (int round = 0; round < 5; round++) {
+    for (int round = 0, calls = 1; round < 5; round++) {
         int reps = 0;
         double start = now_seconds(), now;
         do {
-            attn_paged(&p->view, 0, shape, seqs, n_seqs, stride, stride);
+            attn_paged(&p->view, 0, shape, seqs + (size_t)(calls++ % copies) * n_seqs, n_seqs, stride, stride);
             reps++;
             now = now_seconds();
         } while (now - start < min_time / 5 || reps < 2);
@@ -139,25 +145,25 @@ static const AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
 static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch)
 {
     KvLayout lay = {1, SHAPE_110M.n_kv_heads, SHAPE_110M.head_dim, 16, dtype};
+    double kv_bytes = (double)batch * ctx * lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
+    int copies = kv_bytes >= COLD_BYTES ? 1 : (int)(COLD_BYTES / kv_bytes) + 1;
     BenchPool p;
-    if (pool_create(&p, &lay, batch, ctx) != 0) {
+    if (pool_create(&p, &lay, batch * copies, ctx) != 0) {
         fprintf(stderr, "bench attention: out of memory\n");
         return -1;
     }
     int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
     float *q = malloc((size_t)batch * stride * sizeof(float));
     float *out = malloc((size_t)batch * stride * sizeof(float));
-    AttnSeq *seqs = malloc((size_t)batch * sizeof *seqs);
+    AttnSeq *seqs = malloc((size_t)batch * copies * sizeof *seqs);
     for (size_t i = 0; i < (size_t)batch * stride; i++)
         q[i] = rng_uniform();
-    for (int s = 0; s < batch; s++)
+    for (int s = 0; s < batch * copies; s++) /* every copy's rows share q and out */
         seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
-                            q + (size_t)s * stride, out + (size_t)s * stride};
-    double t = time_calls(&p, &SHAPE_110M, seqs, batch, stride, o->min_time);
-    double kv_bytes = (double)batch * ctx * lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
-    printf("decode   %-3s ctx %5d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V  %6.2f GB/s%s\n",
-           kv_dtype_name(dtype), ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6,
-           kv_bytes / t / 1e9, kv_bytes < L3_BYTES ? "  (fits L3)" : "");
+                            q + (size_t)(s % batch) * stride, out + (size_t)(s % batch) * stride};
+    double t = time_calls(&p, &SHAPE_110M, seqs, batch, copies, stride, o->min_time);
+    printf("decode   %-3s ctx %5d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V  %6.2f GB/s\n",
+           kv_dtype_name(dtype), ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6, kv_bytes / t / 1e9);
     free(q);
     free(out);
     free(seqs);
@@ -180,7 +186,7 @@ static int bench_prefill(const BenchOptions *o, KvDtype dtype, int q_pos, int ch
     for (size_t i = 0; i < (size_t)chunk * stride; i++)
         q[i] = rng_uniform();
     AttnSeq seq = {p.tables, q_pos, chunk, q, out};
-    double t = time_calls(&p, &SHAPE_110M, &seq, 1, stride, o->min_time);
+    double t = time_calls(&p, &SHAPE_110M, &seq, 1, 1, stride, o->min_time);
     /* q·k and p·v: 2 flops each per (row, visible position, head, dim). */
     double visible = (double)chunk * q_pos + (double)chunk * (chunk + 1) / 2.0;
     double flops = 4.0 * visible * SHAPE_110M.n_heads * SHAPE_110M.head_dim;
@@ -229,7 +235,7 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
     for (int s = 0; s < batch; s++)
         seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
                             q + (size_t)s * stride, out + (size_t)s * stride};
-    double t = time_calls(&p, &SHAPE_110M, seqs, batch, stride, o->min_time);
+    double t = time_calls(&p, &SHAPE_110M, seqs, batch, 1, stride, o->min_time);
     double row_bytes = (double)lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
     double logical = (double)batch * ctx * row_bytes, unique = ((double)shared + (double)batch * own) * row_bytes;
     printf("shared   %-3s pre %5d own %3d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V (%.2f unique)  %6.2f GB/s logical\n",
