@@ -140,7 +140,8 @@ static double time_calls(const BenchPool *p, const AttnShape *shape, const AttnS
     return best;
 }
 
-static const AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
+/* The 110M model's heads; --kv-heads N makes it grouped-query (12 / N query heads a KV head). */
+static AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
 
 static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch)
 {
@@ -265,6 +266,8 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             o->shared = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--own") && i + 1 < argc) {
             o->own = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) {
+            SHAPE_110M.n_kv_heads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--thp")) {
             bench_thp = 1;
         } else if (!strcmp(argv[i], "--cpu-time")) {
@@ -288,13 +291,14 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
                    "       by the whole batch, then M own positions each; --batch default 16)\n"
                    "       [--cpu-time] (process CPU time instead of wall time: with --threads 1,\n"
                    "       steadier A/B comparisons on a busy machine)\n"
-                   "       [--thp] (back the KV pool with transparent huge pages)");
+                   "       [--thp] (back the KV pool with transparent huge pages)\n"
+                   "       [--kv-heads N (12)] (grouped-query: 12 query heads over N KV heads)");
             return strcmp(argv[i], "--help") ? 2 : 1;
         }
     }
     if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32 && !o->q8) ||
         (!o->decode && !o->prefill && !o->shared_cases) || o->ctx < 0 || o->batch < 0 ||
-        o->shared < 0 || o->own < 1) {
+        o->shared < 0 || o->own < 1 || SHAPE_110M.n_kv_heads < 1 || 12 % SHAPE_110M.n_kv_heads != 0) {
         fprintf(stderr, "bench %s: bad option value\n", name);
         return 2;
     }
@@ -309,7 +313,8 @@ int bench_attention_main(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     o.threads = compute_init(o.threads);
     use_cpu_time = o.cpu_time;
-    printf("attention kernels: 12 heads / 12 KV heads, head_dim 64, block 16, %d threads\n", o.threads);
+    printf("attention kernels: 12 heads / %d KV heads, head_dim 64, block 16, %d threads\n",
+           SHAPE_110M.n_kv_heads, o.threads);
     static const int ctxs[] = {128, 512, 2048};
     static const int batches[] = {1, 8, 32};
     for (int dt = 0; dt < 3; dt++) {
