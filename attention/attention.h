@@ -31,8 +31,9 @@
  * a tile shared by several query vectors is gathered (up to 32 positions across
  * blocks) and widened once into a per-thread buffer; with 9 or more query vectors the
  * tile is folded in as two small register-blocked matrix products (scores = K_tile·Qᵀ,
- * then acc += P·V_tile), fewer vectors take them one at a time. Short scattered runs of
- * the next tile are prefetched. Per-thread scratch lives on the stack (~132 KiB).
+ * then acc += P·V_tile), fewer vectors take them one at a time. The next span's K/V is
+ * prefetched: head by head into L2 for a lone vector, the whole (short) span into L1 for a
+ * gathered tile. Per-thread scratch lives on the stack (~132 KiB).
  *
  * RoPE tip: Q and K heads that sit next to each other in a row (a fused QKV buffer) can
  * be rotated by one rope_apply call over n_heads + n_kv_heads heads, which computes the

@@ -275,8 +275,6 @@ static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const 
     }
 }
 
-/* One query vector per KV head: tiles are read where they lie in the cache, a block (or
- * ATTN_TILE positions of it) at a time, all the item's KV heads block by block. */
 /* Ask for one KV head's K and V rows of a span into L2 (not L1: the rows being folded
  * would be pushed out). */
 static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head)
@@ -289,7 +287,9 @@ static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head
     }
 }
 
-/* Blocks are scattered: the hardware cannot guess the next one, so while a head's rows of
+/* One query vector per KV head: tiles are read where they lie in the cache, a block (or
+ * ATTN_TILE positions of it) at a time, all the item's KV heads block by block.
+ * Blocks are scattered: the hardware cannot guess the next one, so while a head's rows of
  * this span are folded, the same head's rows of the next span are asked for: one span
  * ahead, spread over the span's heads. bench attention --only decode (K/V from memory),
  * against asking for short spans only, all at once into L1 (tile_prefetch): F16 ctx 512

@@ -1,4 +1,5 @@
-/* matmul — packing and threading of the weight products; the kernel is matmul_kernel.c. */
+/* matmul — packing and threading of the weight products; the kernels are matmul_kernel.c
+ * (F32/F16, AVX2), matmul_avx512.c (its AVX-512 twin), matmul_bf16.c and matmul_i8.c. */
 #include "model/matmul.h"
 
 #include <immintrin.h>
@@ -17,7 +18,7 @@
 /* Panels per work item: 4 panels of 768 inputs are 192 KiB of W, which stays in the 512 KiB
  * L2 while every row block passes over it; wider inputs take 2 (2048 inputs: 256 KiB).
  * Measured with bench matmul: 1, 2, 4 and 8 panels are within noise of each other at 32
- * rows, and 4 keeps the one-row case at 8 accumulators (1 row x 4 panels). */
+ * rows, and 4 keeps the one-row case at 8 ymm accumulators (AVX2: 1 row x 4 panels). */
 #define ITEM_W_BYTES (256 << 10)
 #define ITEM_PANELS_MAX 4
 /* An int8 product of one or two rows only streams W, and its panels are a quarter of

@@ -4,15 +4,17 @@
  * with one FMA per k, from zero, then beta * y is added the same way): results are
  * bit-identical to the AVX2 kernel's, only faster where rows are many. A panel is one zmm
  * instead of two ymm, and there are 32 registers instead of 16: 6 rows x 4 panels keep 24
- * accumulators, and x comes in as the FMA's embedded broadcast operand, so every step of k
- * issues 4 weight loads and 6 broadcasts for 24 FMAs, where the AVX2 kernel's 6 x 1 issues
- * 2 + 6 for 12 (bench matmul --rows 32, F32, two threads: AVX2 ~110 GFLOP/s, half of
- * what sgemm reaches on large products). Fewer rows take the same 4 panels (1 x 4 has 4
- * accumulators: such a product is bound by reading W, not by FMA latency).
+ * accumulators, so every step of k issues 4 weight loads and 6 broadcasts of x for 24
+ * FMAs, where the AVX2 kernel's 6 x 1 issues 2 + 6 for 12 (bench matmul --rows 32, F32,
+ * two threads: AVX2 ~110-130 GFLOP/s, this ~150-165). Fewer rows take the same 4 panels
+ * (1 x 4 has 4 accumulators: such a product is bound by reading W, not by FMA latency).
+ * An item holds 4 panels up to 1024 inputs, 2 up to 2048 and 1 beyond (matmul.c's
+ * ITEM_W_BYTES): 6 x 1 still has 6 independent sums, enough for Zen 4's one 512-bit FMA a
+ * cycle at latency 4 (a core with two 512-bit FMA units would want 8).
  *
- * While a block runs, the panels the next block reads are prefetched, as in
- * matmul_kernel.c. Compiled for AVX-512 whatever the build's -march; matmul.c only calls it
- * where matmul_avx512_supported() found AVX512F.
+ * While a block runs, the panels of the item's next block are prefetched, as in
+ * matmul_kernel.c; the item's last block asks for nothing. Compiled for AVX-512 whatever
+ * the build's -march; matmul.c only calls it where matmul_avx512_supported() found AVX512F.
  */
 #include "model/matmul_kernel.h"
 
@@ -44,7 +46,7 @@ W_INLINE void store_acc(float *y, __m512 acc, int n, float beta)
 }
 
 /* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k (indices in weights,
- * panel_elems apart); `next` is prefetched meanwhile. */
+ * panel_elems apart); `next` (NULL: none) is prefetched meanwhile. */
 W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, const void *next,
                     size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
 {
@@ -57,7 +59,8 @@ W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, c
         size_t at = (size_t)k * MATMUL_PANEL;
         __m512 wv[NP_MAX];
         for (int j = 0; j < np; j++) {
-            _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
+            if (next)
+                _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
             wv[j] = load_w16(p, at + j * panel_elems, f16);
         }
         for (int i = 0; i < mr; i++) {
@@ -82,7 +85,7 @@ W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16)
     for (int p = p0, np = NP_MAX; p < p1; np /= 2)
         for (; p + np <= p1; p += np) {
             const char *w = panels + p * panel_bytes;
-            const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : w;
+            const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : NULL;
             int cols = t->out - p * MATMUL_PANEL;
             float *y = yr + p * MATMUL_PANEL;
             if (np == 4)

@@ -5,8 +5,8 @@
  * K/V read, next to what the memory system can deliver (membw). Prefill reuses each K/V
  * tile across many query rows and is compute-bound: GFLOP/s is its unit.
  *
- * The shape is the 110M TinyStories-class model's: 12 KV heads (= query heads), head_dim
- * 64, blocks of 16 positions. Only one layer is allocated; a block of a real 12-layer pool
+ * The shape is the 110M TinyStories-class model's: 12 query heads over 12 KV heads (or
+ * --kv-heads N), head_dim 64, blocks of 16 positions. Only one layer is allocated; a block of a real 12-layer pool
  * holds the same 2 KiB per (layer, head, K|V) runs the kernel reads, only farther apart.
  * Decode cases read K/V from memory, not cache (COLD_BYTES); prefill and shared-prefix
  * cases reuse theirs call after call. */
@@ -126,11 +126,12 @@ static double time_calls(const BenchPool *p, const AttnShape *shape, const AttnS
 {
     attn_paged(&p->view, 0, shape, seqs, n_seqs, stride, stride);
     double best = 1e30;
-    for (int round = 0, calls = 1; round < 5; round++) {
+    for (int round = 0, copy = 1 % copies; round < 5; round++) {
         int reps = 0;
         double start = now_seconds(), now;
         do {
-            attn_paged(&p->view, 0, shape, seqs + (size_t)(calls++ % copies) * n_seqs, n_seqs, stride, stride);
+            attn_paged(&p->view, 0, shape, seqs + (size_t)copy * n_seqs, n_seqs, stride, stride);
+            copy = (copy + 1) % copies;
             reps++;
             now = now_seconds();
         } while (now - start < min_time / 5 || reps < 2);
@@ -147,7 +148,9 @@ static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch
 {
     KvLayout lay = {1, SHAPE_110M.n_kv_heads, SHAPE_110M.head_dim, 16, dtype};
     double kv_bytes = (double)batch * ctx * lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
-    int copies = kv_bytes >= COLD_BYTES ? 1 : (int)(COLD_BYTES / kv_bytes) + 1;
+    /* Copies are counted in whole blocks, which is what the pool allocates. */
+    double pool_bytes = kv_bytes / ctx * ((ctx + lay.block_size - 1) / lay.block_size * lay.block_size);
+    int copies = pool_bytes >= COLD_BYTES ? 1 : (int)(COLD_BYTES / pool_bytes) + 1;
     BenchPool p;
     if (pool_create(&p, &lay, batch * copies, ctx) != 0) {
         fprintf(stderr, "bench attention: out of memory\n");
@@ -157,6 +160,14 @@ static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch
     float *q = malloc((size_t)batch * stride * sizeof(float));
     float *out = malloc((size_t)batch * stride * sizeof(float));
     AttnSeq *seqs = malloc((size_t)batch * copies * sizeof *seqs);
+    if (!q || !out || !seqs) {
+        fprintf(stderr, "bench attention: out of memory\n");
+        free(q);
+        free(out);
+        free(seqs);
+        pool_destroy(&p);
+        return -1;
+    }
     for (size_t i = 0; i < (size_t)batch * stride; i++)
         q[i] = rng_uniform();
     for (int s = 0; s < batch * copies; s++) /* every copy's rows share q and out */
