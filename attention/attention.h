@@ -26,13 +26,13 @@
  * Inner loops (AVX2/FMA/F16C): a K/V tile is at most 32 positions. Scores
  * of 8 positions come out of 8 FMA chains and one reduction tree; e^x is a vector
  * polynomial; V is accumulated 32 dims at a time in registers. F16 and Q8 K/V feeding a
- * single query vector (decode without GQA) are widened in registers straight from the
- * cache;
- * a tile shared by several query vectors is gathered (up to 32 positions across
+ * decode row's query vectors (groups up to 8) are widened in registers straight from the
+ * cache, several KV heads an item;
+ * a tile shared by several rows' query vectors is gathered (up to 32 positions across
  * blocks) and widened once into a per-thread buffer; with 9 or more query vectors the
  * tile is folded in as two small register-blocked matrix products (scores = K_tile·Qᵀ,
  * then acc += P·V_tile), fewer vectors take them one at a time. The next span's K/V is
- * prefetched: head by head into L2 for a lone vector, the whole (short) span into L1 for a
+ * prefetched: head by head into L2 for a decode row, the whole (short) span into L1 for a
  * gathered tile. Per-thread scratch lives on the stack (~132 KiB).
  *
  * RoPE tip: Q and K heads that sit next to each other in a row (a fused QKV buffer) can

@@ -180,7 +180,7 @@ void attn_cascade_plan(Cascade *cc, const AttnCall *c, const AttnSeq *seqs, int 
             for (int g = 0; g < cc->n_groups; g++) {
                 PrefixGroup *pg = &cc->groups[g];
                 /* a row tile of one member (e.g. the 33rd of 33 without GQA) takes the
-                 * lone-row path, which handles members too */
+                 * decode-row (direct) path, which handles members too */
                 pg->split = attn_item_split(c, pg->n_members);
                 cc->first_item[g + 1] = cc->first_item[g] + pg->split.n_kv_chunks *
                                                             pg->split.n_head_chunks * pg->split.n_row_tiles;

@@ -17,7 +17,7 @@ typedef struct {
     int group; /* query heads per KV head */
     float scale;
     int q_stride, out_stride;
-    int decode_kv_per_item; /* KV heads per item of a lone decode row (see attn_item_split) */
+    int decode_kv_per_item; /* KV heads per item of a decode row (see attn_item_split) */
     int n_heads;
     const Cascade *cascade; /* decode rows on a shared prefix (NULL: none) */
 } AttnCall;

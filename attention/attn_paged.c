@@ -2,20 +2,20 @@
  *
  * Work item: one sequence, a tile of its query rows, one KV head and the query heads of
  * its group (all of them, or a chunk when a group is very large) -- or, for a decode row
- * without GQA, a run of KV heads (see attn_item_split). Every (KV head, row, query head) of
- * the item is one "query vector" with its own running max m, sum l and accumulator
- * acc[head_dim]. The item walks the sequence's K/V a tile at a time:
- * - one query vector per KV head (decode without GQA): a tile is a block (at most
- *   ATTN_TILE of its positions), read where it lies, F16 widened in registers, Q8
- *   integers converted in registers and each row's scale applied once per score and
- *   once per probability;
- * - several (GQA decode, prefill rows): a tile is ATTN_TILE positions gathered from
- *   consecutive blocks into a per-thread F32 buffer (widened once), then folded into
- *   every vector of the item: K/V are read once per GQA group, and a prefill chunk
- *   reuses each tile across up to ATTN_MAX_VECS rows×heads. A few vectors (a GQA
- *   decode row) take the tile one at a time; more than 8 take it as two small
- *   register-blocked matrix products, scores Sᵀ = K·Qᵀ and acc = diag(rescale)·acc + P·V,
- *   so each K and V value loaded serves several vectors (see fold_tile_matrix).
+ * of a group up to 8, a run of KV heads with all their query heads (see attn_item_split).
+ * Every (KV head, row, query head) of the item is one "query vector" with its own running
+ * max m, sum l and accumulator acc[head_dim]. The item walks the sequence's K/V a tile at
+ * a time:
+ * - a decode row (group up to 8): a tile is a block (at most ATTN_TILE of its positions),
+ *   read where it lies, F16 widened in registers, Q8 integers converted in registers and
+ *   each row's scale applied once per score and once per probability, for each of the
+ *   group's query vectors in turn (the tile is in L1 after the first);
+ * - prefill rows, and decode rows of larger groups: a tile is ATTN_TILE positions gathered
+ *   from consecutive blocks into a per-thread F32 buffer (widened once), then folded into
+ *   every vector of the item: a prefill chunk reuses each tile across up to ATTN_MAX_VECS
+ *   rows×heads. A few vectors take the tile one at a time; more than 8 take it as two
+ *   small register-blocked matrix products, scores Sᵀ = K·Qᵀ and acc = diag(rescale)·acc +
+ *   P·V, so each K and V value loaded serves several vectors (see fold_tile_matrix).
  *
  * Extra memory per query vector: acc[head_dim] + one tile of scores (+ its query,
  * transposed, in the matrix form). No score row of length N, no N×N matrix.
@@ -44,18 +44,31 @@ enum {
  * workers costs more than the work (a short decode step of a small model). */
 #define ATTN_PARALLEL_MIN_WORK (1L << 15)
 
-/* A decode row without GQA has one query vector per KV head and no reuse of K/V: its
- * item takes several KV heads, so that it streams each block's K (and V) runs of those
- * heads as one contiguous read instead of a 2 KiB run here and there (random 2 KiB
- * reads run at half the DRAM bandwidth of 24 KiB ones). Everything else has one KV
+/* Below this many query vectors an item folds each tile into them one at a time
+ * (fold_tile). The score product broadcasts every K element to one register of 8
+ * vectors' lanes, where dot8 loads 8 K elements at once for one vector: with 8 vectors or
+ * fewer the matrix form saves nothing (a GQA decode row of group 8 measured ~5% slower
+ * in it), so decode rows of any group up to 8 stay per vector. */
+#define ATTN_MATRIX_MIN_VECS 9
+
+/* A decode row reuses no K/V across rows, and a group this small shares a tile among few
+ * query vectors: its item takes several KV heads (each with its whole group), so that it
+ * streams each block's K (and V) runs of those heads as one contiguous read instead of a
+ * 2 KiB run here and there (random 2 KiB reads run at half the DRAM bandwidth of 24 KiB
+ * ones), and reads them where they lie (item_walk_direct). Everything else has one KV
  * head per item; the group's query heads and up to ATTN_MAX_VECS rows×heads share its
- * tiles. */
+ * tiles, gathered. Grouped decode, bench attention --only decode --kv-heads N, ctx 512
+ * batch 32, against one gathered KV head an item, binary against binary, two alternations:
+ * group 2 F16 8.1-8.7 -> 11.2-12.2 GB/s, Q8 4.8-5.3 -> 5.2-7.4; group 3 F16 5.9-6.4 ->
+ * 8.8-10.5, Q8 4.1-4.9 -> 5.4-6.0; group 4 F16 4.9-7.1 -> 7.5-8.3, Q8 3.7-3.9 -> 4.4-4.6
+ * (one toggled binary, group 6: F16 4.2-5.8 -> 5.2-5.4, Q8 2.6-3.0 -> 2.8-2.9; one row,
+ * group 3: 5.3 -> 4.8). */
 ItemSplit attn_item_split(const AttnCall *c, int n_q)
 {
     ItemSplit s;
-    if (n_q == 1 && c->group == 1) {
-        s.kv_per_item = c->decode_kv_per_item;
-        s.heads_per_item = 1;
+    if (n_q == 1 && c->group < ATTN_MATRIX_MIN_VECS) {
+        s.kv_per_item = attn_min_int(c->decode_kv_per_item, ATTN_MAX_VECS / c->group);
+        s.heads_per_item = c->group;
         s.rows_per_item = 1;
     } else {
         s.kv_per_item = 1;
@@ -198,7 +211,8 @@ typedef void FoldFn(const AttnCall *c, const float *q, const void *kt, const voi
                     int n_valid, float *m, float *l, float *acc);
 
 /* The instances: F32 tiles (an F32 cache, or F16/Q8 widened once for many vectors) and
- * F16 or Q8 tiles read straight from the cache (a lone vector gains nothing from a copy). */
+ * F16 or Q8 tiles read straight from the cache (a decode row's few vectors gain nothing
+ * from a copy). */
 static void fold_tile_f32(const AttnCall *c, const float *q, const void *kt, const void *vt,
                           int n_valid, float *m, float *l, float *acc)
 {
@@ -219,7 +233,8 @@ static void fold_tile_q8(const AttnCall *c, const float *q, const void *kt, cons
 
 /* One work item: KV heads [kv0, kv0 + n_kv), query heads [head0, head0 + n_h) of each
  * one's group, rows [row0, row0 + n_rows) of a sequence, over its positions
- * [start, end). Either n_kv == 1 or the item is a lone decode row (n_h == n_rows == 1).
+ * [start, end). Either n_kv == 1 or the item is a decode row (n_rows == 1, n_h below
+ * ATTN_MATRIX_MIN_VECS).
  * Query vector (k, r, h) keeps its running max, sum and accumulator at index
  * (k*n_rows + r)*n_h + h.
  * A shared-prefix item (members != NULL) has the decode rows of a prefix group as its
@@ -356,13 +371,6 @@ typedef struct {
     float qt[ATTN_MAX_HEAD_DIM * ATTN_MAX_VECS] __attribute__((aligned(32)));
     float st[ATTN_TILE * ATTN_MAX_VECS] __attribute__((aligned(32)));
 } TileVecs;
-
-/* Below this many query vectors an item folds each tile into them one at a time
- * (fold_tile). The score product broadcasts every K element to one register of 8
- * vectors' lanes, where dot8 loads 8 K elements at once for one vector: with 8 vectors or
- * fewer the matrix form saves nothing (a GQA decode row of group 8 measured ~5% slower
- * in it), so decode rows of any group up to 8 stay per vector. */
-#define ATTN_MATRIX_MIN_VECS 9
 
 /* Column v of qt is query vector v times the scale (0 past n_vecs): eight vectors at a
  * time by 8×8 transposes, the rest element by element. */
@@ -521,11 +529,12 @@ static void attend_item(ItemState *it)
     int hd = c->head_dim;
     int n_vecs = it->n_kv * it->n_h * it->n_rows;
     assert(n_vecs <= ATTN_MAX_VECS);
-    /* A lone vector per KV head (decode without GQA) reads F16 or Q8 straight from the cache;
-     * vectors that share tiles get them widened once, and many of them take the tiles
-     * in as matrix products, whose rows of V and accumulators are a whole number of
-     * registers long. */
-    int lone = it->n_h * it->n_rows == 1, matrix = !lone && n_vecs >= ATTN_MATRIX_MIN_VECS;
+    /* A decode row's few vectors per KV head read F16 or Q8 straight from the cache;
+     * vectors of several rows (or many heads) get the tiles widened once, and many of them
+     * take the tiles in as matrix products, whose rows of V and accumulators are a whole
+     * number of registers long. */
+    int direct = it->n_rows == 1 && it->n_h < ATTN_MATRIX_MIN_VECS;
+    int matrix = !direct && n_vecs >= ATTN_MATRIX_MIN_VECS;
     it->acc_stride = matrix ? (hd + 7) & ~7 : hd;
     float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float m[ATTN_MAX_VECS], l[ATTN_MAX_VECS];
@@ -539,7 +548,7 @@ static void attend_item(ItemState *it)
     it->acc = acc;
     it->fold = fold_tile_f32;
 
-    if (lone) {
+    if (direct) {
         KvDtype dt = c->kv->layout.dtype;
         it->fold = dt == KV_DTYPE_F16 ? fold_tile_f16 : dt == KV_DTYPE_Q8 ? fold_tile_q8 : fold_tile_f32;
         item_walk_direct(it);
@@ -639,7 +648,7 @@ static void attend_shared_item(const AttnCall *c, const AttnSeq *seqs, int item)
 
 /* ---- the call ---------------------------------------------------------------------- */
 
-/* KV heads per lone-decode-row item: as many as possible (longer contiguous reads) while
+/* KV heads per decode-row item: as many as possible (longer contiguous reads) while
  * leaving a few items per thread for the dynamic schedule to balance. */
 static int decode_kv_per_item(const AttnSeq *seqs, int n_seqs, int n_kv_heads, int threads)
 {

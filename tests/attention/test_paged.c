@@ -266,18 +266,19 @@ static void test_decode_batches(void **state)
                 }
 }
 
-/* Decode rows without GQA are cut into items of several KV heads each: uneven chunks
- * (7 heads), more heads than one item holds (40), batches of 1, 2 and 9. */
+/* Decode rows of groups up to 8 are cut into items of several KV heads each (at most 32
+ * query vectors an item): uneven chunks (7 heads), more heads than one item holds (40 of
+ * group 1, 12 of group 4: 48 vectors; 5 of group 8: 40), batches of 1, 2, 9 and 13. */
 static void test_decode_kv_head_chunks(void **state)
 {
     (void)state;
-    int kv_heads[] = {7, 40};
-    int batches[] = {1, 2, 9};
-    for (int k = 0; k < 2; k++)
-        for (int b = 0; b < 3; b++)
+    int kv_heads[] = {7, 40, 12, 5}, groups[] = {1, 1, 4, 8}, head_dims[] = {16, 8, 8, 8};
+    int batches[] = {1, 2, 9, 13}; /* 13: one item per sequence's KV-head run (3 threads) */
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < 4; b++)
             for (int dt = 0; dt < 3; dt++) {
-                Config c = {kv_heads[k], kv_heads[k], k == 0 ? 16 : 8, 16, (KvDtype)dt};
-                int lens[9], which[9], q_pos[9], n_q[9];
+                Config c = {groups[k] * kv_heads[k], kv_heads[k], head_dims[k], 16, (KvDtype)dt};
+                int lens[13], which[13], q_pos[13], n_q[13];
                 for (int s = 0; s < batches[b]; s++) {
                     lens[s] = 1 + rng_int(150);
                     which[s] = s;
