@@ -144,6 +144,40 @@ static double time_calls(const BenchPool *p, const AttnShape *shape, const AttnS
 /* The 110M model's heads; --kv-heads N makes it grouped-query (12 / N query heads a KV head). */
 static AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
 
+/* Decode rows: n_seqs sequences of ctx positions, sequence s on the pool's table s, with
+ * query and output row s % batch (random queries). */
+typedef struct {
+    float *q, *out;
+    AttnSeq *seqs;
+} DecodeRows;
+
+static void decode_rows_free(DecodeRows *d)
+{
+    free(d->q);
+    free(d->out);
+    free(d->seqs);
+}
+
+/* 0, or -1 (nothing left allocated) when out of memory. */
+static int decode_rows_make(DecodeRows *d, const BenchPool *p, int batch, int n_seqs, int ctx)
+{
+    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
+    d->q = malloc((size_t)batch * stride * sizeof(float));
+    d->out = malloc((size_t)batch * stride * sizeof(float));
+    d->seqs = malloc((size_t)n_seqs * sizeof *d->seqs);
+    if (!d->q || !d->out || !d->seqs) {
+        fprintf(stderr, "bench attention: out of memory\n");
+        decode_rows_free(d);
+        return -1;
+    }
+    for (size_t i = 0; i < (size_t)batch * stride; i++)
+        d->q[i] = rng_uniform();
+    for (int s = 0; s < n_seqs; s++)
+        d->seqs[s] = (AttnSeq){p->tables + (size_t)s * p->blocks_per_seq, ctx - 1, 1,
+                               d->q + (size_t)(s % batch) * stride, d->out + (size_t)(s % batch) * stride};
+    return 0;
+}
+
 static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch)
 {
     KvLayout lay = {1, SHAPE_110M.n_kv_heads, SHAPE_110M.head_dim, 16, dtype};
@@ -156,29 +190,16 @@ static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch
         fprintf(stderr, "bench attention: out of memory\n");
         return -1;
     }
-    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
-    float *q = malloc((size_t)batch * stride * sizeof(float));
-    float *out = malloc((size_t)batch * stride * sizeof(float));
-    AttnSeq *seqs = malloc((size_t)batch * copies * sizeof *seqs);
-    if (!q || !out || !seqs) {
-        fprintf(stderr, "bench attention: out of memory\n");
-        free(q);
-        free(out);
-        free(seqs);
+    DecodeRows rows; /* every copy's rows share q and out */
+    if (decode_rows_make(&rows, &p, batch, batch * copies, ctx) != 0) {
         pool_destroy(&p);
         return -1;
     }
-    for (size_t i = 0; i < (size_t)batch * stride; i++)
-        q[i] = rng_uniform();
-    for (int s = 0; s < batch * copies; s++) /* every copy's rows share q and out */
-        seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
-                            q + (size_t)(s % batch) * stride, out + (size_t)(s % batch) * stride};
-    double t = time_calls(&p, &SHAPE_110M, seqs, batch, copies, stride, o->min_time);
+    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
+    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, copies, stride, o->min_time);
     printf("decode   %-3s ctx %5d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V  %6.2f GB/s\n",
            kv_dtype_name(dtype), ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6, kv_bytes / t / 1e9);
-    free(q);
-    free(out);
-    free(seqs);
+    decode_rows_free(&rows);
     pool_destroy(&p);
     return 0;
 }
@@ -230,32 +251,19 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
     }
     for (int s = 1; s < batch; s++) /* every sequence's prefix blocks become sequence 0's */
         memcpy(p.tables + (size_t)s * p.blocks_per_seq, p.tables, (size_t)(shared / lay.block_size) * sizeof *p.tables);
-    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
-    float *q = malloc((size_t)batch * stride * sizeof(float));
-    float *out = malloc((size_t)batch * stride * sizeof(float));
-    AttnSeq *seqs = malloc((size_t)batch * sizeof *seqs);
-    if (!q || !out || !seqs) {
-        fprintf(stderr, "bench attention: out of memory\n");
-        free(q);
-        free(out);
-        free(seqs);
+    DecodeRows rows;
+    if (decode_rows_make(&rows, &p, batch, batch, ctx) != 0) {
         pool_destroy(&p);
         return -1;
     }
-    for (size_t i = 0; i < (size_t)batch * stride; i++)
-        q[i] = rng_uniform();
-    for (int s = 0; s < batch; s++)
-        seqs[s] = (AttnSeq){p.tables + (size_t)s * p.blocks_per_seq, ctx - 1, 1,
-                            q + (size_t)s * stride, out + (size_t)s * stride};
-    double t = time_calls(&p, &SHAPE_110M, seqs, batch, 1, stride, o->min_time);
+    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
+    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, 1, stride, o->min_time);
     double row_bytes = (double)lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
     double logical = (double)batch * ctx * row_bytes, unique = ((double)shared + (double)batch * own) * row_bytes;
     printf("shared   %-3s pre %5d own %3d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V (%.2f unique)  %6.2f GB/s logical\n",
            kv_dtype_name(dtype), shared, own, batch, t * 1e6, batch / t, logical / 1e6,
            unique / 1e6, logical / t / 1e9);
-    free(q);
-    free(out);
-    free(seqs);
+    decode_rows_free(&rows);
     pool_destroy(&p);
     return 0;
 }
