@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "attention/attention.h"
+#include "model/matmul.h"
 #include "model/weights.h"
 
 #include <string.h>
@@ -27,6 +28,16 @@ const char *model_matrix_type_name(const ModelConfig *c)
     if (c->packed_matrices_i8 == c->packed_matrices)
         return "int8";
     return c->packed_matrices_bf16 == c->packed_matrices ? "bf16" : "mixed";
+}
+
+const char *model_kernel_name(const ModelConfig *c)
+{
+    const char *held = model_matrix_type_name(c);
+    if (!strcmp(held, "int8"))
+        return "avx512_vnni";
+    if (!strcmp(held, "bf16"))
+        return "avx512_bf16";
+    return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 
 int model_load(const char *path, Model **out, char *err, size_t err_len)

@@ -179,10 +179,10 @@ void server_log_startup(const Server *s, double load_s)
     snprintf(model_msg, sizeof model_msg,
              "model %s (\"%s\") loaded in %.2f s: dim %d, %d layers, %d heads (%d KV), "
              "head_dim %d, ffn %d, vocab %d, context %d; weights %s on disk, %.1f MiB in memory "
-             "(matrices %s)",
+             "(matrices %s, %s kernels)",
              s->cfg->model_path, s->cfg->model_name, load_s, m->dim, m->n_layers, m->n_heads,
              m->n_kv_heads, m->head_dim, m->ffn_dim, m->vocab_size, m->ctx_len,
-             ggml_type_name(m->weight_type), weight_mib, model_matrix_type_name(m));
+             ggml_type_name(m->weight_type), weight_mib, model_matrix_type_name(m), model_kernel_name(m));
     snprintf(kv_msg, sizeof kv_msg,
              "KV cache: %d blocks of %d tokens = %lld tokens (%zu MiB, %s), %d sequences of "
              "full context at once; max %d sequences, %d tokens per step, queue %d, prefix "
@@ -210,6 +210,7 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "weight_type", json_string(ggml_type_name(m->weight_type)));
         json_object_set_new(f, "weight_mib", json_real(weight_mib));
         json_object_set_new(f, "weight_matrices", json_string(model_matrix_type_name(m)));
+        json_object_set_new(f, "matrix_kernels", json_string(model_kernel_name(m)));
         json_object_set_new(f, "kv_blocks", json_integer(st.blocks_total));
         json_object_set_new(f, "block_size", json_integer(e->block_size));
         json_object_set_new(f, "kv_tokens", json_integer(kv_tokens));

@@ -233,9 +233,9 @@ int bench_engine_main(int argc, char **argv)
         return 1;
     }
     const ModelConfig *c = model_config(m);
-    printf("model %s: dim %d, %d layers, vocab %d, %.1f MiB of weights (matrices %s)\n",
+    printf("model %s: dim %d, %d layers, vocab %d, %.1f MiB of weights (matrices %s, %s kernels)\n",
            a.model_path, c->dim, c->n_layers, c->vocab_size, model_weight_bytes(m) / 1048576.0,
-           model_matrix_type_name(c));
+           model_matrix_type_name(c), model_kernel_name(c));
     int rc = 0;
     for (int i = 0; i < a.n_levels && rc == 0; i++)
         rc = decode_level(m, &a, a.seqs[i]);

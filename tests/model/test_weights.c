@@ -425,11 +425,12 @@ static void test_forced_weight_types(void **state) {
         ModelWeightType want;
         const char *held;
         float rel, floor; /* largest error: relative, and absolute where subnormal */
+        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs */
     } cases[] = {
-        { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f },
-        { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f },
-        { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f },
-        { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f }, /* bound per row, below */
+        { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f, NULL },
+        { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f, NULL },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "avx512_bf16" },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "avx512_vnni" }, /* bound per row, below */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
@@ -451,6 +452,8 @@ static void test_forced_weight_types(void **state) {
         if (weights_load_as(f, cases[k].want, &c, &w, &bytes, err, sizeof err) < 0)
             fail_msg("%s", err);
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
+        assert_string_equal(model_kernel_name(&c), cases[k].kernel ? cases[k].kernel
+                                                   : matmul_avx512_supported() ? "avx512" : "avx2");
         assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
         float *down = unpacked(&w.layers[1].w_down);

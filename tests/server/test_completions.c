@@ -425,11 +425,15 @@ static void test_client_drop_waiting(void **state)
     free(log);
 }
 
-/* --weight-type f16 reached the model: the startup line says how the matrices are held. */
+/* --weight-type f16 reached the model: the startup line says how the matrices are held,
+ * and on which kernels (AVX-512 or AVX2, whichever this CPU and environment allow). */
 static void test_weight_type_applied(void **state)
 {
     (void)state;
-    assert_true(server_proc_wait_log(&srv, "(matrices f16)", T_IO));
+    assert_true(server_proc_wait_log(&srv, "(matrices f16, ", T_IO));
+    char *log = server_proc_log(&srv);
+    assert_true(strstr(log, "(matrices f16, avx512 kernels)") || strstr(log, "(matrices f16, avx2 kernels)"));
+    free(log);
 }
 
 int main(void)
