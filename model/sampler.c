@@ -129,10 +129,36 @@ static inline float logit_sanitize(float x) {
     return x > FLT_MAX ? FLT_MAX : x;
 }
 
+/* Eight lanes at a time, each keeping its first maximum (a strict > never moves a lane
+ * off an earlier equal value); then the lowest id among the lanes that hold the overall
+ * maximum, which is its first occurrence; the tail in order. Greedy decoding runs this on
+ * every row (32000 logits), on the engine thread while the compute workers wait. */
 int32_t sampler_argmax(const float *logits, int32_t n) {
-    int32_t best = 0;
-    float best_v = logit_sanitize(logits[0]);
-    for (int32_t i = 1; i < n; i++) {
+    int32_t i = 0, best = 0;
+    float best_v = -INFINITY;
+    if (n >= 8) {
+        __m256 lane_v = _mm256_set1_ps(-INFINITY), top = _mm256_set1_ps(FLT_MAX);
+        __m256i lane_id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), id = lane_id;
+        for (; i + 8 <= n; i += 8) {
+            __m256 x = _mm256_loadu_ps(logits + i);
+            __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+            x = _mm256_blendv_ps(_mm256_min_ps(x, top), _mm256_set1_ps(-INFINITY), nan);
+            __m256 gt = _mm256_cmp_ps(x, lane_v, _CMP_GT_OQ);
+            lane_v = _mm256_blendv_ps(lane_v, x, gt);
+            lane_id = _mm256_blendv_epi8(lane_id, id, _mm256_castps_si256(gt));
+            id = _mm256_add_epi32(id, _mm256_set1_epi32(8));
+        }
+        float v[8];
+        int32_t ids[8];
+        _mm256_storeu_ps(v, lane_v);
+        _mm256_storeu_si256((__m256i *)ids, lane_id);
+        for (int l = 0; l < 8; l++)
+            if (v[l] > best_v || (v[l] == best_v && ids[l] < best)) {
+                best_v = v[l];
+                best = ids[l];
+            }
+    }
+    for (; i < n; i++) {
         float v = logit_sanitize(logits[i]);
         if (v > best_v) { /* strict: ties keep the lower id */
             best_v = v;
@@ -205,10 +231,27 @@ static float penalize(float logit, int32_t count, const SamplerParams *p, int us
     return logit - (p->frequency_penalty * (float)count + p->presence_penalty);
 }
 
+static int repetition_on(const SamplerParams *p) {
+    return p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
+}
+
+/* A NaN presence or frequency penalty counts as on (and poisons what it touches). */
+static int penalties_on(const SamplerParams *p) {
+    return repetition_on(p) || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+static int is_greedy(const SamplerParams *p) {
+    return !(p->temperature >= SAMPLER_GREEDY_EPS); /* a NaN temperature is greedy too */
+}
+
+int sampler_is_plain_greedy(const SamplerParams *p) {
+    return is_greedy(p) && !penalties_on(p);
+}
+
 void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
                              const int32_t *history, int32_t n_history) {
-    int use_rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
-    if (!use_rep && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    int use_rep = repetition_on(p);
+    if (!penalties_on(p)) return;
     if (!history || n_history <= 0) return;
 
     /* Count in O(history): counts[] is all zero on entry and is zeroed again through the
@@ -515,8 +558,7 @@ static Left sampler_prepare(Sampler *s, const SamplerParams *p, float *logits,
     int32_t V = s->n_vocab;
     Left left = {LEFT_ONE, 0, 0, 0.0};
     sampler_apply_penalties(s, p, logits, history, n_history);
-    /* the negated test also sends a NaN temperature to greedy */
-    if (!(p->temperature >= SAMPLER_GREEDY_EPS)) {
+    if (is_greedy(p)) {
         left.token = sampler_argmax(logits, V);
         return left;
     }

@@ -61,6 +61,10 @@ int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logi
 void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
                              const int32_t *history, int32_t n_history);
 int32_t sampler_argmax(const float *logits, int32_t n); /* NaN = -inf; ties: lowest id */
+/* Added: whether sampler_sample with these parameters is the argmax of the logits as they
+ * are (greedy, no penalty: nothing modifies them), so that a caller can run sampler_argmax
+ * on a row in place instead of on a copy. */
+int sampler_is_plain_greedy(const SamplerParams *p);
 /* Added: what sampler_sample would draw from, without drawing. Does everything
  * sampler_sample does to logits, then writes the surviving tokens and their renormalised
  * probabilities (ids and probs hold n_vocab) in no particular order; returns the count

@@ -105,9 +105,14 @@ static bool output_text(Engine *e, Seq *s, EngineEvent *ev)
 static void seq_sample(Engine *e, Seq *s, const float *raw)
 {
     Request *r = s->req;
-    memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
-    int32_t token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
-                                   s->tokens + r->n_prompt, s->n_generated);
+    int32_t token;
+    if (sampler_is_plain_greedy(&r->sampling)) { /* nothing modifies the row: no copy */
+        token = sampler_argmax(raw, e->ops.n_vocab);
+    } else {
+        memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
+        token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
+                               s->tokens + r->n_prompt, s->n_generated);
+    }
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
     e->generation_tokens++;

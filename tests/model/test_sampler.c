@@ -1,6 +1,7 @@
 /* Sampler tests: every filter is checked against a naive reference computed here in
  * double precision (full sort, softmax, cumulative sums), and the draw distribution is
  * checked statistically. All seeds are fixed, so every run is the same run. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -185,6 +186,87 @@ static void test_greedy_ties_go_to_lowest_id(void **state) {
     assert_int_equal(sampler_sample(s, &p, &r, l, NULL, 0), 1);
     assert_int_equal(sampler_argmax(l, 6), 1);
     sampler_free(s);
+}
+
+/* The argmax rule written out: NaN counts as -inf, +inf as FLT_MAX, ties go to the lowest
+ * id. */
+static float argmax_key(float x) {
+    return isnan(x) ? -INFINITY : x > FLT_MAX ? FLT_MAX : x;
+}
+
+/* sampler_argmax against that rule on values drawn from a small set (ties everywhere;
+ * NaN, both infinities and FLT_MAX among them), every length from 1 to 100 (the 8-lane
+ * body, each lane and the tail) and 32000; all NaN and all -inf give id 0. */
+static void test_argmax_rule(void **state) {
+    (void)state;
+    static const float pool[] = {-INFINITY, -1.0f, 0.0f, 0.5f, 3.0f, INFINITY, NAN, FLT_MAX};
+    Rng r;
+    rng_seed(&r, 11);
+    float *l = malloc(32000 * sizeof *l);
+    assert_non_null(l);
+    for (int c = 0; c < 3000; c++) {
+        int n = c < 2990 ? 1 + c % 100 : 32000;
+        int kinds = 2 + (int)(rng_next(&r) % 7); /* draw from pool[0 .. kinds) */
+        for (int i = 0; i < n; i++)
+            l[i] = pool[rng_next(&r) % (uint64_t)kinds];
+        int want = 0;
+        for (int i = 1; i < n; i++)
+            if (argmax_key(l[i]) > argmax_key(l[want]))
+                want = i;
+        assert_int_equal(sampler_argmax(l, n), want);
+    }
+    for (int i = 0; i < 20; i++)
+        l[i] = NAN;
+    assert_int_equal(sampler_argmax(l, 20), 0);
+    for (int i = 0; i < 20; i++)
+        l[i] = -INFINITY;
+    assert_int_equal(sampler_argmax(l, 20), 0);
+    free(l);
+}
+
+/* sampler_is_plain_greedy says yes exactly when sampler_sample is the argmax of the row as
+ * it is: greedy (0, below the epsilon, NaN) without penalties, filters notwithstanding; a
+ * penalty that is on (NaN ones included), or a real temperature, says no. Where it says
+ * yes, sampler_sample with a penalty-provoking history still returns the argmax and
+ * leaves the row untouched. */
+static void test_plain_greedy(void **state) {
+    (void)state;
+    SamplerParams p = params_t(0.0f);
+    assert_true(sampler_is_plain_greedy(&p));
+    p.temperature = 5e-6f;
+    p.top_k = 3;
+    p.top_p = 0.5f;
+    p.min_p = 0.2f;
+    assert_true(sampler_is_plain_greedy(&p));
+    p.temperature = NAN;
+    assert_true(sampler_is_plain_greedy(&p));
+    p.repetition_penalty = 0.0f; /* r <= 0 counts as off */
+    assert_true(sampler_is_plain_greedy(&p));
+    static const float temps[] = {1e-5f, 0.7f};
+    for (int i = 0; i < 2; i++) {
+        SamplerParams q = params_t(temps[i]);
+        assert_false(sampler_is_plain_greedy(&q));
+    }
+    SamplerParams on[4];
+    for (int i = 0; i < 4; i++)
+        on[i] = params_t(0.0f);
+    on[0].repetition_penalty = 1.2f;
+    on[1].presence_penalty = 0.5f;
+    on[2].frequency_penalty = -0.5f;
+    on[3].presence_penalty = NAN;
+    for (int i = 0; i < 4; i++)
+        assert_false(sampler_is_plain_greedy(&on[i]));
+
+    float l[5] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f}, row[5];
+    memcpy(row, l, sizeof l);
+    int32_t history[3] = {1, 1, 3};
+    Sampler *sm = sampler_new(5);
+    Rng r;
+    rng_seed(&r, 5);
+    assert_true(sampler_is_plain_greedy(&p));
+    assert_int_equal(sampler_sample(sm, &p, &r, row, history, 3), sampler_argmax(l, 5));
+    assert_memory_equal(row, l, sizeof l);
+    sampler_free(sm);
 }
 
 /* ---- filters against the naive sets --------------------------------------------------- */
@@ -830,6 +912,8 @@ int main(void) {
         cmocka_unit_test(test_rng_uniform_range_and_mean),
         cmocka_unit_test(test_rng_same_seed_same_stream),
         cmocka_unit_test(test_greedy_is_argmax),
+        cmocka_unit_test(test_argmax_rule),
+        cmocka_unit_test(test_plain_greedy),
         cmocka_unit_test(test_greedy_ties_go_to_lowest_id),
         cmocka_unit_test(test_top_k_stays_in_top_k),
         cmocka_unit_test(test_top_p_stays_in_nucleus),
