@@ -302,8 +302,9 @@ static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head
     }
 }
 
-/* One query vector per KV head: tiles are read where they lie in the cache, a block (or
- * ATTN_TILE positions of it) at a time, all the item's KV heads block by block.
+/* A decode row (one query vector per KV head, or a group of up to 8): tiles are read
+ * where they lie in the cache, a block (or ATTN_TILE positions of it) at a time, all the
+ * item's KV heads block by block, each head's tile folded into each of its vectors.
  * Blocks are scattered: the hardware cannot guess the next one, so while a head's rows of
  * this span are folded, the same head's rows of the next span are asked for: one span
  * ahead, spread over the span's heads. bench attention --only decode (K/V from memory),
@@ -311,7 +312,8 @@ static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head
  * batch 32 16.8-17.3 -> 24.9-26.0 GB/s, batch 1 8.8-11.5 -> 15.7-18.2, ctx 128 batch 8
  * 13.1-13.5 -> 17.8-23.9; Q8 ctx 512 batch 1 5.3-5.7 -> 7.9-9.4, ctx 160 batch 32
  * 10.6-12.8 -> 13.4-14.0; F32 ctx 160 batch 32 13.6-15.2 -> 16.1-16.9 (two alternations
- * each). T0 instead of T1 (into L1) was slower than no such prefetch at all; NTA too. */
+ * each). In two later hours: within noise at 32 rows, mixed at one (docs/benchmarks.md,
+ * session 6). T0 instead of T1 (into L1) was slower than no such prefetch at all; NTA too. */
 static void item_walk_direct(const ItemState *it)
 {
     const KvLayout *lay = &it->c->kv->layout;
