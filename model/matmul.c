@@ -64,22 +64,25 @@ int matmul_i8_supported(void)
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
+/* Asked once: F32 and F16 products, the log and the benches all see the same answer. */
 int matmul_avx512_supported(void)
-{
-    return !told_unsupported("PAGEDSERVE_NO_AVX512_F") && __builtin_cpu_supports("avx512f");
-}
-
-/* F32 and F16 products run on the AVX-512 kernel where the CPU has it (same results as the
- * AVX2 one, faster on many rows); asked once, at the first product. */
-static int f32_kernel_avx512(void)
 {
     static _Atomic int known = -1; /* a race only computes the same answer twice */
     int v = atomic_load_explicit(&known, memory_order_relaxed);
     if (v < 0) {
-        v = matmul_avx512_supported();
+        v = !told_unsupported("PAGEDSERVE_NO_AVX512_F") && __builtin_cpu_supports("avx512f");
         atomic_store_explicit(&known, v, memory_order_relaxed);
     }
     return v;
+}
+
+const char *matmul_kernel_name(MatmulType type)
+{
+    if (type == MATMUL_I8)
+        return "avx512_vnni";
+    if (type == MATMUL_BF16)
+        return "avx512_bf16";
+    return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 
 /* Round to nearest even, as VCVTNEPS2BF16 does the row of x; NaN stays a (quiet) NaN;
@@ -323,7 +326,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
         .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
              : w->type == MATMUL_I8   ? matmul_kernel_i8_run
-             : f32_kernel_avx512()    ? matmul_kernel_avx512_run : matmul_kernel_run,
+             : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;

@@ -53,8 +53,11 @@ int matmul_bf16_supported(void);
 /* The same for int8 weights (AVX512_VNNI and AVX512BW); PAGEDSERVE_NO_AVX512_VNNI says no. */
 int matmul_i8_supported(void);
 /* Whether F32 and F16 products run on the AVX-512 kernel (AVX512F; else AVX2, same results);
- * PAGEDSERVE_NO_AVX512_F says no. matmul() asks once, at its first product. */
+ * PAGEDSERVE_NO_AVX512_F says no. Decided at the first call, for the whole process. */
 int matmul_avx512_supported(void);
+/* The instructions products on weights of this type run on (for logs and benches):
+ * "avx512_vnni" (I8), "avx512_bf16" (BF16), "avx512" or "avx2" (F32 and F16). */
+const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)
  * or is not finite (F16, BF16, I8); -3 when the type is BF16 or I8 and the CPU cannot use

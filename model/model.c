@@ -33,11 +33,7 @@ const char *model_matrix_type_name(const ModelConfig *c)
 const char *model_kernel_name(const ModelConfig *c)
 {
     const char *held = model_matrix_type_name(c);
-    if (!strcmp(held, "int8"))
-        return "avx512_vnni";
-    if (!strcmp(held, "bf16"))
-        return "avx512_bf16";
-    return matmul_avx512_supported() ? "avx512" : "avx2";
+    return matmul_kernel_name(!strcmp(held, "int8") ? MATMUL_I8 : !strcmp(held, "bf16") ? MATMUL_BF16 : MATMUL_F32);
 }
 
 int model_load(const char *path, Model **out, char *err, size_t err_len)

@@ -6,8 +6,9 @@
  * tile across many query rows and is compute-bound: GFLOP/s is its unit.
  *
  * The shape is the 110M TinyStories-class model's: 12 query heads over 12 KV heads (or
- * --kv-heads N), head_dim 64, blocks of 16 positions. Only one layer is allocated; a block of a real 12-layer pool
- * holds the same 2 KiB per (layer, head, K|V) runs the kernel reads, only farther apart.
+ * --kv-heads N), head_dim 64, blocks of 16 positions. Only one layer is allocated; a block
+ * of a real 12-layer pool holds the same 2 KiB per (layer, head, K|V) runs the kernel
+ * reads, only farther apart.
  * Decode cases read K/V from memory, not cache (COLD_BYTES); prefill and shared-prefix
  * cases reuse theirs call after call. */
 #include <immintrin.h>
@@ -149,6 +150,7 @@ static AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
 typedef struct {
     float *q, *out;
     AttnSeq *seqs;
+    int stride; /* floats a query (and output) row */
 } DecodeRows;
 
 static void decode_rows_free(DecodeRows *d)
@@ -161,7 +163,7 @@ static void decode_rows_free(DecodeRows *d)
 /* 0, or -1 (nothing left allocated) when out of memory. */
 static int decode_rows_make(DecodeRows *d, const BenchPool *p, int batch, int n_seqs, int ctx)
 {
-    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
+    int stride = d->stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
     d->q = malloc((size_t)batch * stride * sizeof(float));
     d->out = malloc((size_t)batch * stride * sizeof(float));
     d->seqs = malloc((size_t)n_seqs * sizeof *d->seqs);
@@ -195,8 +197,7 @@ static int bench_decode(const BenchOptions *o, KvDtype dtype, int ctx, int batch
         pool_destroy(&p);
         return -1;
     }
-    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
-    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, copies, stride, o->min_time);
+    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, copies, rows.stride, o->min_time);
     printf("decode   %-3s ctx %5d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V  %6.2f GB/s\n",
            kv_dtype_name(dtype), ctx, batch, t * 1e6, batch / t, kv_bytes / 1e6, kv_bytes / t / 1e9);
     decode_rows_free(&rows);
@@ -256,8 +257,7 @@ static int bench_shared(const BenchOptions *o, KvDtype dtype, int shared, int ow
         pool_destroy(&p);
         return -1;
     }
-    int stride = SHAPE_110M.n_heads * SHAPE_110M.head_dim;
-    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, 1, stride, o->min_time);
+    double t = time_calls(&p, &SHAPE_110M, rows.seqs, batch, 1, rows.stride, o->min_time);
     double row_bytes = (double)lay.n_kv_heads * 2.0 * (double)kv_layout_row_bytes(&lay);
     double logical = (double)batch * ctx * row_bytes, unique = ((double)shared + (double)batch * own) * row_bytes;
     printf("shared   %-3s pre %5d own %3d batch %3d  %9.1f us/call  %10.0f tok/s  %7.2f MB K/V (%.2f unique)  %6.2f GB/s logical\n",

@@ -291,10 +291,8 @@ int bench_matmul_main(int argc, char **argv)
     fill_arena(b.arena, b.type);
     for (size_t i = 0; i < (size_t)MAX_ROWS * MAX_IN; i++)
         b.x[i] = rng_uniform();
-    const char *kernel = b.type == MATMUL_BF16 ? "AVX512_BF16" : b.type == MATMUL_I8 ? "AVX512_VNNI"
-                       : matmul_avx512_supported() ? "AVX-512" : "AVX2";
     printf("bench matmul: %d threads, %s weights on the %s kernel; times are %s per call\n",
-           b.threads, type_name, kernel, b.best ? "the fastest" : "medians");
+           b.threads, type_name, matmul_kernel_name(b.type), b.best ? "the fastest" : "medians");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!only_shape || !strcmp(only_shape, shapes[i].name))
             bench_shape(&b, &shapes[i], only_rows);
