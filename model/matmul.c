@@ -15,12 +15,6 @@
 
 /* Below this many multiply-adds a product is not worth waking the other threads. */
 #define PARALLEL_MIN_WORK (1 << 16)
-/* Panels per work item: 4 panels of 768 inputs are 192 KiB of W, which stays in the 512 KiB
- * L2 while every row block passes over it; wider inputs take 2 (2048 inputs: 256 KiB).
- * Measured with bench matmul: 1, 2, 4 and 8 panels are within noise of each other at 32
- * rows, and 4 keeps the one-row case at 8 ymm accumulators (AVX2: 1 row x 4 panels). */
-#define ITEM_W_BYTES (256 << 10)
-#define ITEM_PANELS_MAX 4
 /* An int8 product of one or two rows only streams W, and its panels are a quarter of
  * F32's: 4 of them (48 KiB at 768 inputs) made items so short that claiming them and
  * starting their streams showed. Up to 16 panels an item, keeping 4 items a thread for
@@ -29,6 +23,13 @@
  * in three alternations of another; 16 panels on wo and down's 48 left 3 items and lost;
  * now they take 6). */
 #define I8_FEW_ROWS_ITEM_PANELS_MAX 16
+/* The AVX-512 F32/F16 kernel from MATMUL_AVX512_PREFETCH_ROWS rows: up to 16 panels an
+ * item (4 sub-items, 3 of them prefetched while the one before runs), again 4 items a
+ * thread. bench matmul --rows 32 --best, binary against binary, 4 alternations (GFLOP/s):
+ * qkv 157-169 -> 165-174, gate_up 162-180 -> 175-183, logits 154-165 -> 166-179, wo and
+ * down within noise; longer items without the prefetch: even. From 12 rows (2 blocks:
+ * one later block prefetches a quarter of the next sub-item) it was even or lost. */
+#define AVX512_LONG_ITEM_PANELS_MAX 16
 
 size_t matmul_weights_floats(int in, int out)
 {
@@ -302,19 +303,28 @@ static I8Rows *quantise_rows(void *mem, I8RowsShape shape, const float *x, int l
 #define I8_LOCAL_BYTES (56 << 10)
 #define QUANTISE_PARALLEL_ROWS 16
 
-/* Panels per work item of a product (see ITEM_W_BYTES and I8_FEW_ROWS_ITEM_PANELS_MAX). */
+/* n_panels cut into about 4 items a thread, each at least lo and at most hi panels. */
+static int item_share(int n_panels, int lo, int hi)
+{
+    int share = n_panels / (4 * compute_threads());
+    return share < lo ? lo : share > hi ? hi : share;
+}
+
+/* Panels per work item of a product: as a rule the panels that stay in L2 together
+ * (matmul_l2_panels; bench matmul found 1, 2, 4 and 8 panels within noise of each other
+ * at 32 rows on the AVX2 kernel, and 4 keeps its one-row case at 8 ymm accumulators);
+ * longer for few-row int8 and many-row AVX-512 products (I8_FEW_ROWS_ITEM_PANELS_MAX,
+ * AVX512_LONG_ITEM_PANELS_MAX). */
 static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
-    if (w->type == MATMUL_I8 && rows <= 2) {
-        int share = n_panels / (4 * compute_threads());
-        return share < ITEM_PANELS_MAX ? ITEM_PANELS_MAX
-             : share > I8_FEW_ROWS_ITEM_PANELS_MAX ? I8_FEW_ROWS_ITEM_PANELS_MAX : share;
-    }
+    if (w->type == MATMUL_I8 && rows <= 2)
+        return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
-        return ITEM_PANELS_MAX;
-    size_t panel_bytes = matmul_weights_bytes(w->in, MATMUL_PANEL, w->type);
-    int n = (int)(ITEM_W_BYTES / (panel_bytes ? panel_bytes : 1));
-    return n < 1 ? 1 : n > ITEM_PANELS_MAX ? ITEM_PANELS_MAX : n;
+        return MATMUL_L2_PANELS_MAX;
+    int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type));
+    if (rows >= MATMUL_AVX512_PREFETCH_ROWS && matmul_avx512_supported())
+        return item_share(n_panels, l2, AVX512_LONG_ITEM_PANELS_MAX);
+    return l2;
 }
 
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,

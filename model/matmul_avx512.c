@@ -8,13 +8,19 @@
  * FMAs, where the AVX2 kernel's 6 x 1 issues 2 + 6 for 12 (bench matmul --rows 32, F32,
  * two threads: AVX2 ~110-130 GFLOP/s, this ~150-165). Fewer rows take the same 4 panels
  * (1 x 4 has 4 accumulators: such a product is bound by reading W, not by FMA latency).
- * An item holds 4 panels up to 1024 inputs, 2 up to 2048 and 1 beyond (matmul.c's
- * ITEM_W_BYTES): 6 x 1 still has 6 independent sums, enough for Zen 4's one 512-bit FMA a
- * cycle at latency 4 (a core with two 512-bit FMA units would want 8).
+ * A share of panels is walked in sub-items of matmul_l2_panels() (4 panels up to 1024
+ * inputs, 2 up to 2048, 1 beyond): every row block passes over a sub-item while its W stays
+ * in L2. Beyond 2048 inputs a block is 6 x 1: still 6 independent sums, enough for Zen 4's
+ * one 512-bit FMA a cycle at latency 4 (a core with two 512-bit FMA units would want 8).
  *
- * While a block runs, the panels of the item's next block are prefetched, as in
- * matmul_kernel.c; the item's last block asks for nothing. Compiled for AVX-512 whatever
- * the build's -march; matmul.c only calls it where matmul_avx512_supported() found AVX512F.
+ * A sub-item's first row block waits on memory for its W (at 32 rows it needs W six
+ * times faster than the product's average rate, more than one core's stream gives); the
+ * later blocks find it in L2. So the later blocks prefetch the next sub-item's panels
+ * into L2, a share each, one line per step of k: spread out, the stream keeps up and the
+ * next sub-item's first block finds its W there. matmul.c hands out longer shares from
+ * MATMUL_AVX512_PREFETCH_ROWS rows on, so that most sub-items have a next one. Compiled
+ * for AVX-512 whatever the build's -march; matmul.c only calls it where
+ * matmul_avx512_supported() found AVX512F.
  */
 #include "model/matmul_kernel.h"
 
@@ -45,24 +51,29 @@ W_INLINE void store_acc(float *y, __m512 acc, int n, float beta)
     _mm512_mask_storeu_ps(y, m, acc);
 }
 
+/* Cache lines to prefetch into L2 while a block runs: [pf, pf + 64 n). */
+typedef struct {
+    const char *pf;
+    int n;
+} Prefetch;
+
 /* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k (indices in weights,
- * panel_elems apart); `next` (NULL: none) is prefetched meanwhile. */
-W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, const void *next,
+ * panel_elems apart); the lines of pf are asked for meanwhile, one per step of k (pf.n is
+ * at most in). */
+W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, Prefetch pf,
                     size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
 {
-    size_t esize = f16 ? sizeof(uint16_t) : sizeof(float);
     __m512 acc[MR_MAX][NP_MAX];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < np; j++)
             acc[i][j] = _mm512_setzero_ps();
     for (int k = 0; k < in; k++) {
         size_t at = (size_t)k * MATMUL_PANEL;
+        if (k < pf.n)
+            _mm_prefetch(pf.pf + (size_t)k * 64, _MM_HINT_T1);
         __m512 wv[NP_MAX];
-        for (int j = 0; j < np; j++) {
-            if (next)
-                _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
+        for (int j = 0; j < np; j++)
             wv[j] = load_w16(p, at + j * panel_elems, f16);
-        }
         for (int i = 0; i < mr; i++) {
             __m512 xb = _mm512_set1_ps(x[(size_t)i * ldx + k]);
             for (int j = 0; j < np; j++)
@@ -74,8 +85,9 @@ W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, c
             store_acc(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
 }
 
-/* mr rows from r against panels [p0, p1): 4 panels at a time, then 2, then 1. */
-W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16)
+/* mr rows from r against panels [p0, p1): 4 panels at a time, then 2, then 1; pf is
+ * asked for while the first of them runs. */
+W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16, Prefetch pf)
 {
     size_t panel_elems = (size_t)t->in * MATMUL_PANEL;
     size_t panel_bytes = panel_elems * (f16 ? sizeof(uint16_t) : sizeof(float));
@@ -85,29 +97,53 @@ W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16)
     for (int p = p0, np = NP_MAX; p < p1; np /= 2)
         for (; p + np <= p1; p += np) {
             const char *w = panels + p * panel_bytes;
-            const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : NULL;
             int cols = t->out - p * MATMUL_PANEL;
             float *y = yr + p * MATMUL_PANEL;
             if (np == 4)
-                block(y, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, 4, cols, t->beta, f16);
+                block(y, t->ldy, x, t->ldx, w, pf, panel_elems, t->in, mr, 4, cols, t->beta, f16);
             else if (np == 2)
-                block(y, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, 2, cols, t->beta, f16);
+                block(y, t->ldy, x, t->ldx, w, pf, panel_elems, t->in, mr, 2, cols, t->beta, f16);
             else
-                block(y, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, 1, cols, t->beta, f16);
+                block(y, t->ldy, x, t->ldx, w, pf, panel_elems, t->in, mr, 1, cols, t->beta, f16);
+            pf.n = 0;
         }
+}
+
+/* Every row block over panels [p0, p1) (one sub-item); blocks after the first prefetch
+ * the n_lines lines from `next` (NULL: none) in equal shares. */
+W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, const char *next, long n_lines)
+{
+    int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
+    long share = blocks > 1 ? (n_lines + blocks - 2) / (blocks - 1) : 0;
+    if (share > t->in)
+        share = t->in;
+    long asked = 0;
+    for (int r = 0; r < t->rows; r += MR_MAX) {
+        Prefetch pf = { next ? next + asked * 64 : NULL, 0 };
+        if (next && r > 0) {
+            pf.n = (int)(n_lines - asked < share ? n_lines - asked : share);
+            asked += pf.n;
+        }
+        switch (t->rows - r < MR_MAX ? t->rows - r : MR_MAX) {
+        case 6: sweep(t, r, p0, p1, 6, f16, pf); break;
+        case 5: sweep(t, r, p0, p1, 5, f16, pf); break;
+        case 4: sweep(t, r, p0, p1, 4, f16, pf); break;
+        case 3: sweep(t, r, p0, p1, 3, f16, pf); break;
+        case 2: sweep(t, r, p0, p1, 2, f16, pf); break;
+        default: sweep(t, r, p0, p1, 1, f16, pf); break;
+        }
+    }
 }
 
 W_INLINE void run(const MatmulTask *t, int p0, int p1, int f16)
 {
-    for (int r = 0; r < t->rows; r += MR_MAX) {
-        switch (t->rows - r < MR_MAX ? t->rows - r : MR_MAX) {
-        case 6: sweep(t, r, p0, p1, 6, f16); break;
-        case 5: sweep(t, r, p0, p1, 5, f16); break;
-        case 4: sweep(t, r, p0, p1, 4, f16); break;
-        case 3: sweep(t, r, p0, p1, 3, f16); break;
-        case 2: sweep(t, r, p0, p1, 2, f16); break;
-        default: sweep(t, r, p0, p1, 1, f16); break;
-        }
+    size_t panel_bytes = (size_t)t->in * MATMUL_PANEL * (f16 ? sizeof(uint16_t) : sizeof(float));
+    int sub = matmul_l2_panels(panel_bytes);
+    for (int q0 = p0; q0 < p1; q0 += sub) {
+        int q1 = q0 + sub < p1 ? q0 + sub : p1;
+        int n1 = q1 + sub < p1 ? q1 + sub : p1;
+        const char *next = n1 > q1 ? (const char *)t->panels + q1 * panel_bytes : NULL;
+        sub_item(t, q0, q1, f16, next, (long)((n1 - q1) * panel_bytes / 64));
     }
 }
 

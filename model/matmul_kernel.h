@@ -62,6 +62,23 @@ typedef struct {
     const I8Rows *xq; /* I8: x quantised beforehand, or NULL (each work item quantises) */
 } MatmulTask;
 
+/* Panels of panel_bytes each that stay in L2 while every row block passes over them:
+ * 256 KiB of W (4 panels of 768 F32 inputs, 2 of 2048), at least 1, at most 4. matmul.c
+ * cuts products into work items of this many panels; the AVX-512 kernel walks longer
+ * shares in sub-items of it. */
+#define MATMUL_L2_W_BYTES (256 << 10)
+#define MATMUL_L2_PANELS_MAX 4
+static inline int matmul_l2_panels(size_t panel_bytes)
+{
+    size_t n = MATMUL_L2_W_BYTES / (panel_bytes ? panel_bytes : 1);
+    return n < 1 ? 1 : n > MATMUL_L2_PANELS_MAX ? MATMUL_L2_PANELS_MAX : (int)n;
+}
+
+/* From this many rows (four row blocks) the AVX-512 F32/F16 kernel's later row blocks of
+ * a sub-item prefetch the next sub-item's panels: matmul.c then gives it longer shares,
+ * so that most sub-items have a next one (matmul_avx512.c). */
+#define MATMUL_AVX512_PREFETCH_ROWS 24
+
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
 void matmul_kernel_run(const MatmulTask *t, int p0, int p1);
