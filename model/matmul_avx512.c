@@ -18,7 +18,7 @@
  * later blocks find it in L2. So the later blocks prefetch the next sub-item's panels
  * into L2, a share each, one line per step of k: spread out, the stream keeps up and the
  * next sub-item's first block finds its W there. matmul.c hands out longer shares from
- * MATMUL_AVX512_PREFETCH_ROWS rows on, so that most sub-items have a next one. Compiled
+ * MATMUL_PREFETCH_ROWS rows on, so that most sub-items have a next one. Compiled
  * for AVX-512 whatever the build's -march; matmul.c only calls it where
  * matmul_avx512_supported() found AVX512F.
  */

@@ -11,8 +11,10 @@
 /* Outputs per panel: two 8-float AVX2 vectors, or one 16-float AVX-512 vector. */
 #define MATMUL_PANEL 16
 
-/* Inputs per scale of a quantised row of x in int8 products (matmul_i8.c). */
+/* Inputs per scale of a quantised row of x in int8 products (matmul_i8.c), and per chunk
+ * of inputs its kernel takes at a time. */
 #define MATMUL_I8_BLOCK 128
+#define MATMUL_I8_CHUNK_INPUTS 2048
 
 /* Where the parts of int8 packed weights lie (byte offsets from panels): each panel's
  * weights (panel_bytes, k-quad-major, as q + 128), then every panel's 16 output scales. */
@@ -74,10 +76,11 @@ static inline int matmul_l2_panels(size_t panel_bytes)
     return n < 1 ? 1 : n > MATMUL_L2_PANELS_MAX ? MATMUL_L2_PANELS_MAX : (int)n;
 }
 
-/* From this many rows (four row blocks) the AVX-512 F32/F16 kernel's later row blocks of
- * a sub-item prefetch the next sub-item's panels: matmul.c then gives it longer shares,
- * so that most sub-items have a next one (matmul_avx512.c). */
-#define MATMUL_AVX512_PREFETCH_ROWS 24
+/* From this many rows (four row blocks) the AVX-512 F32/F16 kernel and the int8 kernel
+ * (when x is quantised beforehand and W is one input chunk) walk a share in sub-items
+ * whose later row blocks prefetch the next sub-item's panels: matmul.c then hands out
+ * longer shares, so that most sub-items have a next one (matmul_avx512.c, matmul_i8.c). */
+#define MATMUL_PREFETCH_ROWS 24
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
