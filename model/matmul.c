@@ -23,13 +23,14 @@
  * in three alternations of another; 16 panels on wo and down's 48 left 3 items and lost;
  * now they take 6). */
 #define I8_FEW_ROWS_ITEM_PANELS_MAX 16
-/* The AVX-512 F32/F16 and the int8 kernels from MATMUL_PREFETCH_ROWS rows (int8: up to
- * 2048 inputs): up to 16 panels an item (4 sub-items, 3 of them prefetched while the one
- * before runs), again 4 items a thread. int8: see matmul_i8.c. F32, bench matmul
- * --rows 32 --best, binary against binary, 4 alternations (GFLOP/s): qkv 157-169 ->
- * 165-174, gate_up 162-180 -> 175-183, logits 154-165 -> 166-179, wo and down within
- * noise; longer items without the prefetch: even. From 12 rows (2 blocks: one later
- * block prefetches a quarter of the next sub-item) it was even or lost. */
+/* The AVX-512 F32/F16 and the int8 kernels from MATMUL_PREFETCH_ROWS and
+ * MATMUL_I8_PREFETCH_ROWS rows (int8: up to 2048 inputs): up to 16 panels an item (4
+ * sub-items, 3 of them prefetched while the one before runs), again 4 items a thread.
+ * int8: see matmul_i8.c. F32, bench matmul --rows 32 --best, binary against binary, 4
+ * alternations (GFLOP/s): qkv 157-169 -> 165-174, gate_up 162-180 -> 175-183, logits
+ * 154-165 -> 166-179, wo and down within noise; longer items without the prefetch: even.
+ * From 12 rows (2 blocks: one later block prefetches a quarter of the next sub-item) it
+ * was even or lost. */
 #define LONG_ITEM_PANELS_MAX 16
 
 size_t matmul_weights_floats(int in, int out)
@@ -320,7 +321,7 @@ static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
     if (w->type == MATMUL_I8 && rows <= 2)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
-    if (w->type == MATMUL_I8 && rows >= MATMUL_PREFETCH_ROWS && w->in <= MATMUL_I8_CHUNK_INPUTS)
+    if (w->type == MATMUL_I8 && rows >= MATMUL_I8_PREFETCH_ROWS && w->in <= MATMUL_I8_CHUNK_INPUTS)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, LONG_ITEM_PANELS_MAX);
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         return MATMUL_L2_PANELS_MAX;

@@ -28,13 +28,13 @@
  * median of three alternations; 4 -> 8 panels 0.69-0.82 -> 0.62-0.64 ms --best, gate_up
  * 85-107 -> 76-102 us, three alternations).
  * Chunks of inputs are outermost, as in matmul_bf16.c, so that the item's panels' share of
- * W stays in L2 while every row block passes over it. From MATMUL_PREFETCH_ROWS rows, with
- * x quantised beforehand and W one chunk (up to 2048 inputs), a share is walked in
+ * W stays in L2 while every row block passes over it. From MATMUL_I8_PREFETCH_ROWS rows,
+ * with x quantised beforehand and W one chunk (up to 2048 inputs), a share is walked in
  * sub-items of 4 panels instead, whose later row blocks prefetch the next sub-item's W
  * (run_sub_items): a sub-item's first row block would otherwise wait on memory, and at
  * VPDPBUSD's rate that wait is a larger part of the time than for F32 (bench matmul
  * --type int8 --best, binary against binary: 24-96 rows +15-40% on qkv, gate_up and
- * logits; 256 rows even to +35%).
+ * logits; 256 rows even to +35%; 12-16 rows +0-30%).
  *
  * The kernel is compiled for AVX-512 whatever the build's -march, and only runs where
  * matmul_i8_supported() (matmul.c) found AVX512_VNNI; i8_row_quantise is portable (it
@@ -205,7 +205,7 @@ I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
 {
     I8Layout lay = matmul_i8_layout(t->in, t->out);
     int quads = (t->in + 3) / 4;
-    if (t->xq && t->rows >= MATMUL_PREFETCH_ROWS && quads <= KCQ) {
+    if (t->xq && t->rows >= MATMUL_I8_PREFETCH_ROWS && quads <= KCQ) {
         run_sub_items(t, &lay, p0, p1);
         return;
     }

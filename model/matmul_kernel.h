@@ -76,11 +76,13 @@ static inline int matmul_l2_panels(size_t panel_bytes)
     return n < 1 ? 1 : n > MATMUL_L2_PANELS_MAX ? MATMUL_L2_PANELS_MAX : (int)n;
 }
 
-/* From this many rows (four row blocks) the AVX-512 F32/F16 kernel and the int8 kernel
- * (when x is quantised beforehand and W is one input chunk) walk a share in sub-items
- * whose later row blocks prefetch the next sub-item's panels: matmul.c then hands out
- * longer shares, so that most sub-items have a next one (matmul_avx512.c, matmul_i8.c). */
+/* From this many rows the AVX-512 F32/F16 kernel (four row blocks) and the int8 kernel
+ * (two, when x is quantised beforehand and W is one input chunk) walk a share in
+ * sub-items whose later row blocks prefetch the next sub-item's panels: matmul.c then
+ * hands out longer shares, so that most sub-items have a next one (matmul_avx512.c,
+ * matmul_i8.c). Below them it measured even or worse (F32 12-16 rows, int8 8). */
 #define MATMUL_PREFETCH_ROWS 24
+#define MATMUL_I8_PREFETCH_ROWS 12
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
