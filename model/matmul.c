@@ -24,8 +24,10 @@
  * now they take 6). */
 #define I8_FEW_ROWS_ITEM_PANELS_MAX 16
 /* The AVX-512 F32/F16 and the int8 kernels from MATMUL_PREFETCH_ROWS and
- * MATMUL_I8_PREFETCH_ROWS rows (int8: up to 2048 inputs): up to 16 panels an item (4
- * sub-items, 3 of them prefetched while the one before runs), again 4 items a thread.
+ * MATMUL_I8_PREFETCH_ROWS rows (int8: up to 2048 inputs): up to 16 panels an item (at 768
+ * inputs 4 sub-items, 3 of them prefetched while the one before runs; more, smaller ones
+ * for wider F32 inputs), again 4 items a thread. (Should an int8 product find no memory
+ * for its quantised x, such items take the chunked path unprefetched: slower, not wrong.)
  * int8: see matmul_i8.c. F32, bench matmul --rows 32 --best, binary against binary, 4
  * alternations (GFLOP/s): qkv 157-169 -> 165-174, gate_up 162-180 -> 175-183, logits
  * 154-165 -> 166-179, wo and down within noise; longer items without the prefetch: even.

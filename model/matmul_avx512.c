@@ -8,17 +8,21 @@
  * FMAs, where the AVX2 kernel's 6 x 1 issues 2 + 6 for 12 (bench matmul --rows 32, F32,
  * two threads: AVX2 ~110-130 GFLOP/s, this ~150-165). Fewer rows take the same 4 panels
  * (1 x 4 has 4 accumulators: such a product is bound by reading W, not by FMA latency).
- * A share of panels is walked in sub-items of matmul_l2_panels() (4 panels up to 1024
- * inputs, 2 up to 2048, 1 beyond): every row block passes over a sub-item while its W stays
- * in L2. Beyond 2048 inputs a block is 6 x 1: still 6 independent sums, enough for Zen 4's
- * one 512-bit FMA a cycle at latency 4 (a core with two 512-bit FMA units would want 8).
+ * A share of panels is walked in sub-items of matmul_l2_panels() (F32: 4 panels up to 1024
+ * inputs, 2 up to 2048, 1 beyond; F16 twice the inputs): every row block passes over a
+ * sub-item while its W stays in L2. A 1-panel sub-item's block is 6 x 1: still 6
+ * independent sums, enough for Zen 4's one 512-bit FMA a cycle at latency 4 (a core with
+ * two 512-bit FMA units would want 8).
  *
  * A sub-item's first row block waits on memory for its W (at 32 rows it needs W six
  * times faster than the product's average rate, more than one core's stream gives); the
  * later blocks find it in L2. So the later blocks prefetch the next sub-item's panels
  * into L2, a share each, one line per step of k: spread out, the stream keeps up and the
- * next sub-item's first block finds its W there. matmul.c hands out longer shares from
- * MATMUL_PREFETCH_ROWS rows on, so that most sub-items have a next one. Compiled
+ * next sub-item's first block finds its W there; only from MATMUL_PREFETCH_ROWS rows
+ * (below it measured even or worse), where matmul.c also hands out longer shares so that
+ * most sub-items have a next one. (Until session 7 a block asked for the next block's
+ * panels all at once: that fired only on whole-range calls, one thread or a small
+ * product, and skipping it on one row measured as noise.) Compiled
  * for AVX-512 whatever the build's -march; matmul.c only calls it where
  * matmul_avx512_supported() found AVX512F.
  */
@@ -51,17 +55,12 @@ W_INLINE void store_acc(float *y, __m512 acc, int n, float beta)
     _mm512_mask_storeu_ps(y, m, acc);
 }
 
-/* Cache lines to prefetch into L2 while a block runs: [pf, pf + 64 n). */
-typedef struct {
-    const char *pf;
-    int n;
-} Prefetch;
-
 /* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k (indices in weights,
  * panel_elems apart); the lines of pf are asked for meanwhile, one per step of k (pf.n is
  * at most in). */
-W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, Prefetch pf,
-                    size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
+W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p,
+                    MatmulPrefetch pf, size_t panel_elems, int in, int mr, int np, int cols,
+                    float beta, int f16)
 {
     __m512 acc[MR_MAX][NP_MAX];
     for (int i = 0; i < mr; i++)
@@ -70,7 +69,7 @@ W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, P
     for (int k = 0; k < in; k++) {
         size_t at = (size_t)k * MATMUL_PANEL;
         if (k < pf.n)
-            _mm_prefetch(pf.pf + (size_t)k * 64, _MM_HINT_T1);
+            _mm_prefetch(pf.p + (size_t)k * 64, _MM_HINT_T1);
         __m512 wv[NP_MAX];
         for (int j = 0; j < np; j++)
             wv[j] = load_w16(p, at + j * panel_elems, f16);
@@ -87,7 +86,8 @@ W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p, P
 
 /* mr rows from r against panels [p0, p1): 4 panels at a time, then 2, then 1; pf is
  * asked for while the first of them runs. */
-W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16, Prefetch pf)
+W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16,
+                    MatmulPrefetch pf)
 {
     size_t panel_elems = (size_t)t->in * MATMUL_PANEL;
     size_t panel_bytes = panel_elems * (f16 ? sizeof(uint16_t) : sizeof(float));
@@ -109,21 +109,14 @@ W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16,
         }
 }
 
-/* Every row block over panels [p0, p1) (one sub-item); blocks after the first prefetch
- * the n_lines lines from `next` (NULL: none) in equal shares. */
-W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, const char *next, long n_lines)
+/* Every row block over panels [p0, p1) (one sub-item); blocks after the first ask for
+ * the lines of `next` (the next sub-item's W; n 0: none) in equal shares, at most `in`
+ * each (so at 24-29 rows, 3 later blocks, 3 of a 4-panel sub-item's panels). */
+W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
 {
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
-    long share = blocks > 1 ? (n_lines + blocks - 2) / (blocks - 1) : 0;
-    if (share > t->in)
-        share = t->in;
-    long asked = 0;
     for (int r = 0; r < t->rows; r += MR_MAX) {
-        Prefetch pf = { next ? next + asked * 64 : NULL, 0 };
-        if (next && r > 0) {
-            pf.n = (int)(n_lines - asked < share ? n_lines - asked : share);
-            asked += pf.n;
-        }
+        MatmulPrefetch pf = matmul_prefetch_take(&next, r / MR_MAX, blocks, t->in);
         switch (t->rows - r < MR_MAX ? t->rows - r : MR_MAX) {
         case 6: sweep(t, r, p0, p1, 6, f16, pf); break;
         case 5: sweep(t, r, p0, p1, 5, f16, pf); break;
@@ -139,11 +132,13 @@ W_INLINE void run(const MatmulTask *t, int p0, int p1, int f16)
 {
     size_t panel_bytes = (size_t)t->in * MATMUL_PANEL * (f16 ? sizeof(uint16_t) : sizeof(float));
     int sub = matmul_l2_panels(panel_bytes);
+    int prefetch = t->rows >= MATMUL_PREFETCH_ROWS;
     for (int q0 = p0; q0 < p1; q0 += sub) {
         int q1 = q0 + sub < p1 ? q0 + sub : p1;
         int n1 = q1 + sub < p1 ? q1 + sub : p1;
-        const char *next = n1 > q1 ? (const char *)t->panels + q1 * panel_bytes : NULL;
-        sub_item(t, q0, q1, f16, next, (long)((n1 - q1) * panel_bytes / 64));
+        MatmulPrefetch next = { (const char *)t->panels + q1 * panel_bytes,
+                                prefetch ? (int)((size_t)(n1 - q1) * panel_bytes / 64) : 0 };
+        sub_item(t, q0, q1, f16, next);
     }
 }
 

@@ -75,18 +75,13 @@ void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
     }
 }
 
-/* Cache lines to prefetch into L2 while blocks run: [p, p + 64 n). */
-typedef struct {
-    const char *p;
-    int n;
-} Prefetch;
-
 /* Rows [r, r + mr) against panels [p, p + np) over one chunk: y (+)= sw * sums. The first
  * min(pf->n, nkq) lines of pf are asked for meanwhile, one per input quad, and taken off pf. */
 I8_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
-                         int kq0, int nkq, float beta, int r, int p, int mr, int np, Prefetch *pf)
+                         int kq0, int nkq, float beta, int r, int p, int mr, int np,
+                         MatmulPrefetch *pf)
 {
-    Prefetch mine = { pf->p, pf->n < nkq ? pf->n : nkq };
+    MatmulPrefetch mine = { pf->p, pf->n < nkq ? pf->n : nkq };
     pf->p += (size_t)mine.n * 64;
     pf->n -= mine.n;
     const uint8_t *panels = t->panels;
@@ -147,7 +142,8 @@ I8_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const 
 /* mr rows from r (row xrow of xr) against panels [p0, p1) over one chunk, asking for
  * pf's lines meanwhile (as many as the blocks have input quads). */
 I8_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
-                     int kq0, int nkq, float beta, int r, int p0, int p1, int mr, Prefetch pf)
+                     int kq0, int nkq, float beta, int r, int p0, int p1, int mr,
+                     MatmulPrefetch pf)
 {
     int p = p0;
     if (mr == 1)
@@ -163,7 +159,8 @@ I8_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8La
 }
 
 static I8_TARGET void sweep_n(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
-                    int kq0, int nkq, float beta, int r, int p0, int p1, int mr, Prefetch pf)
+                    int kq0, int nkq, float beta, int r, int p0, int p1, int mr,
+                    MatmulPrefetch pf)
 {
     switch (mr) {
     case 6: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 6, pf); break;
@@ -176,24 +173,39 @@ static I8_TARGET void sweep_n(const MatmulTask *t, const I8Rows *xr, int xrow, c
     }
 }
 
-/* x quantised beforehand, the whole of W one chunk (up to 2048 inputs): panels [p0, p1)
- * in sub-items of MATMUL_L2_PANELS_MAX, every row block over each, the blocks after the
- * first asking for the next sub-item's W in equal shares (as matmul_avx512.c does). */
-static I8_TARGET void run_sub_items(const MatmulTask *t, const I8Layout *lay, int p0, int p1)
+/* Register blocks a sweep of mr rows over np panels runs (as sweep does). */
+static int sweep_blocks(int mr, int np)
+{
+    int n = 0;
+    if (mr == 1) {
+        n += np / 8;
+        np %= 8;
+    }
+    if (mr <= 2) {
+        n += np / 4;
+        np %= 4;
+    }
+    return n + np / 2 + np % 2;
+}
+
+/* x quantised beforehand, the whole of W one chunk of `quads` input quads: panels
+ * [p0, p1) in sub-items of MATMUL_L2_PANELS_MAX, every row block over each, the blocks
+ * after the first asking for the next sub-item's W in equal shares (as matmul_avx512.c
+ * does), at most one line a quad of each of their register blocks: a 6-row block runs two
+ * over 4 panels, so at 12-17 rows half of the next sub-item is asked for, from 18 all. */
+static I8_TARGET void run_sub_items(const MatmulTask *t, const I8Layout *lay, int quads, int p0, int p1)
 {
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
     for (int q0 = p0; q0 < p1; q0 += MATMUL_L2_PANELS_MAX) {
         int q1 = q0 + MATMUL_L2_PANELS_MAX < p1 ? q0 + MATMUL_L2_PANELS_MAX : p1;
         int n1 = q1 + MATMUL_L2_PANELS_MAX < p1 ? q1 + MATMUL_L2_PANELS_MAX : p1;
-        Prefetch next = { (const char *)t->panels + q1 * lay->panel_bytes,
-                          (int)((n1 - q1) * lay->panel_bytes / 64) };
-        int share = blocks > 1 ? (next.n + blocks - 2) / (blocks - 1) : 0;
+        MatmulPrefetch next = { (const char *)t->panels + q1 * lay->panel_bytes,
+                                (int)((size_t)(n1 - q1) * lay->panel_bytes / 64) };
         for (int r = 0; r < t->rows; r += MR_MAX) {
-            Prefetch pf = { next.p, r > 0 ? (next.n < share ? next.n : share) : 0 };
-            next.p += (size_t)pf.n * 64;
-            next.n -= pf.n;
             int mr = t->rows - r < MR_MAX ? t->rows - r : MR_MAX;
-            sweep_n(t, t->xq, r, lay, 0, (t->in + 3) / 4, t->beta, r, q0, q1, mr, pf);
+            MatmulPrefetch pf = matmul_prefetch_take(&next, r / MR_MAX, blocks,
+                                                     quads * sweep_blocks(mr, q1 - q0));
+            sweep_n(t, t->xq, r, lay, 0, quads, t->beta, r, q0, q1, mr, pf);
         }
     }
 }
@@ -206,10 +218,10 @@ I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
     I8Layout lay = matmul_i8_layout(t->in, t->out);
     int quads = (t->in + 3) / 4;
     if (t->xq && t->rows >= MATMUL_I8_PREFETCH_ROWS && quads <= KCQ) {
-        run_sub_items(t, &lay, p0, p1);
+        run_sub_items(t, &lay, quads, p0, p1);
         return;
     }
-    Prefetch none = { NULL, 0 };
+    MatmulPrefetch none = { NULL, 0 };
     int8_t q[MR_MAX * 4 * KCQ] __attribute__((aligned(64)));
     float sx[MR_MAX * CHUNK_BLOCKS];
     int32_t zsum[MR_MAX * CHUNK_BLOCKS];

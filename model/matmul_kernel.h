@@ -65,15 +65,34 @@ typedef struct {
 } MatmulTask;
 
 /* Panels of panel_bytes each that stay in L2 while every row block passes over them:
- * 256 KiB of W (4 panels of 768 F32 inputs, 2 of 2048), at least 1, at most 4. matmul.c
- * cuts products into work items of this many panels; the AVX-512 kernel walks longer
- * shares in sub-items of it. */
+ * 256 KiB of W (4 panels of up to 1024 F32 inputs, 2 of 2048; F16 4 up to 2048), at
+ * least 1, at most 4. matmul.c cuts products into work items of this many panels; the
+ * AVX-512 kernel walks longer shares in sub-items of it (the int8 kernel in sub-items of
+ * MATMUL_L2_PANELS_MAX, 48 KiB at 768 inputs). */
 #define MATMUL_L2_W_BYTES (256 << 10)
 #define MATMUL_L2_PANELS_MAX 4
 static inline int matmul_l2_panels(size_t panel_bytes)
 {
     size_t n = MATMUL_L2_W_BYTES / (panel_bytes ? panel_bytes : 1);
     return n < 1 ? 1 : n > MATMUL_L2_PANELS_MAX ? MATMUL_L2_PANELS_MAX : (int)n;
+}
+
+/* Cache lines [p, p + 64 n) a kernel asks for into L2 while it computes. */
+typedef struct {
+    const char *p;
+    int n;
+} MatmulPrefetch;
+
+/* What row block `block` of `blocks` asks for of the next sub-item's lines `rest`, which
+ * it takes off rest: nothing for the first block (it waits on its own W), then equal
+ * shares of what is left, at most cap lines (what the block can issue: one a step of k). */
+static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int block, int blocks, int cap)
+{
+    int n = block > 0 ? (rest->n + blocks - block - 1) / (blocks - block) : 0;
+    MatmulPrefetch pf = { rest->p, n < cap ? n : cap };
+    rest->p += (size_t)pf.n * 64;
+    rest->n -= pf.n;
+    return pf;
 }
 
 /* From this many rows the AVX-512 F32/F16 kernel (four row blocks) and the int8 kernel
