@@ -22,6 +22,7 @@
  */
 #include <assert.h>
 #include <float.h>
+#include <limits.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
@@ -156,11 +157,12 @@ ATTN_INLINE __m256 q8_scales8(const void *kt, int j, int hd)
     return _mm256_loadu_ps(s);
 }
 
-/* Fold positions [0, n_valid) of a tile into one query vector's running state. A Q8
- * tile is read in its integers: each score takes its K row's scale once (q·(s k) =
- * s (q·k)), and each probability the V row's scale before the P·V sum (p (s v) = (p s) v). */
+/* Fold positions [0, n_valid) of a tile into one query vector's running state, asking
+ * for some of pf (NULL: none) on the way. A Q8 tile is read in its integers: each score
+ * takes its K row's scale once (q·(s k) = s (q·k)), and each probability the V row's
+ * scale before the P·V sum (p (s v) = (p s) v). */
 ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                           int n_valid, float *m, float *l, float *acc, int fmt)
+                           int n_valid, float *m, float *l, float *acc, AttnPrefetch *pf, int fmt)
 {
     int hd = c->head_dim;
     float s[ATTN_TILE] __attribute__((aligned(32)));
@@ -168,7 +170,7 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 8 <= n_valid; j += 8) {
-        __m256 sj = _mm256_mul_ps(dot8(q, kv_row(kt, j, hd, fmt), hd, fmt), vscale);
+        __m256 sj = _mm256_mul_ps(dot8(q, kv_row(kt, j, hd, fmt), hd, fmt, pf), vscale);
         if (fmt == KV_DTYPE_Q8)
             sj = _mm256_mul_ps(sj, q8_scales8(kt, j, hd));
         _mm256_store_ps(s + j, sj);
@@ -204,31 +206,31 @@ ATTN_INLINE void fold_tile(const AttnCall *c, const float *q, const void *kt, co
     if (fmt == KV_DTYPE_Q8)
         for (j = 0; j < n_valid; j++)
             s[j] *= q8_row_scale(kv_row(vt, j, hd, fmt), hd);
-    accumulate_pv(acc, rescale, s, vt, n_valid, hd, fmt);
+    accumulate_pv(acc, rescale, s, vt, n_valid, hd, fmt, pf);
 }
 
 typedef void FoldFn(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                    int n_valid, float *m, float *l, float *acc);
+                    int n_valid, float *m, float *l, float *acc, AttnPrefetch *pf);
 
 /* The instances: F32 tiles (an F32 cache, or F16/Q8 widened once for many vectors) and
  * F16 or Q8 tiles read straight from the cache (a decode row's few vectors gain nothing
  * from a copy). */
 static void fold_tile_f32(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                          int n_valid, float *m, float *l, float *acc)
+                          int n_valid, float *m, float *l, float *acc, AttnPrefetch *pf)
 {
-    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_F32);
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, pf, KV_DTYPE_F32);
 }
 
 static void fold_tile_f16(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                          int n_valid, float *m, float *l, float *acc)
+                          int n_valid, float *m, float *l, float *acc, AttnPrefetch *pf)
 {
-    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_F16);
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, pf, KV_DTYPE_F16);
 }
 
 static void fold_tile_q8(const AttnCall *c, const float *q, const void *kt, const void *vt,
-                         int n_valid, float *m, float *l, float *acc)
+                         int n_valid, float *m, float *l, float *acc, AttnPrefetch *pf)
 {
-    fold_tile(c, q, kt, vt, n_valid, m, l, acc, KV_DTYPE_Q8);
+    fold_tile(c, q, kt, vt, n_valid, m, l, acc, pf, KV_DTYPE_Q8);
 }
 
 /* One work item: KV heads [kv0, kv0 + n_kv), query heads [head0, head0 + n_h) of each
@@ -268,9 +270,9 @@ static int32_t item_row_last(const ItemState *it, int r)
 }
 
 /* Fold the tile of positions [t0, t0 + n) of KV head kv0 + k into every query vector of
- * that head that sees them. */
+ * that head that sees them, asking for pf (NULL: none) on the way. */
 static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const void *kt,
-                           const void *vt)
+                           const void *vt, AttnPrefetch *pf)
 {
     const AttnCall *c = it->c;
     int hd = c->head_dim;
@@ -285,21 +287,25 @@ static void item_fold_tile(const ItemState *it, int k, int32_t t0, int n, const 
         for (int h = 0; h < it->n_h; h++) {
             int v = (k * it->n_rows + r) * it->n_h + h;
             const float *q = qrow + (size_t)((it->kv0 + k) * c->group + it->head0 + h) * hd;
-            it->fold(c, q, kt, vt, n_valid, &it->m[v], &it->l[v], it->acc + (size_t)v * it->acc_stride);
+            it->fold(c, q, kt, vt, n_valid, &it->m[v], &it->l[v], it->acc + (size_t)v * it->acc_stride,
+                     pf);
         }
     }
 }
 
-/* Ask for one KV head's K and V rows of a span into L2 (not L1: the rows being folded
- * would be pushed out). */
-static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head)
+/* One KV head's K and V rows of a span, as lines to ask for into L2 (not L1: the rows
+ * being folded would be pushed out). */
+static AttnPrefetch span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head)
 {
-    size_t bytes = (size_t)t->n * kv_layout_row_bytes(&c->kv->layout);
+    AttnPrefetch pf = { { NULL, NULL }, { 0, 0 } };
+    if (t->n == 0) /* past the end: no block to point into */
+        return pf;
+    int lines = (int)(((size_t)t->n * kv_layout_row_bytes(&c->kv->layout) + 63) / 64);
     for (int is_v = 0; is_v < 2; is_v++) {
-        const char *p = tile_ptr(c, t, is_v, kv_head);
-        for (size_t off = 0; off < bytes; off += 64)
-            _mm_prefetch(p + off, _MM_HINT_T1);
+        pf.p[is_v] = tile_ptr(c, t, is_v, kv_head);
+        pf.n[is_v] = lines;
     }
+    return pf;
 }
 
 /* A decode row (one query vector per KV head, or a group of up to 8): tiles are read
@@ -307,13 +313,17 @@ static void span_prefetch_head(const AttnCall *c, const TileSpan *t, int kv_head
  * item's KV heads block by block, each head's tile folded into each of its vectors.
  * Blocks are scattered: the hardware cannot guess the next one, so while a head's rows of
  * this span are folded, the same head's rows of the next span are asked for: one span
- * ahead, spread over the span's heads. bench attention --only decode (K/V from memory),
- * against asking for short spans only, all at once into L1 (tile_prefetch): F16 ctx 512
- * batch 32 16.8-17.3 -> 24.9-26.0 GB/s, batch 1 8.8-11.5 -> 15.7-18.2, ctx 128 batch 8
- * 13.1-13.5 -> 17.8-23.9; Q8 ctx 512 batch 1 5.3-5.7 -> 7.9-9.4, ctx 160 batch 32
- * 10.6-12.8 -> 13.4-14.0; F32 ctx 160 batch 32 13.6-15.2 -> 16.1-16.9 (two alternations
- * each). In two later hours: within noise at 32 rows, mixed at one (docs/benchmarks.md,
- * session 6). T0 instead of T1 (into L1) was slower than no such prefetch at all; NTA too. */
+ * ahead, spread over the span's heads, and within a head spread over the fold, a couple
+ * of lines at each step of its loops (what is left after the fold, all at once).
+ * bench attention --only decode (K/V from memory), against the same lines asked for all
+ * at once before each head's fold, binary against binary, three alternations: F16 ctx
+ * 128-2048 batch 1 7.7-12.2 -> 12.3-20.1 GB/s, batch 32 12.3-17.3 -> 21.9-28.5; Q8
+ * batch 1 5.7-9.3 -> 7.7-11.9, batch 32 9.3-11.2 -> 10.1-17.4 (F32 batch 1 and 8 ~2x, an
+ * env-toggled build). bench engine decode tok/s: --seqs 16 --prompt 512 F32/F16 249-273
+ * -> 314-322 (binary against binary); toggled: --seqs 32 --gen 256 F32/F16 461-493 ->
+ * 476-523, int8/Q8 1029-1091 -> 1056-1272, --seqs 1 --prompt 1024 int8/Q8 133 -> 160.
+ * The all-at-once form had itself measured 1.4-1.8x over asking for short spans only
+ * (into L1) in one hour, and within noise in later ones. */
 static void item_walk_direct(const ItemState *it)
 {
     const KvLayout *lay = &it->c->kv->layout;
@@ -322,10 +332,10 @@ static void item_walk_direct(const ItemState *it)
     while (t.n > 0) {
         TileSpan next = tile_next(lay, it->seq, t, end);
         for (int k = 0; k < it->n_kv; k++) {
-            if (next.n > 0)
-                span_prefetch_head(it->c, &next, it->kv0 + k);
+            AttnPrefetch pf = span_prefetch_head(it->c, &next, it->kv0 + k);
             item_fold_tile(it, k, t.pos, t.n, tile_ptr(it->c, &t, 0, it->kv0 + k),
-                           tile_ptr(it->c, &t, 1, it->kv0 + k));
+                           tile_ptr(it->c, &t, 1, it->kv0 + k), &pf);
+            attn_prefetch_some(&pf, INT_MAX);
         }
         t = next;
     }
@@ -492,7 +502,7 @@ static void item_walk_gathered(const ItemState *it, TileVecs *tv)
         if (tv)
             fold_tile_matrix(it, tv, t0, n, kbuf, vbuf);
         else
-            item_fold_tile(it, 0, t0, n, kbuf, vbuf);
+            item_fold_tile(it, 0, t0, n, kbuf, vbuf, NULL);
     }
 }
 

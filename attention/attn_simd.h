@@ -18,6 +18,30 @@
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
 
+/* Cache lines to ask for into L2 while a fold runs: up to two runs (a head's K and V rows
+ * of the next span), a couple of lines between the fold's own loads. Asked for all at
+ * once, the 64 lines of a head's F16 K and V filled the core's miss buffers and held up
+ * the fold's own loads (see item_walk_direct). */
+typedef struct {
+    const char *p[2];
+    int n[2]; /* lines left of each run */
+} AttnPrefetch;
+
+/* Ask for up to `count` more lines of pf (NULL: nothing). */
+ATTN_INLINE void attn_prefetch_some(AttnPrefetch *pf, int count)
+{
+    if (!pf)
+        return;
+    for (int r = 0; r < 2; r++)
+        for (; pf->n[r] > 0 && count > 0; pf->n[r]--, count--) {
+            _mm_prefetch(pf->p[r], _MM_HINT_T1);
+            pf->p[r] += 64;
+        }
+}
+
+/* Lines of pf asked for at each step of the fold loops below. */
+#define ATTN_PREFETCH_STEP 2
+
 /* Eight K/V elements from index i of row data p, as F32 (Q8: unscaled). */
 ATTN_INLINE __m256 kv_load8(const void *p, int i, int fmt)
 {
@@ -70,8 +94,9 @@ ATTN_INLINE float dot1(const float *q, const void *k, int hd, int fmt)
 }
 
 /* q against 8 consecutive K rows: eight running sums (independent FMA chains), then one
- * reduction tree that leaves the 8 dot products in the lanes of one vector. */
-ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int fmt)
+ * reduction tree that leaves the 8 dot products in the lanes of one vector. A little of
+ * pf is asked for at every 8 dims. */
+ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int fmt, AttnPrefetch *pf)
 {
     const void *k0 = kv_row(k, 0, hd, fmt), *k1 = kv_row(k, 1, hd, fmt);
     const void *k2 = kv_row(k, 2, hd, fmt), *k3 = kv_row(k, 3, hd, fmt);
@@ -80,6 +105,7 @@ ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int fmt)
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     int d = 0;
     for (; d + 8 <= hd; d += 8) {
+        attn_prefetch_some(pf, ATTN_PREFETCH_STEP);
         __m256 qd = _mm256_loadu_ps(q + d);
         a0 = _mm256_fmadd_ps(qd, kv_load8(k0, d, fmt), a0);
         a1 = _mm256_fmadd_ps(qd, kv_load8(k1, d, fmt), a1);
@@ -109,9 +135,10 @@ ATTN_INLINE __m256 dot8(const float *q, const void *k, int hd, int fmt)
 /* acc = acc*c + sum_j p[j]*v[j] over n V rows. Dims go 32 at a time with their sums in
  * registers across all rows, so acc is read and written once per tile; even and odd
  * rows feed separate sums, giving 8 independent FMA chains. (Named registers, not
- * arrays: a compiler may keep an array in memory.) */
+ * arrays: a compiler may keep an array in memory.) A little of pf is asked for at every
+ * pair of rows. */
 ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *v, int n,
-                               int hd, int fmt)
+                               int hd, int fmt, AttnPrefetch *pf)
 {
     __m256 vc = _mm256_set1_ps(c);
     int d = 0;
@@ -124,6 +151,7 @@ ATTN_INLINE void accumulate_pv(float *acc, float c, const float *p, const void *
         __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
         int j = 0;
         for (; j + 2 <= n; j += 2) {
+            attn_prefetch_some(pf, ATTN_PREFETCH_STEP);
             const void *v0 = kv_row(v, j, hd, fmt), *v1 = kv_row(v, j + 1, hd, fmt);
             __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);
             o0 = _mm256_fmadd_ps(p0, kv_load8(v0, d, fmt), o0);
