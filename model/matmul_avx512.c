@@ -20,10 +20,11 @@
  * into L2, a share each, one line per step of k: spread out, the stream keeps up and the
  * next sub-item's first block finds its W there; only from MATMUL_PREFETCH_ROWS rows
  * (below it measured even or worse), where matmul.c also hands out longer shares so that
- * most sub-items have a next one. (Until session 7 a block asked for the next block's
- * panels all at once: that fired only on whole-range calls, one thread or a small
- * product, and skipping it on one row measured as noise.) Compiled
- * for AVX-512 whatever the build's -march; matmul.c only calls it where
+ * most sub-items have a next one. (An earlier form had each block ask for the next
+ * block's panels as it ran: that fired only on whole-range calls, one thread or a small
+ * product, and skipping it on one row measured as noise.)
+ *
+ * Compiled for AVX-512 whatever the build's -march; matmul.c only calls it where
  * matmul_avx512_supported() found AVX512F.
  */
 #include "model/matmul_kernel.h"

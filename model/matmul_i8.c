@@ -82,8 +82,10 @@ I8_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const 
                          MatmulPrefetch *pf)
 {
     MatmulPrefetch mine = { pf->p, pf->n < nkq ? pf->n : nkq };
-    pf->p += (size_t)mine.n * 64;
-    pf->n -= mine.n;
+    if (mine.n > 0) { /* (pf.p may be NULL: no arithmetic on it then) */
+        pf->p += (size_t)mine.n * 64;
+        pf->n -= mine.n;
+    }
     const uint8_t *panels = t->panels;
     const int32_t *w = (const int32_t *)(panels + p * lay->panel_bytes) + (size_t)kq0 * MATMUL_PANEL;
     size_t panel_words = lay->panel_bytes / 4;
