@@ -22,8 +22,8 @@
  */
 #include <assert.h>
 #include <float.h>
-#include <limits.h>
 #include <immintrin.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -323,13 +323,12 @@ static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
     if (w->type == MATMUL_I8 && rows <= 2)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
-    if (w->type == MATMUL_I8 && rows >= MATMUL_I8_PREFETCH_ROWS && w->in <= MATMUL_I8_CHUNK_INPUTS)
-        return item_share(n_panels, MATMUL_L2_PANELS_MAX, LONG_ITEM_PANELS_MAX);
+    int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type)); /* int8 up to 2048 inputs: 4 */
+    /* (F32 and F16 prefetch on the AVX-512 kernel only) */
+    if (matmul_prefetches(w->type, rows, w->in) && (w->type == MATMUL_I8 || matmul_avx512_supported()))
+        return item_share(n_panels, l2, LONG_ITEM_PANELS_MAX);
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         return MATMUL_L2_PANELS_MAX;
-    int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type));
-    if (rows >= MATMUL_PREFETCH_ROWS && matmul_avx512_supported())
-        return item_share(n_panels, l2, LONG_ITEM_PANELS_MAX);
     return l2;
 }
 

@@ -133,7 +133,7 @@ W_INLINE void run(const MatmulTask *t, int p0, int p1, int f16)
 {
     size_t panel_bytes = (size_t)t->in * MATMUL_PANEL * (f16 ? sizeof(uint16_t) : sizeof(float));
     int sub = matmul_l2_panels(panel_bytes);
-    int prefetch = t->rows >= MATMUL_PREFETCH_ROWS;
+    int prefetch = matmul_prefetches(t->type, t->rows, t->in);
     for (int q0 = p0; q0 < p1; q0 += sub) {
         int q1 = q0 + sub < p1 ? q0 + sub : p1;
         int n1 = q1 + sub < p1 ? q1 + sub : p1;

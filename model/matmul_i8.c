@@ -219,7 +219,7 @@ I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
 {
     I8Layout lay = matmul_i8_layout(t->in, t->out);
     int quads = (t->in + 3) / 4;
-    if (t->xq && t->rows >= MATMUL_I8_PREFETCH_ROWS && quads <= KCQ) {
+    if (t->xq && matmul_prefetches(MATMUL_I8, t->rows, t->in)) {
         run_sub_items(t, &lay, quads, p0, p1);
         return;
     }

@@ -103,6 +103,16 @@ static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int bloc
 #define MATMUL_PREFETCH_ROWS 24
 #define MATMUL_I8_PREFETCH_ROWS 12
 
+/* Whether a product of this type, rows and inputs takes that path (the int8 kernel also
+ * needs x quantised beforehand): the one rule both the kernels and matmul.c's item
+ * lengths follow. */
+static inline int matmul_prefetches(MatmulType type, int rows, int in)
+{
+    if (type == MATMUL_I8)
+        return rows >= MATMUL_I8_PREFETCH_ROWS && in <= MATMUL_I8_CHUNK_INPUTS;
+    return (type == MATMUL_F32 || type == MATMUL_F16) && rows >= MATMUL_PREFETCH_ROWS;
+}
+
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
 void matmul_kernel_run(const MatmulTask *t, int p0, int p1);

@@ -19,21 +19,29 @@ int model_weight_type_parse(const char *name, ModelWeightType *out)
     return -1;
 }
 
+/* Whether every packed matrix is one of these n (there is at least one). */
+static int all_matrices(const ModelConfig *c, int n)
+{
+    return c->packed_matrices > 0 && n == c->packed_matrices;
+}
+
 const char *model_matrix_type_name(const ModelConfig *c)
 {
     if (c->packed_matrices_f16 == 0 && c->packed_matrices_bf16 == 0 && c->packed_matrices_i8 == 0)
         return "f32";
-    if (c->packed_matrices_f16 == c->packed_matrices)
+    if (all_matrices(c, c->packed_matrices_f16))
         return "f16";
-    if (c->packed_matrices_i8 == c->packed_matrices)
+    if (all_matrices(c, c->packed_matrices_i8))
         return "int8";
-    return c->packed_matrices_bf16 == c->packed_matrices ? "bf16" : "mixed";
+    return all_matrices(c, c->packed_matrices_bf16) ? "bf16" : "mixed";
 }
 
+/* Mixed matrices name the F32/F16 kernel, as before. */
 const char *model_kernel_name(const ModelConfig *c)
 {
-    const char *held = model_matrix_type_name(c);
-    return matmul_kernel_name(!strcmp(held, "int8") ? MATMUL_I8 : !strcmp(held, "bf16") ? MATMUL_BF16 : MATMUL_F32);
+    return matmul_kernel_name(all_matrices(c, c->packed_matrices_i8)    ? MATMUL_I8
+                              : all_matrices(c, c->packed_matrices_bf16) ? MATMUL_BF16
+                                                                         : MATMUL_F32);
 }
 
 int model_load(const char *path, Model **out, char *err, size_t err_len)
