@@ -1,6 +1,7 @@
 /* quant_i8_row against the rule written out plainly here: every length around the 8-value
- * vectors, ties to even, the clamp, the sum, and the special rows (NaN, infinity, zero,
- * tiny), wherever in the row the special value sits. */
+ * vectors and the lengths it is called with (128-value blocks, model rows), ties to even,
+ * the clamp, the sum, and the special rows (NaN, infinity, zero, tiny), wherever in the
+ * row the special value sits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,9 +46,11 @@ static float reference(int8_t *q, const float *x, int n, int32_t *sum)
     return amax / 127.0f;
 }
 
+#define MAX_N 2048
+
 static void check_row(const float *x, int n)
 {
-    int8_t got[80], want[80];
+    static int8_t got[MAX_N + 1], want[MAX_N];
     int32_t got_sum = -1, want_sum;
     memset(got, 0x55, sizeof got);
     float s = quant_i8_row(got, x, n, &got_sum);
@@ -61,17 +64,25 @@ static void check_row(const float *x, int n)
     assert_int_equal(got_sum, want_sum);
 }
 
+static void check_random_rows(int n)
+{
+    static float x[MAX_N];
+    for (int round = 0; round < 20; round++) {
+        float scale = ldexpf(1.0f, (int)rng_uniform(-30.0f, 30.0f));
+        for (int i = 0; i < n; i++)
+            x[i] = rng_uniform(-1.0f, 1.0f) * scale;
+        check_row(x, n);
+    }
+}
+
 static void test_random_rows(void **state)
 {
     (void)state;
-    float x[80];
     for (int n = 1; n <= 70; n++)
-        for (int round = 0; round < 20; round++) {
-            float scale = ldexpf(1.0f, (int)rng_uniform(-30.0f, 30.0f));
-            for (int i = 0; i < n; i++)
-                x[i] = rng_uniform(-1.0f, 1.0f) * scale;
-            check_row(x, n);
-        }
+        check_random_rows(n);
+    const int longer[] = {127, 128, 129, 255, 768, MAX_N}; /* product blocks, model rows */
+    for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
+        check_random_rows(longer[i]);
 }
 
 /* max|x| = 127 makes x * 127 / max|x| = x: halves must go to the even neighbour. */
@@ -87,6 +98,10 @@ static void test_ties_to_even(void **state)
         assert_memory_equal(q, want, (size_t)n);
         check_row(x, n);
     }
+    float xs[40]; /* the same ties at every place of the vectors and the tail */
+    for (int i = 0; i < 40; i++)
+        xs[i] = x[i % 11];
+    check_row(xs, 40);
 }
 
 static void test_special_rows(void **state)
