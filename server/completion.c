@@ -268,10 +268,18 @@ enum MHD_Result completion_start(ServerReq *r)
     const char *body = r->body.data ? r->body.data : "";
     if (api_request_parse(body, r->body.len, &c->limits, c->model_name, &r->req, &e) != 0)
         return server_send_error(r, &e);
-    /* Admission before tokenising: a full queue costs the client nothing more. */
+    /* Admission before tokenising: a full queue costs the client nothing more. Every
+     * prompt of a request waits in the queue at once: more than it holds at all is the
+     * request's fault (a retry cannot help), more than its room now is the load's. */
+    int32_t max_queue = c->engine.max_queue;
+    if (max_queue > 0 && r->req->n_prompts > max_queue) {
+        api_error_set(&e, 400, "prompt", NULL, "%d prompts in one request; this server queues at most %d",
+                      (int)r->req->n_prompts, (int)max_queue);
+        return server_send_error(r, &e);
+    }
     EngineStats st;
     engine_stats(s->engine, &st);
-    if (st.waiting >= c->engine.max_queue)
+    if (st.waiting + r->req->n_prompts > max_queue)
         return send_error(r, 429, NULL, "Too many requests are waiting; retry later");
     if (api_request_tokenize(r->req, &s->vocab, s->ctx_len, &c->limits, &e) != 0 ||
         check_kv_fit(r, &st, &e) != 0)

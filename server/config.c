@@ -60,7 +60,7 @@ static const Flag flags[] = {
     {"max-prefill-chunk", 0, FLAG_INT, FIELD(engine.max_prefill_chunk), 0, 1 << 20, "N", "64",
      "prefill rows a step may add while it also decodes (0: the whole --max-batch-tokens)"},
     {"max-queue", 0, FLAG_INT, FIELD(engine.max_queue), 0, 1 << 24, "N", "256",
-     "waiting requests before new ones get 429 (0: refuse all)"},
+     "prompts waiting before new requests get 429 (a batch of more: 400; 0: refuse all)"},
     {"no-prefix-cache", 0, FLAG_SPECIAL, 0, 0, 0, NULL, "off",
      "do not reuse KV blocks of identical prompt prefixes"},
     {"api-key", 0, FLAG_SPECIAL, 0, 0, 0, "KEY", "none",

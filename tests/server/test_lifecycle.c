@@ -175,7 +175,8 @@ static void test_env_and_startup_log(void **state)
 }
 
 /* --max-queue 0 refuses every completion: 429 with Retry-After. A request needing more KV
- * than the whole cache: 400 before it reaches the engine. */
+ * than the whole cache, or more prompts than the queue holds: 400 before it reaches the
+ * engine. */
 static void test_refusals(void **state)
 {
     (void)state;
@@ -213,6 +214,25 @@ static void test_refusals(void **state)
                   "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":8}", &status);
     assert_int_equal(status, 200);
     json_decref(j);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+
+    /* More prompts in one request than --max-queue can ever hold: 400 (a retry cannot
+     * help), and nothing submitted and taken back (no "abort" choices); as many as it
+     * holds are served. */
+    const char *queue2[] = {"--max-queue", "2", NULL};
+    assert_int_equal(start_random_server(&sp, queue2), 0);
+    j = post_json(sp.port, "/v1/completions",
+                  "{\"model\":\"random\",\"prompt\":[\"a\",\"b\",\"c\"],\"max_tokens\":2}", &status);
+    assert_int_equal(status, 400);
+    assert_error_body(j, "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                        "prompt");
+    json_decref(j);
+    j = post_json(sp.port, "/v1/completions",
+                  "{\"model\":\"random\",\"prompt\":[\"a\",\"b\"],\"max_tokens\":2}", &status);
+    assert_int_equal(status, 200);
+    json_decref(j);
+    assert_true(metric_value(sp.port, "pagedserve_request_success_total{finished_reason=\"abort\"}") == 0);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
