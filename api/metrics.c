@@ -113,7 +113,8 @@ static void kv_metrics(Out *o, const EngineStats *s) {
     gauge(o, "pagedserve_kv_blocks_total", "KV-cache blocks in the pool.", s->blocks_total);
     gauge(o, "pagedserve_kv_blocks_used", "KV-cache blocks referenced by live sequences.",
           s->blocks_used);
-    gauge(o, "pagedserve_kv_blocks_free", "KV-cache blocks free (including cached-free).",
+    gauge(o, "pagedserve_kv_blocks_free",
+          "KV-cache blocks on the plain free list (allocatable: this plus kv_blocks_cached).",
           s->blocks_free);
     gauge(o, "pagedserve_kv_blocks_cached",
           "Free KV-cache blocks still holding a reusable prefix (LRU, reclaimed last).",

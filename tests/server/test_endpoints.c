@@ -307,6 +307,12 @@ static void test_metrics(void **state)
     assert_true(samples > 10);
     http_response_free(&r);
     assert_true(metric_value(srv.port, "pagedserve_kv_blocks_total") > 0);
+    /* used, plain free and cached (free but holding a prefix) split the pool, as their
+     * help texts say */
+    assert_true(metric_value(srv.port, "pagedserve_kv_blocks_used") +
+                    metric_value(srv.port, "pagedserve_kv_blocks_free") +
+                    metric_value(srv.port, "pagedserve_kv_blocks_cached") ==
+                metric_value(srv.port, "pagedserve_kv_blocks_total"));
     assert_true(metric_value(srv.port, "pagedserve_http_requests_total{code=\"404\"}") >= 1);
     assert_true(metric_value(srv.port, "pagedserve_http_requests_total{code=\"200\"}") >= 1);
 }
