@@ -333,16 +333,25 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
     return MHD_YES;
 }
 
-/* A piece of the body: kept while within the limit, dropped after (never buffered). */
-static void req_take_body(ServerReq *r, const char *data, size_t n)
+/* A piece of the body: kept while within the limit, dropped after (never buffered). A body
+ * still coming past twice the limit is not worth reading to its end for a 413 (an endless
+ * chunked upload would hold its connection forever): false, and the connection closes. */
+static bool req_take_body(ServerReq *r, const char *data, size_t n)
 {
+    size_t limit = r->srv->cfg->limits.max_body_bytes;
+    r->body_seen += n;
+    if (r->body_seen > limit && r->body_seen - limit > limit) {
+        server_log(LOG_INFO, "id=%s: body past twice --max-body-bytes (%zu): connection closed",
+                   r->request_id, limit);
+        return false;
+    }
     if (r->body_too_large || r->has_early_error || r->phase != PHASE_RECEIVING)
-        return;
-    if (r->body.len + n > r->srv->cfg->limits.max_body_bytes) {
+        return true;
+    if (r->body.len + n > limit) {
         r->body_too_large = true;
         api_buf_free(&r->body);
         api_buf_init(&r->body);
-        return;
+        return true;
     }
     if (api_buf_append(&r->body, data, n) != 0) {
         /* Out of memory is not the client's fault; say so with a 503 when the body ends. */
@@ -351,6 +360,7 @@ static void req_take_body(ServerReq *r, const char *data, size_t n)
         api_buf_free(&r->body);
         api_buf_init(&r->body);
     }
+    return true;
 }
 
 /* The body is complete: answer. */
@@ -403,9 +413,9 @@ enum MHD_Result server_on_access(void *cls, struct MHD_Connection *conn, const c
         return req_begin(r, conn, url, method);
     }
     if (*upload_data_size > 0) {
-        req_take_body(r, upload_data, *upload_data_size);
+        bool keep_reading = req_take_body(r, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return keep_reading ? MHD_YES : MHD_NO;
     }
     switch (r->phase) {
     case PHASE_RECEIVING:

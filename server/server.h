@@ -9,6 +9,7 @@
  * A request's life on the loop:
  *   access handler (first call) -> route, auth, early 413 by Content-Length
  *   upload calls                -> body kept up to --max-body-bytes, the rest discarded
+ *                                  (past twice the limit the connection is closed)
  *   final call                  -> api parse / admission / tokenise / engine_submit;
  *                                  streamed: SSE response from a callback (suspends when it
  *                                  has nothing to send); non-streamed: suspend until done

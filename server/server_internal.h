@@ -66,6 +66,7 @@ struct ServerReq {
     bool has_early_error;        /* decided from the headers; the body is read and dropped */
     ApiError early_error;
     ApiBuf body;
+    size_t body_seen;            /* body bytes received, kept or dropped */
     bool body_too_large;
 
     /* completions */

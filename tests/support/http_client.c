@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
+double http_clock_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -25,7 +25,7 @@ static double now_s(void)
 static int wait_fd(int fd, short events, double deadline)
 {
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - http_clock_s();
         if (left <= 0)
             return -1;
         struct pollfd p = {.fd = fd, .events = events};
@@ -71,7 +71,7 @@ void http_conn_close(HttpConn *c)
 
 int http_conn_send_raw(HttpConn *c, const void *bytes, size_t n, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = http_clock_s() + timeout_s;
     const char *p = bytes;
     while (n > 0) {
         if (wait_fd(c->fd, POLLOUT, deadline) < 0)
@@ -171,7 +171,7 @@ const char *http_header(const HttpResponse *r, const char *name, char *out, size
 
 int http_conn_read_head(HttpConn *c, HttpResponse *r, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = http_clock_s() + timeout_s;
     memset(r, 0, sizeof *r);
     for (;;) {
         char *end;
@@ -313,7 +313,7 @@ static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
 
 int http_conn_read_body(HttpConn *c, HttpResponse *r, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = http_clock_s() + timeout_s;
     size_t cap = 0;
     free(r->body);
     r->body = NULL;
@@ -342,7 +342,7 @@ int http_conn_read_response(HttpConn *c, HttpResponse *r, double timeout_s)
 
 int http_conn_read_event(HttpConn *c, char **frame, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = http_clock_s() + timeout_s;
     *frame = NULL;
     for (;;) {
         for (size_t i = 0; i + 1 < c->ev_len; i++)

@@ -33,6 +33,9 @@ typedef struct {
     size_t body_len;
 } HttpResponse;
 
+/* Monotonic seconds, the clock the timeouts below count on. */
+double http_clock_s(void);
+
 /* Connect to 127.0.0.1:port. rcvbuf > 0 sets SO_RCVBUF first (to make the server's writes
  * back up). 0 or -1. */
 int http_conn_open(HttpConn *c, int port, int rcvbuf, double timeout_s);
