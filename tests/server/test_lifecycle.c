@@ -175,8 +175,8 @@ static void test_env_and_startup_log(void **state)
 }
 
 /* --max-queue 0 refuses every completion: 429 with Retry-After. A request needing more KV
- * than the whole cache, or more prompts than the queue holds: 400 before it reaches the
- * engine. */
+ * than the whole cache, more prompts than the queue holds or more choices than
+ * --max-seqs: 400 before it reaches the engine. */
 static void test_refusals(void **state)
 {
     (void)state;
@@ -233,6 +233,17 @@ static void test_refusals(void **state)
     assert_int_equal(status, 200);
     json_decref(j);
     assert_true(metric_value(sp.port, "pagedserve_request_success_total{finished_reason=\"abort\"}") == 0);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+
+    /* n choices run at once: more than --max-seqs is the request's own error, on n */
+    const char *seqs2[] = {"--max-seqs", "2", NULL};
+    assert_int_equal(start_random_server(&sp, seqs2), 0);
+    j = post_json(sp.port, "/v1/completions",
+                  "{\"model\":\"random\",\"prompt\":\"a\",\"n\":3,\"max_tokens\":2}", &status);
+    assert_int_equal(status, 400);
+    assert_error_body(j, "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "n");
+    json_decref(j);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
