@@ -330,6 +330,8 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
             return server_send_error(r, &big);
         }
     }
+    if (strcmp(method, "POST") == 0)
+        req_watch_hangup(r); /* a client gone mid-body (suspend.c) */
     return MHD_YES;
 }
 

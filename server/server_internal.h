@@ -186,6 +186,8 @@ void req_suspend(ServerReq *r);
 void req_resume_later(ServerReq *r); /* queued; done by server_resume_all */
 void server_resume_all(Server *s);
 void req_hup_close(ServerReq *r);
+/* Watch the socket for the client hanging up (suspended, or while its body arrives). */
+void req_watch_hangup(ServerReq *r);
 
 /* loop.c */
 void server_kick(Server *s); /* run MHD and re-arm its timer (not from inside MHD) */

@@ -1,4 +1,5 @@
-/* suspend — parking connections that wait for the engine, and waking them.
+/* suspend — parking connections that wait for the engine, and waking them; and watching
+ * for a client that hangs up while MHD is not looking.
  *
  * A suspended connection is out of MHD's event loop: MHD neither times it out nor notices
  * when its client hangs up. So while a connection is parked, the loop itself watches the
@@ -6,11 +7,18 @@
  * request's engine work at once, so its KV blocks return without waiting for the next
  * token to fail to send, and resumes the connection so that MHD closes it.
  *
+ * The same watch covers a request whose body is still arriving: when the client's last
+ * bytes and its close arrive together, MHD (0.9.75, edge-triggered epoll) reads the bytes
+ * and never sees the close, and the connection sits in CLOSE-WAIT, holding one of
+ * --max-connections, until the idle timeout. On a hang-up there the loop shuts the socket
+ * down, which wakes MHD to read its end and close it.
+ *
  * Resumes are collected while engine events are handled and done together afterwards,
  * followed by one MHD_run, instead of one MHD_run per event. */
 #include "server/server_internal.h"
 
 #include <stdlib.h>
+#include <sys/socket.h>
 
 static void on_hup_closed(uv_handle_t *h)
 {
@@ -27,8 +35,18 @@ static void on_hup(uv_poll_t *h, int status, int events)
         return;
     uv_poll_stop(h);
     r->hup_started = false;
-    if (r->conn == NULL || !r->suspended)
+    if (r->conn == NULL)
         return;
+    if (!r->suspended) {
+        if (r->phase == PHASE_RECEIVING) {
+            const union MHD_ConnectionInfo *info =
+                MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+            if (info)
+                shutdown(info->connect_fd, SHUT_RDWR);
+            server_kick(s);
+        }
+        return; /* else MHD is writing to it, and will find out */
+    }
     r->client_gone = true;
     completion_cancel_engine(r);
     req_resume_later(r);
@@ -36,7 +54,7 @@ static void on_hup(uv_poll_t *h, int status, int events)
     server_kick(s);
 }
 
-static void hup_watch(ServerReq *r)
+void req_watch_hangup(ServerReq *r)
 {
     Server *s = r->srv;
     if (r->hup == NULL) {
@@ -63,7 +81,7 @@ void req_suspend(ServerReq *r)
 {
     MHD_suspend_connection(r->conn);
     r->suspended = true;
-    hup_watch(r);
+    req_watch_hangup(r);
 }
 
 void req_hup_close(ServerReq *r)
