@@ -298,6 +298,7 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
     Server *s = r->srv;
     const ServerConfig *c = s->cfg;
     ApiError *e = &r->early_error;
+    conn_watch_attach(r, conn);
     r->route = route_of(url);
     if (r->route == ROUTE_NOT_FOUND) {
         api_error_set(e, 404, NULL, NULL, "Invalid URL (%s %.120s)", method, url);
@@ -330,8 +331,6 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
             return server_send_error(r, &big);
         }
     }
-    if (strcmp(method, "POST") == 0)
-        req_watch_hangup(r); /* a client gone mid-body (suspend.c) */
     return MHD_YES;
 }
 
@@ -464,7 +463,7 @@ void server_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->comp && (!ok || !api_completion_done(r->comp)))
         completion_cancel_engine(r); /* its KV blocks return at the engine's next step */
     completion_forget(r);
-    req_hup_close(r);
+    conn_watch_detach(r);
     r->conn = NULL;
     r->suspended = false;
     req_unlink(r);

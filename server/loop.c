@@ -48,11 +48,13 @@ static void on_mhd_poll(uv_poll_t *h, int status, int events)
 static void on_connection_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
                                  enum MHD_ConnectionNotificationCode code)
 {
-    (void)conn;
-    (void)socket_context;
     Server *s = cls;
-    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_watch_open(s, conn, socket_context);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_watch_close(socket_context);
         s->connection_closed = true;
+    }
 }
 
 void server_kick(Server *s)
@@ -219,10 +221,6 @@ static void server_shutdown(Server *s)
      * that nothing more is sent on them. */
     for (ServerReq *r = s->active; r; r = r->next)
         if (r->suspended && r->conn) {
-            if (r->hup_started) {
-                uv_poll_stop(r->hup);
-                r->hup_started = false;
-            }
             r->client_gone = true;
             r->suspended = false;
             MHD_resume_connection(r->conn);

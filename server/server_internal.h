@@ -13,6 +13,7 @@
 
 typedef struct Server Server;
 typedef struct ServerReq ServerReq;
+typedef struct ConnWatch ConnWatch;
 
 /* ---- live table: serial -> request with engine work ------------------------------------------ */
 
@@ -82,8 +83,7 @@ struct ServerReq {
     double last_output;          /* when bytes were last added to out (pings) */
     bool suspended;
     bool client_gone;            /* peer hung up while suspended */
-    uv_poll_t *hup;              /* hang-up watcher while suspended; NULL until needed */
-    bool hup_started;
+    ConnWatch *watch;            /* its connection's hang-up watcher (hangup.c), or NULL */
 
     /* for the request's log line (completions; see log.c) */
     int32_t *choice_tokens;      /* per prompt * n + choice: TOKEN events, then the FINISH
@@ -185,9 +185,15 @@ void completion_forget(ServerReq *r);
 void req_suspend(ServerReq *r);
 void req_resume_later(ServerReq *r); /* queued; done by server_resume_all */
 void server_resume_all(Server *s);
-void req_hup_close(ServerReq *r);
-/* Watch the socket for the client hanging up (suspended, or while its body arrives). */
-void req_watch_hangup(ServerReq *r);
+
+/* hangup.c: each connection's watcher for its client hanging up. */
+void conn_watch_open(Server *s, struct MHD_Connection *conn, void **socket_context);
+void conn_watch_close(void **socket_context);
+/* The request on conn, from its headers on; done with it (re-arms for the next one's). */
+void conn_watch_attach(ServerReq *r, struct MHD_Connection *conn);
+void conn_watch_detach(ServerReq *r);
+/* A state where a hang-up needs acting on has begun again (a suspend). */
+void conn_watch_arm(ServerReq *r);
 
 /* loop.c */
 void server_kick(Server *s); /* run MHD and re-arm its timer (not from inside MHD) */

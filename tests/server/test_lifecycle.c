@@ -283,28 +283,40 @@ static void test_max_connections(void **state)
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
-/* A client that sends part of a body and closes at once (the close arriving with its last
- * bytes) gives its connection slot back: with --max-connections 2 and both slots used
- * that way, the next client is served long before the 60 s idle timeout. */
-static void test_abandoned_body_frees_slot(void **state)
+/* A client that sends part of a request and closes at once (the close arriving with its
+ * last bytes) gives its connection slot back: with --max-connections 2 and both slots
+ * used that way, the next client is served long before the 60 s idle timeout. In the
+ * body, in the headers, and in the headers of a kept-alive connection's second request. */
+static void test_abandoned_request_frees_slot(void **state)
 {
     (void)state;
     static ServerProc sp; /* static: its log reader thread may outlive a failed test */
     const char *extra[] = {"--max-connections", "2", "--idle-timeout-s", "60", NULL};
     assert_int_equal(start_random_server(&sp, extra), 0);
-    const char *part = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"m";
-    for (int i = 0; i < 2; i++) {
-        HttpConn a;
-        assert_int_equal(http_conn_open(&a, sp.port, 0, T_IO), 0);
-        assert_int_equal(http_conn_send_raw(&a, part, strlen(part), T_IO), 0);
-        http_conn_close(&a);
-    }
+    const char *parts[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"m",
+        "GET /heal",
+    };
     HttpResponse r;
-    double t0 = http_clock_s();
-    assert_int_equal(http_request(sp.port, "GET", "/health", NULL, NULL, 0, 20.0, &r), 0);
-    assert_int_equal(r.status, 200);
-    http_response_free(&r);
-    assert_true(http_clock_s() - t0 < 10.0);
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 2; i++) {
+            HttpConn a;
+            assert_int_equal(http_conn_open(&a, sp.port, 0, T_IO), 0);
+            if (k == 2) { /* a whole request first, then half of the next one */
+                assert_int_equal(http_conn_send(&a, "GET", "/health", NULL, NULL, 0, T_IO), 0);
+                assert_int_equal(http_conn_read_response(&a, &r, T_IO), 0);
+                http_response_free(&r);
+            }
+            const char *part = parts[k == 0 ? 0 : 1];
+            assert_int_equal(http_conn_send_raw(&a, part, strlen(part), T_IO), 0);
+            http_conn_close(&a);
+        }
+        double t0 = http_clock_s();
+        assert_int_equal(http_request(sp.port, "GET", "/health", NULL, NULL, 0, 20.0, &r), 0);
+        assert_int_equal(r.status, 200);
+        http_response_free(&r);
+        assert_true(http_clock_s() - t0 < 10.0);
+    }
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
@@ -488,7 +500,7 @@ int main(void)
         cmocka_unit_test(test_env_and_startup_log),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_max_connections),
-        cmocka_unit_test(test_abandoned_body_frees_slot),
+        cmocka_unit_test(test_abandoned_request_frees_slot),
         cmocka_unit_test(test_sigterm_drains_in_flight),
         cmocka_unit_test(test_drain_timeout),
         cmocka_unit_test(test_request_timeout_and_pings),
