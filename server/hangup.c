@@ -12,8 +12,9 @@
  * - a suspended request: its engine work is cancelled at once, so its KV blocks return
  *   without waiting for a token to fail to send, and the connection is resumed for MHD to
  *   close;
- * - no request yet, or its body still arriving: the socket is shut down, which wakes MHD
- *   to read its end and close it;
+ * - no request yet, or its body still arriving: the socket's reading side is shut down,
+ *   which wakes MHD to read the rest and its end and close it (reading only: a client that
+ *   half-closed after a whole request still gets its response);
  * - else MHD is writing the response and finds out by itself.
  * Readiness is level-triggered: the watcher stops at a hang-up and starts again where one
  * may need acting on again (a suspend; the end of a request, before the next one's headers).
@@ -46,7 +47,7 @@ static void on_hangup(uv_poll_t *h, int status, int events)
         req_resume_later(r);
         server_resume_all(s);
     } else if (r == NULL || r->phase == PHASE_RECEIVING) {
-        shutdown(w->fd, SHUT_RDWR);
+        shutdown(w->fd, SHUT_RD);
     }
     server_kick(s);
 }
@@ -68,9 +69,9 @@ void conn_watch_open(Server *s, struct MHD_Connection *conn, void **socket_conte
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     ConnWatch *w = info ? calloc(1, sizeof *w) : NULL;
-    if (w == NULL)
-        return; /* unwatched: MHD's own reads, writes and idle timeout still apply */
-    if (uv_poll_init_socket(&s->loop, &w->poll, info->connect_fd) != 0) {
+    if (w == NULL || uv_poll_init_socket(&s->loop, &w->poll, info->connect_fd) != 0) {
+        /* unwatched: MHD's own reads, writes and idle timeout still apply */
+        server_log(LOG_DEBUG, "no hang-up watcher for a connection");
         free(w);
         return;
     }

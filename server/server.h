@@ -18,8 +18,9 @@
  *
  * Engine events name their request by a serial number (EngineEvent.user), never by a
  * pointer: a table maps live serials to requests, and events of a request that is gone
- * are dropped. While a connection is suspended, MHD does not notice a client that hangs
- * up, so the loop also watches the socket for a peer hang-up (EPOLLRDHUP) then.
+ * are dropped. MHD misses a client that hangs up while its connection is suspended, or
+ * whose close came with its last request bytes, so the loop also watches every
+ * connection for a peer hang-up (EPOLLRDHUP; hangup.c).
  *
  * Exit codes of server_run / the binary: 0 after a clean shutdown (SIGTERM/SIGINT),
  * 1 when start-up fails (model, port), 2 for bad flags.

@@ -55,7 +55,7 @@ typedef enum {
 struct ServerReq {
     Server *srv;
     struct MHD_Connection *conn; /* NULL once MHD has said the request is over */
-    int refs;                    /* MHD's, the stream response's, the hang-up watcher's */
+    int refs;                    /* MHD's, the stream response's, the resume list's */
     Route route;
     Phase phase;
     char method[16];

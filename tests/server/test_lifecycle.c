@@ -5,6 +5,7 @@
 #include "tests/server/server_test.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static char *bin_path(const char *name)
@@ -286,7 +287,8 @@ static void test_max_connections(void **state)
 /* A client that sends part of a request and closes at once (the close arriving with its
  * last bytes) gives its connection slot back: with --max-connections 2 and both slots
  * used that way, the next client is served long before the 60 s idle timeout. In the
- * body, in the headers, and in the headers of a kept-alive connection's second request. */
+ * body, in the headers, and in the headers of a kept-alive connection's second request;
+ * while a whole request with a half-close still gets its answer. */
 static void test_abandoned_request_frees_slot(void **state)
 {
     (void)state;
@@ -317,6 +319,18 @@ static void test_abandoned_request_frees_slot(void **state)
         http_response_free(&r);
         assert_true(http_clock_s() - t0 < 10.0);
     }
+
+    /* A whole request and the half-close in one segment (MSG_MORE): answered, not taken
+     * for an abandoned one */
+    HttpConn h;
+    assert_int_equal(http_conn_open(&h, sp.port, 0, T_IO), 0);
+    const char *whole = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(send(h.fd, whole, strlen(whole), MSG_MORE | MSG_NOSIGNAL), (ssize_t)strlen(whole));
+    assert_int_equal(shutdown(h.fd, SHUT_WR), 0);
+    assert_int_equal(http_conn_read_response(&h, &r, T_IO), 0);
+    assert_int_equal(r.status, 200);
+    http_response_free(&r);
+    http_conn_close(&h);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
