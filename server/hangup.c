@@ -13,8 +13,9 @@
  *   without waiting for a token to fail to send, and the connection is resumed for MHD to
  *   close;
  * - no request yet, or its body still arriving: the socket's reading side is shut down,
- *   which wakes MHD to read the rest and its end and close it (reading only: a client that
- *   half-closed after a whole request still gets its response);
+ *   which wakes MHD to read the rest and its end and close it (reading only, so that a
+ *   client that half-closed after a whole request is still answered; a completion is
+ *   cancelled instead, once it suspends);
  * - else MHD is writing the response and finds out by itself.
  * Readiness is level-triggered: the watcher stops at a hang-up and starts again where one
  * may need acting on again (a suspend; the end of a request, before the next one's headers).
