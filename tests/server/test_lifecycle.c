@@ -175,6 +175,27 @@ static void test_env_and_startup_log(void **state)
     unsetenv("PAGEDSERVE_BLOCK_SIZE");
 }
 
+/* POST a completion body: 400 invalid_request_error whose error.<field> is want. */
+static void expect_400(int port, const char *body, const char *field, const char *want)
+{
+    int status = 0;
+    json_t *j = post_json(port, "/v1/completions", body, &status);
+    assert_int_equal(status, 400);
+    assert_error_body(j, "invalid_request_error");
+    const char *got = json_string_value(json_object_get(json_object_get(j, "error"), field));
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    json_decref(j);
+}
+
+static void expect_200(int port, const char *body)
+{
+    int status = 0;
+    json_t *j = post_json(port, "/v1/completions", body, &status);
+    assert_int_equal(status, 200);
+    json_decref(j);
+}
+
 /* --max-queue 0 refuses every completion: 429 with Retry-After. A request needing more KV
  * than the whole cache, more prompts than the queue holds or more choices than
  * --max-seqs: 400 before it reaches the engine. */
@@ -202,19 +223,9 @@ static void test_refusals(void **state)
      * prompt + max_tokens of 3000 fits the context but not the cache. */
     const char *small[] = {"--kv-cache-mb", "1", "--kv-dtype", "f32", NULL};
     assert_int_equal(start_long_server(&sp, small), 0);
-    int status = 0;
-    j = post_json(sp.port, "/v1/completions",
-                  "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":3000}", &status);
-    assert_int_equal(status, 400);
-    assert_error_body(j, "invalid_request_error");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
-                        "kv_cache_exceeded");
-    json_decref(j);
-    /* what fits is served */
-    j = post_json(sp.port, "/v1/completions",
-                  "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":8}", &status);
-    assert_int_equal(status, 200);
-    json_decref(j);
+    expect_400(sp.port, "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":3000}", "code",
+               "kv_cache_exceeded");
+    expect_200(sp.port, "{\"model\":\"long\",\"prompt\":\"hi\",\"max_tokens\":8}"); /* what fits */
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 
     /* More prompts in one request than --max-queue can ever hold: 400 (a retry cannot
@@ -222,29 +233,17 @@ static void test_refusals(void **state)
      * holds are served. */
     const char *queue2[] = {"--max-queue", "2", NULL};
     assert_int_equal(start_random_server(&sp, queue2), 0);
-    j = post_json(sp.port, "/v1/completions",
-                  "{\"model\":\"random\",\"prompt\":[\"a\",\"b\",\"c\"],\"max_tokens\":2}", &status);
-    assert_int_equal(status, 400);
-    assert_error_body(j, "invalid_request_error");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
-                        "prompt");
-    json_decref(j);
-    j = post_json(sp.port, "/v1/completions",
-                  "{\"model\":\"random\",\"prompt\":[\"a\",\"b\"],\"max_tokens\":2}", &status);
-    assert_int_equal(status, 200);
-    json_decref(j);
+    expect_400(sp.port, "{\"model\":\"random\",\"prompt\":[\"a\",\"b\",\"c\"],\"max_tokens\":2}",
+               "param", "prompt");
+    expect_200(sp.port, "{\"model\":\"random\",\"prompt\":[\"a\",\"b\"],\"max_tokens\":2}");
     assert_true(metric_value(sp.port, "pagedserve_request_success_total{finished_reason=\"abort\"}") == 0);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 
     /* n choices run at once: more than --max-seqs is the request's own error, on n */
     const char *seqs2[] = {"--max-seqs", "2", NULL};
     assert_int_equal(start_random_server(&sp, seqs2), 0);
-    j = post_json(sp.port, "/v1/completions",
-                  "{\"model\":\"random\",\"prompt\":\"a\",\"n\":3,\"max_tokens\":2}", &status);
-    assert_int_equal(status, 400);
-    assert_error_body(j, "invalid_request_error");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "n");
-    json_decref(j);
+    expect_400(sp.port, "{\"model\":\"random\",\"prompt\":\"a\",\"n\":3,\"max_tokens\":2}", "param",
+               "n");
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
