@@ -268,18 +268,18 @@ enum MHD_Result completion_start(ServerReq *r)
     const char *body = r->body.data ? r->body.data : "";
     if (api_request_parse(body, r->body.len, &c->limits, c->model_name, &r->req, &e) != 0)
         return server_send_error(r, &e);
-    /* Admission before tokenising: a full queue costs the client nothing more. Every
-     * prompt of a request waits in the queue at once: more than it holds at all is the
-     * request's fault (a retry cannot help), more than its room now is the load's. */
     if (r->req->n > c->engine.max_seqs) { /* a request's n choices run at once */
         api_error_set(&e, 400, "n", NULL, "n = %d: this server runs at most %d sequences at once",
                       (int)r->req->n, c->engine.max_seqs);
         return server_send_error(r, &e);
     }
-    int32_t max_queue = c->engine.max_queue;
+    /* Admission before tokenising: a full queue costs the client nothing more. Every
+     * prompt of a request waits in the queue at once: more than it holds at all is the
+     * request's fault (a retry cannot help), more than its room now is the load's. */
+    int max_queue = c->engine.max_queue;
     if (max_queue > 0 && r->req->n_prompts > max_queue) {
         api_error_set(&e, 400, "prompt", NULL, "%d prompts in one request; this server queues at most %d",
-                      (int)r->req->n_prompts, (int)max_queue);
+                      (int)r->req->n_prompts, max_queue);
         return server_send_error(r, &e);
     }
     EngineStats st;

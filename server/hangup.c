@@ -26,11 +26,9 @@
 #include <sys/socket.h>
 
 struct ConnWatch {
-    uv_poll_t poll;
+    uv_poll_t poll;  /* active while armed */
     Server *srv;
-    int fd;
     ServerReq *req; /* the request on the connection from its headers on, or NULL */
-    bool started;
 };
 
 static void on_hangup(uv_poll_t *h, int status, int events)
@@ -40,7 +38,6 @@ static void on_hangup(uv_poll_t *h, int status, int events)
     if (status == 0 && !(events & UV_DISCONNECT))
         return;
     uv_poll_stop(h);
-    w->started = false;
     ServerReq *r = w->req;
     if (r && r->suspended) {
         r->client_gone = true;
@@ -48,15 +45,17 @@ static void on_hangup(uv_poll_t *h, int status, int events)
         req_resume_later(r);
         server_resume_all(s);
     } else if (r == NULL || r->phase == PHASE_RECEIVING) {
-        shutdown(w->fd, SHUT_RD);
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)h, &fd) == 0)
+            shutdown(fd, SHUT_RD);
     }
     server_kick(s);
 }
 
 static void watch_arm(ConnWatch *w)
 {
-    if (!w->started && uv_poll_start(&w->poll, UV_DISCONNECT, on_hangup) == 0)
-        w->started = true;
+    if (!uv_is_active((uv_handle_t *)&w->poll))
+        uv_poll_start(&w->poll, UV_DISCONNECT, on_hangup);
 }
 
 static void on_watch_closed(uv_handle_t *h)
@@ -78,7 +77,6 @@ void conn_watch_open(Server *s, struct MHD_Connection *conn, void **socket_conte
     }
     w->poll.data = w;
     w->srv = s;
-    w->fd = info->connect_fd;
     *socket_context = w;
     watch_arm(w);
 }
