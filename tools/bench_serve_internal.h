@@ -132,11 +132,16 @@ typedef struct {
     double matmul_params;  /* elements of the matrices multiplied per token (not the
                             * embedding table, unless it doubles as the output matrix) */
     double matmul_bytes;   /* their bytes as stored: what one decode step reads */
+    double output_params;  /* elements of the output matrix, of those: a logits row's */
     double total_params;   /* every tensor element */
 } BsModelInfo;
 
 int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t err_len);
 /* FLOPs to process one token at position `pos` (attention over pos earlier positions). */
 double bs_model_flops_at(const BsModelInfo *m, double pos);
+/* FLOPs the server computed for one successful request (prompt rows the prefix cache did
+ * not supply, generated tokens fed back; logits only where a token is sampled). */
+double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,
+                              long output_tokens);
 
 #endif

@@ -61,6 +61,9 @@ int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t 
          * matrix (tied), which every token multiplies in full. */
         if (t->n_dims >= 2 && (!embedding || !has_output))
             m->matmul_params += (double)t->n_elements;
+        bool output = t->name.len == 13 && memcmp(t->name.ptr, "output.weight", 13) == 0;
+        if (t->n_dims >= 2 && (output || (embedding && !has_output)))
+            m->output_params = (double)t->n_elements;
     }
     m->matmul_bytes = 4.0 * m->matmul_params;
     m->known = true;
@@ -77,4 +80,30 @@ double bs_model_flops_at(const BsModelInfo *m, double pos)
      * of each, for every query head. */
     double attention = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim * (pos + 1.0);
     return 2.0 * m->matmul_params + attention;
+}
+
+/* Sum of (p + 1) for positions p = a..b: the positions a row at p attends to. */
+static double positions_sum(double a, double b)
+{
+    if (b < a)
+        return 0;
+    return (b + 1) * (b + 2) / 2 - a * (a + 1) / 2;
+}
+
+/* The server computes a request's rows from..to: the prompt past what the prefix cache
+ * supplied, then every generated token but the last, fed back. Each row runs every matrix
+ * but the output one; only rows whose token is sampled from (the prompt's last and the
+ * fed-back ones: one per generated token) run the output matrix too. */
+double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,
+                              long output_tokens)
+{
+    double from = cached_tokens > 0 ? cached_tokens : 0;
+    double to = (double)prompt_tokens + output_tokens - 2;
+    if (to < from || output_tokens < 1)
+        return 0;
+    double rows = to - from + 1;
+    double logit_rows = output_tokens < rows ? output_tokens : rows;
+    double attention = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim;
+    return 2.0 * (m->matmul_params - m->output_params) * rows +
+           2.0 * m->output_params * logit_rows + attention * positions_sum(from, to);
 }

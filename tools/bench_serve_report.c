@@ -35,13 +35,6 @@ static double delta(double after, double before)
 }
 
 /* Σ_{p=a}^{b} (p+1), the attention positions a run of token rows sees. */
-static double positions_sum(double a, double b)
-{
-    if (b < a)
-        return 0;
-    return (b + 1) * (b + 2) / 2 - a * (a + 1) / 2;
-}
-
 static void stats_capacity(const BsConfig *cfg, const BsLevel *lv, Stats *s)
 {
     const BsModelInfo *m = &cfg->model;
@@ -71,20 +64,12 @@ static void stats_roofline(const BsConfig *cfg, const BsLevel *lv, Stats *s)
         return;
     double ctx_mean = s->prompt_mean + s->out_mean / 2;
     s->flops_per_out_token = bs_model_flops_at(m, ctx_mean);
-    /* All token rows the server computed for the successful requests: the prompt minus
-     * what the prefix cache supplied, and every generated token but the last (the first
-     * one comes out of the prompt's last row). */
-    double matmul = 2.0 * m->matmul_params;
-    double attn = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim;
     double work = 0;
     for (int i = 0; i < lv->n_requests; i++) {
         const BsRequestResult *r = &lv->results[i];
-        if (r->outcome != BS_OK || r->prompt_tokens < 0)
-            continue;
-        double first = r->cached_tokens > 0 ? (double)r->cached_tokens : 0;
-        double last = (double)r->prompt_tokens + (double)r->output_tokens - 2;
-        if (last >= first)
-            work += (last - first + 1) * matmul + attn * positions_sum(first, last);
+        if (r->outcome == BS_OK && r->prompt_tokens >= 0)
+            work += bs_model_request_flops(m, r->prompt_tokens, r->cached_tokens,
+                                           r->output_tokens);
     }
     s->work_flops = work;
     if (cfg->gflops > 0) {

@@ -25,6 +25,7 @@
 
 #include "tools/bench_serve_fill.c"
 #include "tools/bench_serve_http.c"
+#include "tools/bench_serve_model.c"
 #include "tools/bench_serve_prom.c"
 #include "tools/bench_serve_prompt.c"
 #include "tools/bench_serve_sse.c"
@@ -310,6 +311,48 @@ static void test_percentiles(void **state)
     bs_samples_sort(&s);
     assert_true(bs_percentile(&s, 0.37) == 7);
     bs_samples_free(&s);
+}
+
+/* ---- computed FLOPs ---------------------------------------------------------------------- */
+
+/* Row by row, as the server runs them: a row at position p attends to p + 1 positions and
+ * multiplies the output matrix only if a token is sampled from it (p >= prompt - 1). */
+static double flops_by_rows(const BsModelInfo *m, long prompt, long cached, long out)
+{
+    double sum = 0;
+    for (long p = cached; p <= prompt + out - 2; p++) {
+        sum += 2 * (m->matmul_params - m->output_params);
+        sum += 4.0 * m->n_layers * m->n_heads * m->head_dim * (double)(p + 1);
+        if (p >= prompt - 1)
+            sum += 2 * m->output_params;
+    }
+    return sum;
+}
+
+static void test_request_flops(void **state)
+{
+    (void)state;
+    BsModelInfo m = {.n_layers = 2, .n_heads = 3, .head_dim = 4, .matmul_params = 1000,
+                     .output_params = 300};
+    const long cases[][3] = {{10, 0, 5}, {10, 8, 5}, {10, 9, 1}, {1, 0, 1}, {130, 0, 64},
+                             {1061, 1024, 32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double want = flops_by_rows(&m, cases[i][0], cases[i][1], cases[i][2]);
+        assert_true(want > 0);
+        assert_true(fabs(bs_model_request_flops(&m, cases[i][0], cases[i][1], cases[i][2]) -
+                         want) < 1e-9 * want);
+    }
+    /* Nothing generated: nothing counted. */
+    assert_true(bs_model_request_flops(&m, 10, 0, 0) == 0);
+
+    /* The geometry read from a file names the output matrix (tied or not, vocab x dim). */
+    const char *path = test_random_model();
+    assert_non_null(path);
+    BsModelInfo r;
+    char err[256];
+    assert_int_equal(bs_model_info_read(path, &r, err, sizeof err), 0);
+    assert_true(r.output_params == (double)r.vocab * r.dim);
+    assert_true(r.matmul_params > r.output_params);
 }
 
 /* ---- prompts ---------------------------------------------------------------------------- */
@@ -736,6 +779,7 @@ int main(void)
         cmocka_unit_test(test_prom_lookup),
         cmocka_unit_test(test_fill_track),
         cmocka_unit_test(test_percentiles),
+        cmocka_unit_test(test_request_flops),
         cmocka_unit_test(test_prompts),
     };
     const struct CMUnitTest fake_tests[] = {
