@@ -116,9 +116,12 @@ W_INLINE void sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int f16,
 W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
 {
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
-    for (int r = 0; r < t->rows; r += MR_MAX) {
-        MatmulPrefetch pf = matmul_prefetch_take(&next, r / MR_MAX, blocks, t->in);
-        switch (t->rows - r < MR_MAX ? t->rows - r : MR_MAX) {
+    for (int b = 0, r = 0; b < blocks; b++) {
+        /* Rows shared evenly: 32 rows as 6 6 5 5 5 5, not 6 6 6 6 6 2, whose last block
+         * streams W from L2 again for two rows. */
+        int mr = (t->rows - r + blocks - b - 1) / (blocks - b);
+        MatmulPrefetch pf = matmul_prefetch_take(&next, b, blocks, t->in);
+        switch (mr) {
         case 6: sweep(t, r, p0, p1, 6, f16, pf); break;
         case 5: sweep(t, r, p0, p1, 5, f16, pf); break;
         case 4: sweep(t, r, p0, p1, 4, f16, pf); break;
@@ -126,6 +129,7 @@ W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefe
         case 2: sweep(t, r, p0, p1, 2, f16, pf); break;
         default: sweep(t, r, p0, p1, 1, f16, pf); break;
         }
+        r += mr;
     }
 }
 
