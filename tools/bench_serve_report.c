@@ -34,7 +34,6 @@ static double delta(double after, double before)
     return isnan(after) || isnan(before) ? NAN : after - before;
 }
 
-/* Σ_{p=a}^{b} (p+1), the attention positions a run of token rows sees. */
 static void stats_capacity(const BsConfig *cfg, const BsLevel *lv, Stats *s)
 {
     const BsModelInfo *m = &cfg->model;
