@@ -50,7 +50,8 @@ int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t 
     get_count(f, arch, "attention.head_count_kv", &m->n_kv_heads, false, err, err_len);
     m->head_dim = m->dim / m->n_heads;
 
-    bool has_output = gguf_find_tensor(f, "output.weight") != NULL;
+    const GgufTensor *output = gguf_find_tensor(f, "output.weight");
+    bool has_output = output != NULL;
     for (int64_t i = 0; i < gguf_tensor_count(f); i++) {
         const GgufTensor *t = gguf_tensor(f, i);
         m->total_params += (double)t->n_elements;
@@ -61,10 +62,11 @@ int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t 
          * matrix (tied), which every token multiplies in full. */
         if (t->n_dims >= 2 && (!embedding || !has_output))
             m->matmul_params += (double)t->n_elements;
-        bool output = t->name.len == 13 && memcmp(t->name.ptr, "output.weight", 13) == 0;
-        if (t->n_dims >= 2 && (output || (embedding && !has_output)))
-            m->output_params = (double)t->n_elements;
+        if (embedding && !has_output)
+            output = t; /* tied: the embedding table is the output matrix */
     }
+    if (output && output->n_dims >= 2)
+        m->output_params = (double)output->n_elements;
     m->matmul_bytes = 4.0 * m->matmul_params;
     m->known = true;
     rc = 0;
@@ -73,13 +75,17 @@ out:
     return rc;
 }
 
+/* Attention FLOPs per visible position of one token row: in every layer, q·k and the
+ * weighted sum of the values, 2 FLOPs per element of each, for every query head. */
+static double attention_flops_per_position(const BsModelInfo *m)
+{
+    return 4.0 * m->n_layers * (double)m->n_heads * m->head_dim;
+}
+
 double bs_model_flops_at(const BsModelInfo *m, double pos)
 {
-    /* Each matrix element is one multiply-add (2 FLOPs). Attention per layer: q·k over the
-     * pos+1 visible positions and the weighted sum of as many values, 2 FLOPs per element
-     * of each, for every query head. */
-    double attention = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim * (pos + 1.0);
-    return 2.0 * m->matmul_params + attention;
+    /* Each matrix element is one multiply-add (2 FLOPs); pos+1 positions are visible. */
+    return 2.0 * m->matmul_params + attention_flops_per_position(m) * (pos + 1.0);
 }
 
 /* Sum of (p + 1) for positions p = a..b: the positions a row at p attends to. */
@@ -103,7 +109,7 @@ double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cac
         return 0;
     double rows = to - from + 1;
     double logit_rows = output_tokens < rows ? output_tokens : rows;
-    double attention = 4.0 * m->n_layers * (double)m->n_heads * m->head_dim;
     return 2.0 * (m->matmul_params - m->output_params) * rows +
-           2.0 * m->output_params * logit_rows + attention * positions_sum(from, to);
+           2.0 * m->output_params * logit_rows +
+           attention_flops_per_position(m) * positions_sum(from, to);
 }
