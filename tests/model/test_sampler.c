@@ -70,7 +70,7 @@ static int naive_allowed(const float *logits, int n, const SamplerParams *p, cha
     for (int r = 0; r < k; r++) z += exp(scaled[order[r]] - scaled[order[0]]);
     for (int r = 0; r < k; r++) prob[order[r]] = exp(scaled[order[r]] - scaled[order[0]]) / z;
 
-    memset(allowed, 0, n);
+    for (int i = 0; i < n; i++) allowed[i] = 0;
     double cum = 0.0, p_max = prob[order[0]];
     for (int r = 0; r < k; r++) {
         int id = order[r];
