@@ -63,9 +63,9 @@ test-asan: deps
 
 # The portable build (AVX2 baseline, what docker/ builds) with the AVX-512 kernels told
 # the CPU lacks them: the AVX-512 code must still compile without -march's AVX-512,
-# and the suite must pass as on a Zen 3 or client Intel CPU (the BF16 and int8 tests say
-# SKIPPED; products take the AVX2 kernel, and the test that compares it with its AVX-512
-# twin still runs where the CPU has AVX512F).
+# and the suite must pass as on a Zen 3 or client Intel CPU (the BF16 tests say SKIPPED;
+# F32/F16 and int8 products take their AVX2 kernels, and the test that compares the F32
+# one with its AVX-512 twin still runs where the CPU has AVX512F).
 test-portable: deps
 	cmake -S . -B $(PORTABLE_BUILD) -DCMAKE_BUILD_TYPE=Release -DPAGEDSERVE_NATIVE=OFF -DPAGEDSERVE_SHARED_DIR=$(SHARED)
 	cmake --build $(PORTABLE_BUILD) -j $(JOBS)

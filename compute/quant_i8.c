@@ -8,7 +8,7 @@
 
 #include "compute/vec_reduce.h"
 
-static float clamp127(float r) { return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r; }
+static float clamp(float r, float m) { return r > m ? m : r < -m ? -m : r; }
 
 /* max|x| over x[0, n); *finite 0 if a value is NaN or infinite (which a max would skip). */
 static float abs_max(const float *x, int n, int *finite)
@@ -31,11 +31,11 @@ static float abs_max(const float *x, int n, int *finite)
     return amax;
 }
 
-float quant_i8_row(int8_t *q, const float *x, int n, int32_t *sum)
+float quant_i8_row_to(int8_t *q, const float *x, int n, int qmax, int32_t *sum)
 {
     int finite;
-    float amax = abs_max(x, n, &finite);
-    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float amax = abs_max(x, n, &finite), m = (float)qmax;
+    float inv = amax > 0.0f ? m / amax : 0.0f;
     if (sum)
         *sum = 0;
     if (!finite || !(inv <= FLT_MAX)) {
@@ -45,10 +45,10 @@ float quant_i8_row(int8_t *q, const float *x, int n, int32_t *sum)
     __m256 vinv = _mm256_set1_ps(inv);
     __m256i vsum = _mm256_setzero_si256();
     int i = 0;
-    for (; i + 8 <= n; i += 8) { /* |x * inv| <= 127 (+ rounding): clamped all the same */
+    for (; i + 8 <= n; i += 8) { /* |x * inv| <= qmax (+ rounding): clamped all the same */
         __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-m)), _mm256_set1_ps(m));
         __m256i w = _mm256_cvtps_epi32(r);
         vsum = _mm256_add_epi32(vsum, w);
         __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
@@ -60,10 +60,15 @@ float quant_i8_row(int8_t *q, const float *x, int n, int32_t *sum)
     for (int l = 0; l < 8; l++)
         s += lanes[l];
     for (; i < n; i++) {
-        q[i] = (int8_t)clamp127(rintf(x[i] * inv));
+        q[i] = (int8_t)clamp(rintf(x[i] * inv), m);
         s += q[i];
     }
     if (sum)
         *sum = s;
-    return amax / 127.0f;
+    return amax / m;
+}
+
+float quant_i8_row(int8_t *q, const float *x, int n, int32_t *sum)
+{
+    return quant_i8_row_to(q, x, n, 127, sum);
 }

@@ -1,5 +1,6 @@
 /* matmul — packing and threading of the weight products; the kernels are matmul_kernel.c
- * (F32/F16, AVX2), matmul_avx512.c (its AVX-512 twin), matmul_bf16.c and matmul_i8.c. */
+ * (F32/F16, AVX2), matmul_avx512.c (its AVX-512 twin), matmul_bf16.c, matmul_i8.c (int8 on
+ * AVX512_VNNI) and matmul_i8_avx2.c (int8 elsewhere). */
 #include "model/matmul.h"
 
 #include <immintrin.h>
@@ -65,8 +66,26 @@ int matmul_bf16_supported(void)
 
 int matmul_i8_supported(void)
 {
-    return !told_unsupported("PAGEDSERVE_NO_AVX512_VNNI") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    return __builtin_cpu_supports("avx2");
+}
+
+/* Asked once, like matmul_avx512_supported: the quantisation of x and the kernel that
+ * multiplies it must agree for the whole process. */
+int matmul_i8_vnni(void)
+{
+    static _Atomic int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = !told_unsupported("PAGEDSERVE_NO_AVX512_VNNI") && __builtin_cpu_supports("avx512vnni") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+int matmul_i8_x_max(void)
+{
+    return matmul_i8_vnni() ? 127 : 64;
 }
 
 /* Asked once: F32 and F16 products, the log and the benches all see the same answer. */
@@ -84,7 +103,7 @@ int matmul_avx512_supported(void)
 const char *matmul_kernel_name(MatmulType type)
 {
     if (type == MATMUL_I8)
-        return "avx512_vnni";
+        return matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
         return "avx512_bf16";
     return matmul_avx512_supported() ? "avx512" : "avx2";
@@ -324,8 +343,7 @@ static int item_panels(const MatmulWeights *w, int rows, int n_panels)
     if (w->type == MATMUL_I8 && rows <= 2)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
     int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type)); /* int8 up to 2048 inputs: 4 */
-    /* (F32 and F16 prefetch on the AVX-512 kernel only) */
-    if (matmul_prefetches(w->type, rows, w->in) && (w->type == MATMUL_I8 || matmul_avx512_supported()))
+    if (matmul_prefetches(w->type, rows, w->in))
         return item_share(n_panels, l2, LONG_ITEM_PANELS_MAX);
     if (w->type == MATMUL_BF16 || w->type == MATMUL_I8) /* their kernels bound an item's W per input chunk */
         return MATMUL_L2_PANELS_MAX;
@@ -340,7 +358,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     Product p = {
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
         .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
-             : w->type == MATMUL_I8   ? matmul_kernel_i8_run
+             : w->type == MATMUL_I8   ? (matmul_i8_vnni() ? matmul_kernel_i8_run : matmul_kernel_i8_avx2_run)
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;

@@ -28,7 +28,8 @@
  * quantised to int8 per block of 128 inputs at every product, so that AVX512_VNNI
  * multiplies quads of bytes: a quarter of F32's bytes, 4x F32's multiply-adds per cycle,
  * at 255 levels of the row's (block's) largest |value| on both sides: an absolute step,
- * not a relative precision like BF16's (matmul_i8.c, matmul_i8_supported). */
+ * not a relative precision like BF16's (matmul_i8.c). Without VNNI, AVX2 multiplies byte
+ * pairs (matmul_i8_avx2.c): ~1.6x F32's multiply-adds, x at 129 levels (matmul_i8_x_max). */
 typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3 } MatmulType;
 
 /* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
@@ -50,13 +51,20 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
  * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
  * without the instructions does, tried on one that has them. */
 int matmul_bf16_supported(void);
-/* The same for int8 weights (AVX512_VNNI and AVX512BW); PAGEDSERVE_NO_AVX512_VNNI says no. */
+/* Whether this CPU can run products on int8 weights: any with AVX2. */
 int matmul_i8_supported(void);
+/* Whether they run on the AVX512_VNNI kernel (matmul_i8.c; else the AVX2 one,
+ * matmul_i8_avx2.c); PAGEDSERVE_NO_AVX512_VNNI says no. Decided at the first call, for the
+ * whole process. */
+int matmul_i8_vnni(void);
+/* The levels each side that int8 products quantise x to: 127 on AVX512_VNNI, 64 on AVX2,
+ * whose byte products sum pairs in int16 (matmul_i8_avx2.c says why). */
+int matmul_i8_x_max(void);
 /* Whether F32 and F16 products run on the AVX-512 kernel (AVX512F; else AVX2, same results);
  * PAGEDSERVE_NO_AVX512_F says no. Decided at the first call, for the whole process. */
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
- * "avx512_vnni" (I8), "avx512_bf16" (BF16), "avx512" or "avx2" (F32 and F16). */
+ * "avx512_vnni" or "avx2" (I8), "avx512_bf16" (BF16), "avx512" or "avx2" (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)

@@ -37,43 +37,20 @@
  * logits; 256 rows even to +35%; 12-16 rows +0-30%).
  *
  * The kernel is compiled for AVX-512 whatever the build's -march, and only runs where
- * matmul_i8_supported() (matmul.c) found AVX512_VNNI; i8_row_quantise is portable (it
- * applies compute/quant_i8.h's rule block by block).
+ * matmul_i8_vnni() (matmul.c) found AVX512_VNNI (else matmul_i8_avx2.c runs); the
+ * quantisation of x and the chunked walk both kernels share are in matmul_i8_rows.c.
  */
 #include "model/matmul_kernel.h"
 
-#include "compute/quant_i8.h"
-
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #define I8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define I8_INLINE static inline __attribute__((always_inline)) I8_TARGET
 
 #define MR_MAX MATMUL_I8_ROWS_LOCAL
 #define NP_MAX 8
-/* Input quads per chunk: 2048 inputs, 16 blocks. */
-#define KCQ (MATMUL_I8_CHUNK_INPUTS / 4)
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
-#define CHUNK_BLOCKS (KCQ / BLOCK_QUADS)
-/* Chunks start on block boundaries: a chunk's blocks are the row's blocks. */
-_Static_assert(KCQ % BLOCK_QUADS == 0, "a chunk is whole blocks");
-
-/* One row's inputs [0, n) quantised per block by compute/quant_i8.h's rule: q (zero-padded
- * to whole quads), each block's scale sx (NaN for a block holding a NaN or an infinity, so
- * that its outputs are NaN as in an F32 product; 0 for a zero or tiny block, whose q are
- * zeros) and zsum = 128 * sum(q). */
-void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
-{
-    for (int b0 = 0, b = 0; b0 < n; b0 += MATMUL_I8_BLOCK, b++) {
-        int nb = n - b0 < MATMUL_I8_BLOCK ? n - b0 : MATMUL_I8_BLOCK;
-        int32_t sum;
-        sx[b] = quant_i8_row(q + b0, x + b0, nb, &sum);
-        memset(q + b0 + nb, 0, (size_t)(((nb + 3) & ~3) - nb));
-        zsum[b] = 128 * sum;
-    }
-}
 
 /* Rows [r, r + mr) against panels [p, p + np) over one chunk: y (+)= sw * sums. The first
  * min(pf->n, nkq) lines of pf are asked for meanwhile, one per input quad, and taken off pf. */
@@ -212,36 +189,20 @@ static I8_TARGET void run_sub_items(const MatmulTask *t, const I8Layout *lay, in
     }
 }
 
-/* At least one chunk runs, so that in == 0 still writes beta * y. Without t->xq (a few
- * rows, or no memory for the buffer) each row block's chunk of x is quantised here, into
- * an I8Rows on the stack. */
+/* The chunked walk (matmul_i8_rows.c) takes a sweep without prefetches. */
+static I8_TARGET void sweep_chunk(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay,
+                                  int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
+{
+    MatmulPrefetch none = { NULL, 0 };
+    sweep_n(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, mr, none);
+}
+
 I8_TARGET void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1)
 {
-    I8Layout lay = matmul_i8_layout(t->in, t->out);
-    int quads = (t->in + 3) / 4;
     if (t->xq && matmul_prefetches(MATMUL_I8, t->rows, t->in)) {
-        run_sub_items(t, &lay, quads, p0, p1);
+        I8Layout lay = matmul_i8_layout(t->in, t->out);
+        run_sub_items(t, &lay, (t->in + 3) / 4, p0, p1);
         return;
     }
-    MatmulPrefetch none = { NULL, 0 };
-    int8_t q[MR_MAX * 4 * KCQ] __attribute__((aligned(64)));
-    float sx[MR_MAX * CHUNK_BLOCKS];
-    int32_t zsum[MR_MAX * CHUNK_BLOCKS];
-    for (int kq0 = 0; kq0 == 0 || kq0 < quads; kq0 += KCQ) {
-        int nkq = quads - kq0 < KCQ ? quads - kq0 : KCQ;
-        float beta = kq0 == 0 ? t->beta : 1.0f;
-        int n_in = t->in - 4 * kq0 < 4 * nkq ? t->in - 4 * kq0 : 4 * nkq;
-        I8Rows own = { q, 4 * KCQ, sx, zsum, CHUNK_BLOCKS, kq0 };
-        for (int r = 0; r < t->rows; r += MR_MAX) {
-            int mr = t->rows - r < MR_MAX ? t->rows - r : MR_MAX;
-            if (t->xq) {
-                sweep_n(t, t->xq, r, &lay, kq0, nkq, beta, r, p0, p1, mr, none);
-                continue;
-            }
-            for (int i = 0; i < mr; i++)
-                i8_row_quantise(q + i * own.stride, sx + i * CHUNK_BLOCKS, zsum + i * CHUNK_BLOCKS,
-                                t->x + (size_t)(r + i) * t->ldx + 4 * kq0, n_in);
-            sweep_n(t, &own, 0, &lay, kq0, nkq, beta, r, p0, p1, mr, none);
-        }
-    }
+    i8_run_chunks(t, p0, p1, MR_MAX, sweep_chunk);
 }

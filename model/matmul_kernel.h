@@ -47,7 +47,8 @@ typedef struct {
 } I8Rows;
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
- * zsum[...], by compute/quant_i8.h's rule per 128-input block (any CPU with AVX2). */
+ * zsum[...], by compute/quant_i8.h's rule per 128-input block at matmul_i8_x_max() levels
+ * (matmul_i8_rows.c; any CPU with AVX2). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
 /* Rows of x per register block of the int8 kernel (and the most rows matmul() quantises
  * on its stack); with t->xq NULL each work item quantises x itself, any row count. */
@@ -103,15 +104,26 @@ static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int bloc
 #define MATMUL_PREFETCH_ROWS 24
 #define MATMUL_I8_PREFETCH_ROWS 12
 
-/* Whether a product of this type, rows and inputs takes that path (the int8 kernel also
- * needs x quantised beforehand): the one rule both the kernels and matmul.c's item
- * lengths follow. */
+/* Whether a product of this type, rows and inputs takes that path on this CPU (the int8
+ * kernel also needs x quantised beforehand; the AVX2 kernels never do): the one rule both
+ * the kernels and matmul.c's item lengths follow. */
 static inline int matmul_prefetches(MatmulType type, int rows, int in)
 {
     if (type == MATMUL_I8)
-        return rows >= MATMUL_I8_PREFETCH_ROWS && in <= MATMUL_I8_CHUNK_INPUTS;
-    return (type == MATMUL_F32 || type == MATMUL_F16) && rows >= MATMUL_PREFETCH_ROWS;
+        return matmul_i8_vnni() && rows >= MATMUL_I8_PREFETCH_ROWS && in <= MATMUL_I8_CHUNK_INPUTS;
+    return (type == MATMUL_F32 || type == MATMUL_F16) && matmul_avx512_supported() &&
+           rows >= MATMUL_PREFETCH_ROWS;
 }
+
+/* An int8 kernel's sweep: y's rows [r, r + mr), which are xr's rows [xrow, xrow + mr),
+ * against panels [p0, p1) over input quads [kq0, kq0 + nkq) (within one chunk of
+ * MATMUL_I8_CHUNK_INPUTS): y = sums + beta·y. */
+typedef void I8Sweep(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay, int kq0,
+                     int nkq, float beta, int r, int p0, int p1, int mr);
+/* An int8 kernel's share [p0, p1) chunk by chunk of inputs, mr_max (<= MATMUL_I8_ROWS_LOCAL)
+ * rows a sweep: x from t->xq, or, when that is NULL, quantised here a chunk at a time
+ * (matmul_i8_rows.c). */
+void i8_run_chunks(const MatmulTask *t, int p0, int p1, int mr_max, I8Sweep *sweep);
 
 /* Every row of the task against panels [p0, p1): Y's columns [16·p0, min(16·p1, out)).
  * F32 and F16 panels (AVX2, matmul_kernel.c). */
@@ -122,8 +134,10 @@ void matmul_kernel_avx512_run(const MatmulTask *t, int p0, int p1);
 /* The same for BF16 panels (AVX512_BF16, matmul_bf16.c): only where
  * matmul_bf16_supported() says the CPU has it. */
 void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);
-/* The same for int8 panels (AVX512_VNNI, matmul_i8.c): only where matmul_i8_supported()
- * says the CPU has it. */
+/* The same for int8 panels (AVX512_VNNI, matmul_i8.c): only where matmul_i8_vnni() says
+ * the CPU has it. */
 void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1);
+/* The same for int8 panels on AVX2 (matmul_i8_avx2.c), x quantised to 64 levels. */
+void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
 
 #endif

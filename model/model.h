@@ -51,9 +51,9 @@ typedef struct {
  * and quantises each product's input rows to int8 per block of 128 values, so that
  * AVX512_VNNI multiplies 4 byte pairs per lane (compute-bound products ~1.5-1.8x faster
  * than BF16; a quarter of F32's weight bytes); lossy on both sides (255 levels of the
- * row's, or the 128-value block's, largest |value|);
- * loading fails on a CPU without AVX512_VNNI. Vectors (norms) and the embedding table are
- * always F32. */
+ * row's, or the 128-value block's, largest |value|). Without AVX512_VNNI the AVX2 int8
+ * kernel runs instead (byte pairs summed in int16: inputs at 129 levels, not 255).
+ * Vectors (norms) and the embedding table are always F32. */
 typedef enum {
     MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
     MODEL_WEIGHTS_INT8

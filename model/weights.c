@@ -236,8 +236,7 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 
 #define BF16_UNSUPPORTED "--weight-type bf16 needs a CPU with AVX512_BF16 (AMD Zen 4, Intel " \
                          "Cooper Lake, Sapphire Rapids or newer), which this one lacks: use f16 or f32"
-#define INT8_UNSUPPORTED "--weight-type int8 needs a CPU with AVX512_VNNI (AMD Zen 4, Intel " \
-                         "Ice Lake, Cascade Lake or newer), which this one lacks: use f16 or f32"
+#define INT8_UNSUPPORTED "--weight-type int8 needs a CPU with AVX2, which this one lacks: use f16 or f32"
 
 /* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
 static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,

@@ -272,7 +272,7 @@ int bench_matmul_main(int argc, char **argv)
         return 1;
     }
     if (b.type == MATMUL_I8 && !matmul_i8_supported()) {
-        fprintf(stderr, "bench matmul: this CPU has no AVX512_VNNI for --type int8\n");
+        fprintf(stderr, "bench matmul: this CPU has no AVX2 for --type int8\n");
         return 1;
     }
     b.threads = matmul_init(threads);

@@ -1,7 +1,8 @@
-/* quant_i8_row against the rule written out plainly here: every length around the 8-value
- * vectors and the lengths it is called with (128-value blocks, model rows), ties to even,
- * the clamp, the sum, and the special rows (NaN, infinity, zero, tiny), wherever in the
- * row the special value sits. */
+/* quant_i8_row (127 levels) and quant_i8_row_to (64, what the AVX2 int8 product takes, and
+ * 1) against the rule written out plainly here: every length around the 8-value vectors
+ * and the lengths it is called with (128-value blocks, model rows), ties to even, the
+ * clamp, the sum, and the special rows (NaN, infinity, zero, tiny), wherever in the row
+ * the special value sits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,9 +23,10 @@ static float rng_uniform(float lo, float hi)
     return lo + (hi - lo) * (float)(rng >> 8) / (float)(1u << 24);
 }
 
-/* The rule, one value at a time. */
-static float reference(int8_t *q, const float *x, int n, int32_t *sum)
+/* The rule at qmax, one value at a time. */
+static float reference(int8_t *q, const float *x, int n, int qmax, int32_t *sum)
 {
+    float m = (float)qmax;
     float amax = 0.0f;
     int finite = 1;
     for (int i = 0; i < n; i++) {
@@ -32,7 +34,7 @@ static float reference(int8_t *q, const float *x, int n, int32_t *sum)
         if (fabsf(x[i]) > amax)
             amax = fabsf(x[i]);
     }
-    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float inv = amax > 0.0f ? m / amax : 0.0f;
     *sum = 0;
     if (!finite || isinf(inv)) {
         memset(q, 0, (size_t)n);
@@ -40,10 +42,10 @@ static float reference(int8_t *q, const float *x, int n, int32_t *sum)
     }
     for (int i = 0; i < n; i++) {
         float r = nearbyintf(x[i] * inv); /* default rounding: ties to even */
-        q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+        q[i] = (int8_t)(r > m ? qmax : r < -m ? -qmax : (int)r);
         *sum += q[i];
     }
-    return amax / 127.0f;
+    return amax / m;
 }
 
 #define MAX_N 2048
@@ -51,17 +53,21 @@ static float reference(int8_t *q, const float *x, int n, int32_t *sum)
 static void check_row(const float *x, int n)
 {
     static int8_t got[MAX_N + 1], want[MAX_N];
-    int32_t got_sum = -1, want_sum;
-    memset(got, 0x55, sizeof got);
-    float s = quant_i8_row(got, x, n, &got_sum);
-    float r = reference(want, x, n, &want_sum);
-    if (isnan(r))
-        assert_true(isnan(s));
-    else
-        assert_true(s == r);
-    assert_memory_equal(got, want, (size_t)n);
-    assert_int_equal(got[n], 0x55); /* nothing past n */
-    assert_int_equal(got_sum, want_sum);
+    const int levels[] = {127, 64, 1};
+    for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+        int32_t got_sum = -1, want_sum;
+        memset(got, 0x55, sizeof got);
+        float s = levels[l] == 127 ? quant_i8_row(got, x, n, &got_sum)
+                                   : quant_i8_row_to(got, x, n, levels[l], &got_sum);
+        float r = reference(want, x, n, levels[l], &want_sum);
+        if (isnan(r))
+            assert_true(isnan(s));
+        else
+            assert_true(s == r);
+        assert_memory_equal(got, want, (size_t)n);
+        assert_int_equal(got[n], 0x55); /* nothing past n */
+        assert_int_equal(got_sum, want_sum);
+    }
 }
 
 static void check_random_rows(int n)
@@ -102,6 +108,13 @@ static void test_ties_to_even(void **state)
     for (int i = 0; i < 40; i++)
         xs[i] = x[i % 11];
     check_row(xs, 40);
+    /* at 64 levels, max|x| = 64 */
+    float x64[11] = {64.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 63.5f, -63.5f, 4.5f};
+    int8_t want64[11] = {64, 2, 4, -2, -4, 0, 0, 2, 64, -64, 4};
+    int8_t q[11];
+    int32_t sum;
+    assert_true(quant_i8_row_to(q, x64, 11, 64, &sum) == 1.0f);
+    assert_memory_equal(q, want64, 11);
 }
 
 static void test_special_rows(void **state)

@@ -416,8 +416,8 @@ static void test_auto_mixed_file(void **state) {
 }
 
 /* Forced types: F32 file as F16 rounds each weight to the nearest half, as BF16 (where the
- * CPU has AVX512_BF16) to the nearest BF16, as int8 (where it has AVX512_VNNI) to the
- * nearest of 255 levels of its row's largest value; F16 file as F32 keeps it. */
+ * CPU has AVX512_BF16) to the nearest BF16, as int8 to the nearest of 255 levels of its
+ * row's largest value (on either int8 kernel); F16 file as F32 keeps it. */
 static void test_forced_weight_types(void **state) {
     (void)state;
     static const struct {
@@ -425,20 +425,16 @@ static void test_forced_weight_types(void **state) {
         ModelWeightType want;
         const char *held;
         float rel, floor; /* largest error: relative, and absolute where subnormal */
-        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs */
+        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs; "int8": the int8 one */
     } cases[] = {
         { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f, NULL },
         { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f, NULL },
         { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "avx512_bf16" },
-        { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "avx512_vnni" }, /* bound per row, below */
+        { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "int8" }, /* bound per row, below */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
             print_message("SKIPPED --weight-type bf16 load: this CPU has no AVX512_BF16\n");
-            continue;
-        }
-        if (cases[k].want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported()) {
-            print_message("SKIPPED --weight-type int8 load: this CPU has no AVX512_VNNI\n");
             continue;
         }
         Spec s = default_spec();
@@ -452,8 +448,10 @@ static void test_forced_weight_types(void **state) {
         if (weights_load_as(f, cases[k].want, &c, &w, &bytes, err, sizeof err) < 0)
             fail_msg("%s", err);
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
-        assert_string_equal(model_kernel_name(&c), cases[k].kernel ? cases[k].kernel
-                                                   : matmul_avx512_supported() ? "avx512" : "avx2");
+        const char *kernel = !cases[k].kernel ? (matmul_avx512_supported() ? "avx512" : "avx2")
+                           : strcmp(cases[k].kernel, "int8") ? cases[k].kernel
+                           : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
+        assert_string_equal(model_kernel_name(&c), kernel);
         assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
         float *down = unpacked(&w.layers[1].w_down);
@@ -494,12 +492,6 @@ static void check_needs_cpu_support(const char *off, int (*supported)(void), Mod
     assert_int_equal(unsetenv(off), 0);
     gguf_close(f);
     free(data);
-}
-
-static void test_int8_needs_cpu_support(void **state) {
-    (void)state;
-    check_needs_cpu_support("PAGEDSERVE_NO_AVX512_VNNI", matmul_i8_supported, MODEL_WEIGHTS_INT8,
-                            "AVX512_VNNI");
 }
 
 static void test_bf16_needs_cpu_support(void **state) {
@@ -629,7 +621,6 @@ int main(void) {
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
         cmocka_unit_test(test_bf16_needs_cpu_support),
-        cmocka_unit_test(test_int8_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
         cmocka_unit_test(test_bad_tensors),
