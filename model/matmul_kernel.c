@@ -13,6 +13,12 @@
  * independent accumulators hide the 4-cycle FMA latency: 1 x 4 (the FMAs read the
  * weights from memory), 2 x 2 (8 + 4 + 1). 3, 4 and 5 rows take one panel (6 to 10
  * accumulators): 3 x 2 or 4 x 2 would need 17 or 21 registers and spill.
+ *
+ * From MATMUL_PREFETCH_ROWS rows a share is walked in L2-sized sub-items whose later row
+ * blocks prefetch the next sub-item's W, as matmul_avx512.c does (its comment says why):
+ * on Zen 3 (bench matmul --type f32 --rows 32 --best --shape S, medians of 4-6 calls
+ * alternating with the binary before) gate_up 117 -> 130 and logits 119 -> 132 GFLOP/s,
+ * qkv's medians 99 -> 109 without --best; calls there swing by 20%.
  */
 #include "model/matmul_kernel.h"
 
@@ -56,10 +62,11 @@ static inline __attribute__((always_inline)) __m256 load_w8(const void *p, size_
  * weights (panel_elems apart). mr, np and f16 are constants at every call site, so the
  * loops unroll and acc and wv live in registers. While it runs, `next` (the panels the
  * following block reads) is prefetched: the first block over a panel would otherwise wait
- * on memory, the others find it in L2. */
+ * on memory, the others find it in L2; and the lines of pf (the next sub-item's W, see
+ * sub_item) are asked for into L2, one per step of k (pf.n is at most in). */
 static inline __attribute__((always_inline)) void
 block(float *y, int ldy, const float *x, int ldx, const void *p, const void *next,
-      size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
+      MatmulPrefetch pf, size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
 {
     size_t esize = f16 ? sizeof(uint16_t) : sizeof(float);
     __m256 acc[MR_MAX][2 * NP_MAX], wv[2 * NP_MAX];
@@ -70,6 +77,8 @@ block(float *y, int ldy, const float *x, int ldx, const void *p, const void *nex
         size_t at = (size_t)k * MATMUL_PANEL;
         for (int j = 0; j < np; j++)
             _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
+        if (k < pf.n)
+            _mm_prefetch(pf.p + (size_t)k * 64, _MM_HINT_T1);
         for (int j = 0; j < np; j++) {
             wv[2 * j] = load_w8(p, at + j * panel_elems, f16);
             wv[2 * j + 1] = load_w8(p, at + j * panel_elems + 8, f16);
@@ -85,9 +94,10 @@ block(float *y, int ldy, const float *x, int ldx, const void *p, const void *nex
             store_vec(y + (size_t)i * ldy + 8 * v, acc[i][v], cols - 8 * v, beta);
 }
 
-/* mr rows against panels [p0, p1): np panels at a time, then one at a time. */
+/* mr rows against panels [p0, p1): np panels at a time, then one at a time; pf is asked
+ * for while the first of them runs. */
 static inline __attribute__((always_inline)) void
-sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16)
+sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16, MatmulPrefetch pf)
 {
     size_t panel_elems = (size_t)t->in * MATMUL_PANEL;
     size_t panel_bytes = panel_elems * (f16 ? sizeof(uint16_t) : sizeof(float));
@@ -98,14 +108,52 @@ sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16)
     for (; p + np <= p1; p += np) {
         const char *w = panels + p * panel_bytes;
         const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : w;
-        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, np,
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, pf, panel_elems, t->in, mr, np,
               t->out - p * MATMUL_PANEL, t->beta, f16);
+        pf.n = 0;
     }
     for (; p < p1; p++) {
         const char *w = panels + p * panel_bytes;
         const char *next = p + 1 < p1 ? w + panel_bytes : w;
-        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, panel_elems, t->in, mr, 1,
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, pf, panel_elems, t->in, mr, 1,
               t->out - p * MATMUL_PANEL, t->beta, f16);
+        pf.n = 0;
+    }
+}
+
+/* From MATMUL_PREFETCH_ROWS rows: every row block over panels [p0, p1) (one sub-item, whose
+ * W stays in L2), rows shared evenly among blocks of at most 6 (all 4 to 6 rows: 6 x 1
+ * blocks), the blocks after the first asking for the lines of `next` (the next
+ * sub-item's W) in equal shares, at most `in` each. As in matmul_avx512.c: the first
+ * block over a sub-item would otherwise wait on memory for its W, at a rate one core's
+ * stream cannot give. */
+static inline __attribute__((always_inline)) void
+sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
+{
+    int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
+    for (int b = 0, r = 0; b < blocks; b++) {
+        int mr = (t->rows - r + blocks - b - 1) / (blocks - b);
+        MatmulPrefetch pf = matmul_prefetch_take(&next, b, blocks, t->in);
+        switch (mr) {
+        case 6: sweep(t, r, p0, p1, 6, 1, f16, pf); break;
+        case 5: sweep(t, r, p0, p1, 5, 1, f16, pf); break;
+        default: sweep(t, r, p0, p1, 4, 1, f16, pf); break; /* rows >= 24: never fewer */
+        }
+        r += mr;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+run_sub_items(const MatmulTask *t, int p0, int p1, int f16)
+{
+    size_t panel_bytes = (size_t)t->in * MATMUL_PANEL * (f16 ? sizeof(uint16_t) : sizeof(float));
+    int sub = matmul_l2_panels(panel_bytes);
+    for (int q0 = p0; q0 < p1; q0 += sub) {
+        int q1 = q0 + sub < p1 ? q0 + sub : p1;
+        int n1 = q1 + sub < p1 ? q1 + sub : p1;
+        MatmulPrefetch next = { (const char *)t->panels + q1 * panel_bytes,
+                                (int)((size_t)(n1 - q1) * panel_bytes / 64) };
+        sub_item(t, q0, q1, f16, next);
     }
 }
 
@@ -114,15 +162,20 @@ sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16)
 static inline __attribute__((always_inline)) void
 run(const MatmulTask *t, int p0, int p1, int f16)
 {
+    if (matmul_prefetches(t->type, t->rows, t->in)) {
+        run_sub_items(t, p0, p1, f16);
+        return;
+    }
+    MatmulPrefetch none = { NULL, 0 };
     int r = 0;
     for (; r + MR_MAX <= t->rows; r += MR_MAX)
-        sweep(t, r, p0, p1, MR_MAX, 1, f16);
+        sweep(t, r, p0, p1, MR_MAX, 1, f16, none);
     switch (t->rows - r) {
-    case 1: sweep(t, r, p0, p1, 1, 4, f16); break;
-    case 2: sweep(t, r, p0, p1, 2, 2, f16); break;
-    case 3: sweep(t, r, p0, p1, 3, 1, f16); break;
-    case 4: sweep(t, r, p0, p1, 4, 1, f16); break;
-    case 5: sweep(t, r, p0, p1, 5, 1, f16); break;
+    case 1: sweep(t, r, p0, p1, 1, 4, f16, none); break;
+    case 2: sweep(t, r, p0, p1, 2, 2, f16, none); break;
+    case 3: sweep(t, r, p0, p1, 3, 1, f16, none); break;
+    case 4: sweep(t, r, p0, p1, 4, 1, f16, none); break;
+    case 5: sweep(t, r, p0, p1, 5, 1, f16, none); break;
     default: break;
     }
 }

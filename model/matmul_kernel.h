@@ -96,23 +96,23 @@ static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int bloc
     return pf;
 }
 
-/* From this many rows the AVX-512 F32/F16 kernel (four row blocks) and the int8 kernel
- * (two, when x is quantised beforehand and W is one input chunk) walk a share in
- * sub-items whose later row blocks prefetch the next sub-item's panels: matmul.c then
- * hands out longer shares, so that most sub-items have a next one (matmul_avx512.c,
- * matmul_i8.c). Below them it measured even or worse (F32 12-16 rows, int8 8). */
+/* From this many rows the F32/F16 kernels (four row blocks; AVX-512 and AVX2 alike) and
+ * the VNNI int8 kernel (two, when x is quantised beforehand and W is one input chunk) walk
+ * a share in sub-items whose later row blocks prefetch the next sub-item's panels:
+ * matmul.c then hands out longer shares, so that most sub-items have a next one
+ * (matmul_avx512.c, matmul_kernel.c, matmul_i8.c). Below them it measured even or worse
+ * (F32 12-16 rows, int8 8). */
 #define MATMUL_PREFETCH_ROWS 24
 #define MATMUL_I8_PREFETCH_ROWS 12
 
 /* Whether a product of this type, rows and inputs takes that path on this CPU (the int8
- * kernel also needs x quantised beforehand; the AVX2 kernels never do): the one rule both
- * the kernels and matmul.c's item lengths follow. */
+ * kernel also needs x quantised beforehand; the AVX2 int8 kernel never does): the one
+ * rule both the kernels and matmul.c's item lengths follow. */
 static inline int matmul_prefetches(MatmulType type, int rows, int in)
 {
     if (type == MATMUL_I8)
         return matmul_i8_vnni() && rows >= MATMUL_I8_PREFETCH_ROWS && in <= MATMUL_I8_CHUNK_INPUTS;
-    return (type == MATMUL_F32 || type == MATMUL_F16) && matmul_avx512_supported() &&
-           rows >= MATMUL_PREFETCH_ROWS;
+    return (type == MATMUL_F32 || type == MATMUL_F16) && rows >= MATMUL_PREFETCH_ROWS;
 }
 
 /* An int8 kernel's sweep: y's rows [r, r + mr), which are xr's rows [xrow, xrow + mr),
