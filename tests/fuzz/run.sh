@@ -88,10 +88,9 @@ COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_wri
         model/tokenizer.c model/model_error.c)
 API=(api/buf.c api/completion.c api/endpoints.c api/error.c api/json_util.c api/metrics.c
      api/request.c api/request_tokenize.c api/vocab_tokenizer.c model/sampler.c)
-# Loading weights packs them for the product kernel (model/matmul*.c, which run on the
-# compute pool).
-WEIGHTS=(model/weights.c model/matmul.c model/matmul_kernel.c model/matmul_avx512.c model/matmul_bf16.c model/matmul_i8.c
-         compute/pool.c compute/quant_i8.c)
+# Loading weights packs them for the product kernels (every model/matmul*.c, globbed so
+# that a new kernel file cannot be missed; they run on the compute pool).
+WEIGHTS=(model/weights.c $(cd "$ROOT" && echo model/matmul*.c) compute/pool.c compute/quant_i8.c)
 sources_of() {
   case "$1" in
     fuzz_request|fuzz_sse) echo "${COMMON[*]} ${API[*]}" ;;
