@@ -4,7 +4,7 @@
  *     scale = max|x| / qmax,  q = clamp(round_to_nearest_even(x * qmax / max|x|), -qmax, qmax).
  * Special rows: any NaN or infinity gives scale NaN (a cache or a product must not hide
  * them; callers may also refuse such a row) and all q 0; max|x| = 0, or so small that
- * qmax / max|x| is not finite (below ~3.7e-37: zero to within its own size), gives scale
+ * qmax / max|x| is not finite (below ~3.7e-37 at 127: zero to within its own size), gives scale
  * 0 and all q 0. Eight values at a time (AVX2), the rest one by one; the tests hold it to
  * an independent definition. */
 #ifndef PAGEDSERVE_COMPUTE_QUANT_I8_H

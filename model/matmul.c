@@ -24,8 +24,8 @@
  * in three alternations of another; 16 panels on wo and down's 48 left 3 items and lost;
  * now they take 6). */
 #define I8_FEW_ROWS_ITEM_PANELS_MAX 16
-/* The AVX-512 F32/F16 and the int8 kernels from MATMUL_PREFETCH_ROWS and
- * MATMUL_I8_PREFETCH_ROWS rows (int8: up to 2048 inputs): up to 16 panels an item (at 768
+/* The F32/F16 kernels (AVX-512 and AVX2) and the VNNI int8 kernel from MATMUL_PREFETCH_ROWS
+ * and MATMUL_I8_PREFETCH_ROWS rows (int8: up to 2048 inputs): up to 16 panels an item (at 768
  * inputs 4 sub-items, 3 of them prefetched while the one before runs; more, smaller ones
  * for wider F32 inputs), again 4 items a thread. (Should an int8 product find no memory
  * for its quantised x, such items take the chunked path unprefetched: slower, not wrong.)
@@ -66,7 +66,7 @@ int matmul_bf16_supported(void)
 
 int matmul_i8_supported(void)
 {
-    return __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 /* Asked once, like matmul_avx512_supported: the quantisation of x and the kernel that
@@ -336,8 +336,8 @@ static int item_share(int n_panels, int lo, int hi)
 /* Panels per work item of a product: as a rule the panels that stay in L2 together
  * (matmul_l2_panels; bench matmul found 1, 2, 4 and 8 panels within noise of each other
  * at 32 rows on the AVX2 kernel, and 4 keeps its one-row case at 8 ymm accumulators);
- * longer for few-row int8 and many-row AVX-512 products (I8_FEW_ROWS_ITEM_PANELS_MAX,
- * LONG_ITEM_PANELS_MAX). */
+ * longer for few-row int8 products and many-row F32/F16 and VNNI int8 ones
+ * (I8_FEW_ROWS_ITEM_PANELS_MAX, tuned on VNNI; LONG_ITEM_PANELS_MAX). */
 static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
     if (w->type == MATMUL_I8 && rows <= 2)

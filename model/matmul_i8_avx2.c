@@ -79,7 +79,7 @@ run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay, 
                 xv[i] = _mm256_set1_epi32(quad);
             }
             for (int v = 0; v < 2 * np; v++) {
-                __m256i wv = _mm256_load_si256(w + 2 * (size_t)k + (size_t)(v / 2) * panel_vecs + v % 2);
+                __m256i wv = _mm256_loadu_si256(w + 2 * (size_t)k + (size_t)(v / 2) * panel_vecs + v % 2);
                 for (int i = 0; i < mr; i++)
                     acc[i][v] = _mm256_add_epi32(acc[i][v], quad_dot(wv, xv[i], ones));
             }

@@ -127,6 +127,8 @@ sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16, Matmu
  * sub-item's W) in equal shares, at most `in` each. As in matmul_avx512.c: the first
  * block over a sub-item would otherwise wait on memory for its W, at a rate one core's
  * stream cannot give. */
+/* From 12 rows an even share of blocks of at most 6 is never below 4 (7 would be 4 + 3). */
+_Static_assert(MATMUL_PREFETCH_ROWS >= 12, "sub_item's blocks have 4 to 6 rows");
 static inline __attribute__((always_inline)) void
 sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
 {
@@ -137,7 +139,7 @@ sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
         switch (mr) {
         case 6: sweep(t, r, p0, p1, 6, 1, f16, pf); break;
         case 5: sweep(t, r, p0, p1, 5, 1, f16, pf); break;
-        default: sweep(t, r, p0, p1, 4, 1, f16, pf); break; /* rows >= 24: never fewer */
+        default: sweep(t, r, p0, p1, 4, 1, f16, pf); break;
         }
         r += mr;
     }

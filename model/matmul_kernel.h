@@ -11,8 +11,8 @@
 /* Outputs per panel: two 8-float AVX2 vectors, or one 16-float AVX-512 vector. */
 #define MATMUL_PANEL 16
 
-/* Inputs per scale of a quantised row of x in int8 products (matmul_i8.c), and per chunk
- * of inputs its kernel takes at a time. */
+/* Inputs per scale of a quantised row of x in int8 products (matmul_i8.c,
+ * matmul_i8_avx2.c), and per chunk of inputs their kernels take at a time. */
 #define MATMUL_I8_BLOCK 128
 #define MATMUL_I8_CHUNK_INPUTS 2048
 
@@ -33,7 +33,7 @@ static inline I8Layout matmul_i8_layout(int in, int out)
     return l;
 }
 
-/* Rows of x quantised for int8 products (matmul_i8.c): row r's int8 values for input
+/* Rows of x quantised for int8 products (matmul_i8_rows.c): row r's int8 values for input
  * quads [kq_base, ...) at q + r * stride, and per block of MATMUL_I8_BLOCK inputs its scale
  * sx and zsum = 128 * (sum of the block's values) at
  * r * blocks + (block - kq_base / (MATMUL_I8_BLOCK / 4)). */
@@ -68,8 +68,8 @@ typedef struct {
 /* Panels of panel_bytes each that stay in L2 while every row block passes over them:
  * 256 KiB of W (4 panels of up to 1024 F32 inputs, 2 of 2048; F16 4 up to 2048), at
  * least 1, at most 4. matmul.c cuts products into work items of this many panels; the
- * AVX-512 kernel walks longer shares in sub-items of it (the int8 kernel in sub-items of
- * MATMUL_L2_PANELS_MAX, 48 KiB at 768 inputs). */
+ * F32/F16 kernels walk longer shares in sub-items of it from MATMUL_PREFETCH_ROWS rows
+ * (the VNNI int8 kernel in sub-items of MATMUL_L2_PANELS_MAX, 48 KiB at 768 inputs). */
 #define MATMUL_L2_W_BYTES (256 << 10)
 #define MATMUL_L2_PANELS_MAX 4
 static inline int matmul_l2_panels(size_t panel_bytes)

@@ -107,8 +107,9 @@ if "$BIN/bench" matmul --help >/dev/null 2>&1; then
     # For reading decode numbers: the same at 32 rows (one decode step of 32 sequences).
     "$BIN/bench" matmul --rows 32 --min-time 0.2 > "$OUT/machine-matmul-32.txt" 2>&1 || true
     GFLOPS32=$(best_rate "$OUT/machine-matmul-32.txt" 32)
-    # BF16 and int8 products do 2x and 4x the multiply-adds per cycle: their own peak,
-    # reported beside the F32 roofline that every ratio divides by (the yardstick).
+    # BF16 and int8 products do 2x and 4x the multiply-adds per cycle (int8 on AVX2 ~1.6x):
+    # their own peak, reported beside the F32 roofline that every ratio divides by (the
+    # issue's yardstick).
     if [ "$WEIGHT_TYPE" = bf16 ] || [ "$WEIGHT_TYPE" = int8 ]; then
         "$BIN/bench" matmul --type "$WEIGHT_TYPE" --rows 256 --min-time 0.2 \
             > "$OUT/machine-matmul-$WEIGHT_TYPE.txt" 2>&1 || true

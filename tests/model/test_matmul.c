@@ -261,7 +261,7 @@ static void test_thread_counts(void **state)
         assert_int_equal(check_shape(2048, 13, rows, 7), 0);
         assert_int_equal(check_shape(33, 1003, rows, 7), 0);
         assert_int_equal(check_shape(4500, 40, rows, 7), 0);
-        /* from 12 (int8) or 24 (AVX-512 F32/F16) rows: long items of several prefetching
+        /* from 12 (VNNI int8) or 24 (F32/F16) rows: long items of several prefetching
          * sub-items, a partial one last (63 panels: 7 an item on 2 threads, 5 on 3) */
         assert_int_equal(check_shape(768, 1003, rows, 7), 0);
     }
@@ -285,7 +285,7 @@ static void test_long_inputs(void **state)
 
 /* int8 products on rows the quantiser must treat apart: a NaN (not in a block's last 16
  * values, which a max would skip), +infinity and -infinity make the row's outputs NaN, as
- * in an F32 product; a block of values too small for 127/max|x| counts as zero; an
+ * in an F32 product; a block of values too small for qmax/max|x| counts as zero; an
  * all-zero block is fine. Through the quantised-buffer path (8 rows) and the per-item
  * path (3 rows at a time). */
 static void test_i8_special_inputs(void **state)
@@ -331,6 +331,46 @@ static void test_i8_special_inputs(void **state)
             }
         }
     }
+    matmul_weights_free(&m);
+}
+
+/* int8 products at the extremes of both operands, where the AVX2 kernel's int16 pair sums
+ * come closest to saturating (2 * 255 * 64): weight rows of one magnitude, all + (q = 127,
+ * bytes 255), all - (bytes 1) or in sign patterns, against x rows of one magnitude in
+ * patterns (q = +-matmul_i8_x_max()). Quantising them is exact, so y is w . x. One more x
+ * level on AVX2 (65) saturates and fails this. And the levels themselves: 127 on VNNI
+ * unless PAGEDSERVE_NO_AVX512_VNNI says no (make test-portable), else 64. */
+static void test_i8_extremes(void **state)
+{
+    (void)state;
+    enum { IN = 256, OUT = 20, ROWS = 7 };
+    static float x[ROWS * IN], w[OUT * IN], y[ROWS * OUT];
+    const char *no_vnni = getenv("PAGEDSERVE_NO_AVX512_VNNI");
+    int vnni = __builtin_cpu_supports("avx512vnni") && !(no_vnni && *no_vnni && strcmp(no_vnni, "0"));
+    assert_int_equal(matmul_i8_vnni(), vnni);
+    assert_int_equal(matmul_i8_x_max(), vnni ? 127 : 64);
+    for (int o = 0; o < OUT; o++)
+        for (int k = 0; k < IN; k++) {
+            int sign = o % 4 == 0 ? 1 : o % 4 == 1 ? -1 : o % 4 == 2 ? (k % 2 ? -1 : 1) : (k / 2 % 2 ? -1 : 1);
+            w[o * IN + k] = (float)sign * (float)(1 + o);
+        }
+    for (int r = 0; r < ROWS; r++)
+        for (int k = 0; k < IN; k++) {
+            int sign = r % 4 == 0 ? 1 : r % 4 == 1 ? -1 : r % 4 == 2 ? (k % 2 ? -1 : 1) : (k / 4 % 2 ? -1 : 1);
+            x[r * IN + k] = (float)sign * 0.25f * (float)(1 + r);
+        }
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_I8), 0);
+    matmul(y, OUT, x, IN, &m, ROWS, 0.0f);
+    for (int r = 0; r < ROWS; r++)
+        for (int o = 0; o < OUT; o++) {
+            double want = 0.0, abs_sum = 0.0;
+            for (int k = 0; k < IN; k++) {
+                want += (double)x[r * IN + k] * w[o * IN + k];
+                abs_sum += fabs((double)x[r * IN + k] * w[o * IN + k]);
+            }
+            assert_true(fabs(y[r * OUT + o] - want) <= 1e-5 * abs_sum);
+        }
     matmul_weights_free(&m);
 }
 
@@ -619,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_other_beta),
         cmocka_unit_test(test_long_inputs),
         cmocka_unit_test(test_i8_special_inputs),
+        cmocka_unit_test(test_i8_extremes),
         cmocka_unit_test(test_avx512_kernel_matches_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
