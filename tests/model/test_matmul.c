@@ -347,7 +347,8 @@ static void test_i8_extremes(void **state)
     enum { IN = 256, OUT = 20, ROWS = 7 };
     static float x[ROWS * IN], w[OUT * IN], y[ROWS * OUT];
     const char *no_vnni = getenv("PAGEDSERVE_NO_AVX512_VNNI");
-    int vnni = __builtin_cpu_supports("avx512vnni") && !(no_vnni && *no_vnni && strcmp(no_vnni, "0"));
+    int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && !(no_vnni && *no_vnni && strcmp(no_vnni, "0"));
     assert_int_equal(matmul_i8_vnni(), vnni);
     assert_int_equal(matmul_i8_x_max(), vnni ? 127 : 64);
     for (int o = 0; o < OUT; o++)
