@@ -117,9 +117,7 @@ W_INLINE void sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefe
 {
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
     for (int b = 0, r = 0; b < blocks; b++) {
-        /* Rows shared evenly: 32 rows as 6 6 5 5 5 5, not 6 6 6 6 6 2, whose last block
-         * streams W from L2 again for two rows. */
-        int mr = (t->rows - r + blocks - b - 1) / (blocks - b);
+        int mr = matmul_block_rows(t->rows, r, b, blocks);
         MatmulPrefetch pf = matmul_prefetch_take(&next, b, blocks, t->in);
         switch (mr) {
         case 6: sweep(t, r, p0, p1, 6, f16, pf); break;
@@ -140,9 +138,9 @@ W_INLINE void run(const MatmulTask *t, int p0, int p1, int f16)
     int prefetch = matmul_prefetches(t->type, t->rows, t->in);
     for (int q0 = p0; q0 < p1; q0 += sub) {
         int q1 = q0 + sub < p1 ? q0 + sub : p1;
-        int n1 = q1 + sub < p1 ? q1 + sub : p1;
-        MatmulPrefetch next = { (const char *)t->panels + q1 * panel_bytes,
-                                prefetch ? (int)((size_t)(n1 - q1) * panel_bytes / 64) : 0 };
+        MatmulPrefetch next = matmul_next_sub_item(t->panels, panel_bytes, q1, sub, p1);
+        if (!prefetch)
+            next.n = 0;
         sub_item(t, q0, q1, f16, next);
     }
 }

@@ -177,9 +177,7 @@ static I8_TARGET void run_sub_items(const MatmulTask *t, const I8Layout *lay, in
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
     for (int q0 = p0; q0 < p1; q0 += MATMUL_L2_PANELS_MAX) {
         int q1 = q0 + MATMUL_L2_PANELS_MAX < p1 ? q0 + MATMUL_L2_PANELS_MAX : p1;
-        int n1 = q1 + MATMUL_L2_PANELS_MAX < p1 ? q1 + MATMUL_L2_PANELS_MAX : p1;
-        MatmulPrefetch next = { (const char *)t->panels + q1 * lay->panel_bytes,
-                                (int)((size_t)(n1 - q1) * lay->panel_bytes / 64) };
+        MatmulPrefetch next = matmul_next_sub_item(t->panels, lay->panel_bytes, q1, MATMUL_L2_PANELS_MAX, p1);
         for (int r = 0; r < t->rows; r += MR_MAX) {
             int mr = t->rows - r < MR_MAX ? t->rows - r : MR_MAX;
             MatmulPrefetch pf = matmul_prefetch_take(&next, r / MR_MAX, blocks,

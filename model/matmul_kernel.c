@@ -134,7 +134,7 @@ sub_item(const MatmulTask *t, int p0, int p1, int f16, MatmulPrefetch next)
 {
     int blocks = (t->rows + MR_MAX - 1) / MR_MAX;
     for (int b = 0, r = 0; b < blocks; b++) {
-        int mr = (t->rows - r + blocks - b - 1) / (blocks - b);
+        int mr = matmul_block_rows(t->rows, r, b, blocks);
         MatmulPrefetch pf = matmul_prefetch_take(&next, b, blocks, t->in);
         switch (mr) {
         case 6: sweep(t, r, p0, p1, 6, 1, f16, pf); break;
@@ -152,10 +152,7 @@ run_sub_items(const MatmulTask *t, int p0, int p1, int f16)
     int sub = matmul_l2_panels(panel_bytes);
     for (int q0 = p0; q0 < p1; q0 += sub) {
         int q1 = q0 + sub < p1 ? q0 + sub : p1;
-        int n1 = q1 + sub < p1 ? q1 + sub : p1;
-        MatmulPrefetch next = { (const char *)t->panels + q1 * panel_bytes,
-                                (int)((size_t)(n1 - q1) * panel_bytes / 64) };
-        sub_item(t, q0, q1, f16, next);
+        sub_item(t, q0, q1, f16, matmul_next_sub_item(t->panels, panel_bytes, q1, sub, p1));
     }
 }
 

@@ -96,6 +96,25 @@ static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int bloc
     return pf;
 }
 
+/* The lines of the sub-item that follows the one ending at panel q1, in a share ending at
+ * p1 walked `sub` panels at a time: what that sub-item's later row blocks prefetch. */
+static inline MatmulPrefetch matmul_next_sub_item(const void *panels, size_t panel_bytes, int q1,
+                                                  int sub, int p1)
+{
+    int n1 = q1 + sub < p1 ? q1 + sub : p1;
+    MatmulPrefetch next = { (const char *)panels + q1 * panel_bytes,
+                            (int)((size_t)(n1 - q1) * panel_bytes / 64) };
+    return next;
+}
+
+/* Rows of row block b of `blocks` with rows [r, rows) left: shared evenly, so that 32 rows
+ * in blocks of at most 6 run as 6 6 5 5 5 5, not 6 6 6 6 6 2 (whose last block streams
+ * W from L2 again for two rows). */
+static inline int matmul_block_rows(int rows, int r, int b, int blocks)
+{
+    return (rows - r + blocks - b - 1) / (blocks - b);
+}
+
 /* From this many rows the F32/F16 kernels (four row blocks; AVX-512 and AVX2 alike) and
  * the VNNI int8 kernel (two, when x is quantised beforehand and W is one input chunk) walk
  * a share in sub-items whose later row blocks prefetch the next sub-item's panels:
