@@ -69,18 +69,30 @@ int matmul_i8_supported(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* Asked once, like matmul_avx512_supported: the quantisation of x and the kernel that
- * multiplies it must agree for the whole process. */
+/* *known (-1 until then) set to decide()'s answer at the first call and returned from
+ * then on, so that every caller in the process sees one answer (a race only computes the
+ * same answer twice). */
+static int decided_once(_Atomic int *known, int (*decide)(void))
+{
+    int v = atomic_load_explicit(known, memory_order_relaxed);
+    if (v < 0) {
+        v = decide();
+        atomic_store_explicit(known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+static int vnni_usable(void)
+{
+    return !told_unsupported("PAGEDSERVE_NO_AVX512_VNNI") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+/* Asked once: the quantisation of x and the kernel that multiplies it must agree. */
 int matmul_i8_vnni(void)
 {
     static _Atomic int known = -1;
-    int v = atomic_load_explicit(&known, memory_order_relaxed);
-    if (v < 0) {
-        v = !told_unsupported("PAGEDSERVE_NO_AVX512_VNNI") && __builtin_cpu_supports("avx512vnni") &&
-            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-        atomic_store_explicit(&known, v, memory_order_relaxed);
-    }
-    return v;
+    return decided_once(&known, vnni_usable);
 }
 
 int matmul_i8_x_max(void)
@@ -88,16 +100,16 @@ int matmul_i8_x_max(void)
     return matmul_i8_vnni() ? 127 : 64;
 }
 
+static int avx512_usable(void)
+{
+    return !told_unsupported("PAGEDSERVE_NO_AVX512_F") && __builtin_cpu_supports("avx512f");
+}
+
 /* Asked once: F32 and F16 products, the log and the benches all see the same answer. */
 int matmul_avx512_supported(void)
 {
-    static _Atomic int known = -1; /* a race only computes the same answer twice */
-    int v = atomic_load_explicit(&known, memory_order_relaxed);
-    if (v < 0) {
-        v = !told_unsupported("PAGEDSERVE_NO_AVX512_F") && __builtin_cpu_supports("avx512f");
-        atomic_store_explicit(&known, v, memory_order_relaxed);
-    }
-    return v;
+    static _Atomic int known = -1;
+    return decided_once(&known, avx512_usable);
 }
 
 const char *matmul_kernel_name(MatmulType type)
