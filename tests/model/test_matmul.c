@@ -595,59 +595,7 @@ static void test_pack_i8(void **state)
     assert_int_equal(matmul_weights_pack(&m, w, 7, 21, MATMUL_I8), -2);
 }
 
-/* The AVX-512 kernel for F32 and F16 panels gives the AVX2 kernel's results bit for bit
- * (matmul_avx512.c: the same FMAs in the same order), called directly on the same task for
- * every row count up to a few 6-row blocks and their tails, partial last panels, whole and
- * split panel ranges (4-, 2- and 1-panel blocks), beta 0 and not. The AVX2 kernel itself is
- * checked against the reference by make test-portable (PAGEDSERVE_NO_AVX512_F). */
-static void test_avx512_kernel_matches_avx2(void **state)
-{
-    (void)state;
-    if (!__builtin_cpu_supports("avx512f")) {
-        print_message("SKIPPED AVX-512 kernel: this CPU has no AVX512F\n");
-        return;
-    }
-    static const int ins[] = {1, 7, 64, 768, 2050};
-    static const int outs[] = {1, 27, 50, 100, 257};
-    enum { ROWS = 33 }; /* from 24 rows the AVX-512 kernel prefetches its next sub-item */
-    int bad = 0;
-    for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
-        for (int i = 0; i < 5; i++)
-            for (int o = 0; o < 5; o++) {
-                int in = ins[i], out = outs[o], panels = (out + 15) / 16;
-                float *x = malloc(sizeof(float) * ROWS * in), *w = malloc(sizeof(float) * out * in);
-                float *y2 = malloc(sizeof(float) * ROWS * out), *y5 = malloc(sizeof(float) * ROWS * out);
-                assert_non_null(x && w && y2 && y5);
-                for (int k = 0; k < ROWS * in; k++)
-                    x[k] = rand_uniform();
-                for (int k = 0; k < out * in; k++)
-                    w[k] = rand_uniform();
-                MatmulWeights m;
-                assert_int_equal(matmul_weights_pack(&m, w, in, out, (MatmulType)type), 0);
-                for (int rows = 1; rows <= ROWS; rows++)
-                    for (int beta = 0; beta < 2; beta++) {
-                        for (int k = 0; k < ROWS * out; k++)
-                            y2[k] = y5[k] = rand_uniform();
-                        MatmulTask t2 = { y2, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, NULL };
-                        MatmulTask t5 = t2;
-                        t5.y = y5;
-                        int cut = panels > 3 ? 3 : panels; /* [0, 3): a 2- and a 1-panel block */
-                        matmul_kernel_run(&t2, 0, cut);
-                        matmul_kernel_run(&t2, cut, panels);
-                        matmul_kernel_avx512_run(&t5, 0, cut);
-                        matmul_kernel_avx512_run(&t5, cut, panels);
-                        if (memcmp(y2, y5, sizeof(float) * ROWS * out) != 0 && bad++ == 0)
-                            print_error("type %d in %d out %d rows %d beta %d: AVX-512 != AVX2\n",
-                                        type, in, out, rows, beta);
-                    }
-                matmul_weights_free(&m);
-                free(x);
-                free(w);
-                free(y2);
-                free(y5);
-            }
-    assert_int_equal(bad, 0);
-}
+typedef void KernelRun(const MatmulTask *t, int p0, int p1);
 
 /* x's rows quantised here at the AVX2 kernel's 64 levels, as an I8Rows (in one calloc'd
  * block: free(xr) frees it). */
@@ -673,12 +621,82 @@ static I8Rows *i8_rows_at_64(const float *x, int rows, int in)
     return xr;
 }
 
+enum { KERNEL_PAIR_ROWS = 33 }; /* from 24 (12 for VNNI int8) rows kernels prefetch sub-items */
+
+/* Kernels a and b called directly on the same task, for random x and W of the given type
+ * and shape, every row count up to KERNEL_PAIR_ROWS, beta 0 and not, the panels split at 3
+ * ([0, 3): a 2- and a 1-panel block); int8 on x quantised beforehand at 64 levels (which
+ * both int8 kernels take). Returns how many results differ from a's in any bit (printing
+ * the first). */
+static int kernel_pair_mismatches(MatmulType type, int in, int out, KernelRun *a, KernelRun *b,
+                                  const char *names)
+{
+    enum { ROWS = KERNEL_PAIR_ROWS };
+    int panels = (out + 15) / 16, bad = 0;
+    float *x = malloc(sizeof(float) * ROWS * in), *w = malloc(sizeof(float) * out * in);
+    float *ya = malloc(sizeof(float) * ROWS * out), *yb = malloc(sizeof(float) * ROWS * out);
+    assert_non_null(x && w && ya && yb);
+    for (int k = 0; k < ROWS * in; k++)
+        x[k] = rand_uniform();
+    for (int k = 0; k < out * in; k++)
+        w[k] = rand_uniform();
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, in, out, type), 0);
+    I8Rows *xr = type == MATMUL_I8 ? i8_rows_at_64(x, ROWS, in) : NULL;
+    for (int rows = 1; rows <= ROWS; rows++)
+        for (int beta = 0; beta < 2; beta++) {
+            for (int k = 0; k < ROWS * out; k++)
+                ya[k] = yb[k] = rand_uniform();
+            MatmulTask ta = { ya, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, xr };
+            MatmulTask tb = ta;
+            tb.y = yb;
+            int cut = panels > 3 ? 3 : panels;
+            a(&ta, 0, cut);
+            a(&ta, cut, panels);
+            b(&tb, 0, cut);
+            b(&tb, cut, panels);
+            if (memcmp(ya, yb, sizeof(float) * ROWS * out) != 0 && bad++ == 0)
+                print_error("type %d in %d out %d rows %d beta %d: %s differ\n", type, in, out, rows,
+                            beta, names);
+        }
+    free(xr);
+    matmul_weights_free(&m);
+    free(x);
+    free(w);
+    free(ya);
+    free(yb);
+    return bad;
+}
+
+/* The AVX-512 kernel for F32 and F16 panels gives the AVX2 kernel's results bit for bit
+ * (matmul_avx512.c: the same FMAs in the same order), for every row count up to a few
+ * 6-row blocks and their tails, partial last panels, whole and split panel ranges (4-, 2-
+ * and 1-panel blocks), beta 0 and not. The AVX2 kernel itself is checked against the
+ * reference by make test-portable (PAGEDSERVE_NO_AVX512_F). */
+static void test_avx512_kernel_matches_avx2(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512f")) {
+        print_message("SKIPPED AVX-512 kernel: this CPU has no AVX512F\n");
+        return;
+    }
+    static const int ins[] = {1, 7, 64, 768, 2050};
+    static const int outs[] = {1, 27, 50, 100, 257};
+    int bad = 0;
+    for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
+        for (int i = 0; i < 5; i++)
+            for (int o = 0; o < 5; o++)
+                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], matmul_kernel_run,
+                                              matmul_kernel_avx512_run, "AVX2 and AVX-512");
+    assert_int_equal(bad, 0);
+}
+
 /* The VNNI int8 kernel and the AVX2 one give the same results bit for bit on the same
  * quantised x (at 64 levels, which both can take): the same exact int32 block sums, then
- * the same F32 operations in the same order. Called directly on the same task for every
- * row count to 33 (from 12 the VNNI kernel walks prefetching sub-items, up to 2048
- * inputs), partial last panels, split panel ranges, two input chunks (2050), beta 0 and
- * not. Runs only where the CPU has AVX512_VNNI. */
+ * the same F32 operations in the same order. Every row count to 33 (from 12 the VNNI
+ * kernel walks prefetching sub-items, up to 2048 inputs), partial last panels, split
+ * panel ranges, two input chunks (2050), beta 0 and not. Runs only where the CPU has
+ * AVX512_VNNI. */
 static void test_i8_vnni_kernel_matches_avx2(void **state)
 {
     (void)state;
@@ -689,43 +707,11 @@ static void test_i8_vnni_kernel_matches_avx2(void **state)
     }
     static const int ins[] = {7, 100, 768, 2050};
     static const int outs[] = {1, 27, 100, 257};
-    enum { ROWS = 33 };
     int bad = 0;
     for (int i = 0; i < 4; i++)
-        for (int o = 0; o < 4; o++) {
-            int in = ins[i], out = outs[o], panels = (out + 15) / 16;
-            float *x = malloc(sizeof(float) * ROWS * in), *w = malloc(sizeof(float) * out * in);
-            float *ya = malloc(sizeof(float) * ROWS * out), *yv = malloc(sizeof(float) * ROWS * out);
-            assert_non_null(x && w && ya && yv);
-            for (int k = 0; k < ROWS * in; k++)
-                x[k] = rand_uniform();
-            for (int k = 0; k < out * in; k++)
-                w[k] = rand_uniform();
-            MatmulWeights m;
-            assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_I8), 0);
-            I8Rows *xr = i8_rows_at_64(x, ROWS, in);
-            for (int rows = 1; rows <= ROWS; rows++)
-                for (int beta = 0; beta < 2; beta++) {
-                    for (int k = 0; k < ROWS * out; k++)
-                        ya[k] = yv[k] = rand_uniform();
-                    MatmulTask ta = { ya, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, xr };
-                    MatmulTask tv = ta;
-                    tv.y = yv;
-                    int cut = panels > 3 ? 3 : panels;
-                    matmul_kernel_i8_avx2_run(&ta, 0, cut);
-                    matmul_kernel_i8_avx2_run(&ta, cut, panels);
-                    matmul_kernel_i8_run(&tv, 0, cut);
-                    matmul_kernel_i8_run(&tv, cut, panels);
-                    if (memcmp(ya, yv, sizeof(float) * ROWS * out) != 0 && bad++ == 0)
-                        print_error("in %d out %d rows %d beta %d: VNNI != AVX2\n", in, out, rows, beta);
-                }
-            free(xr);
-            matmul_weights_free(&m);
-            free(x);
-            free(w);
-            free(ya);
-            free(yv);
-        }
+        for (int o = 0; o < 4; o++)
+            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], matmul_kernel_i8_avx2_run,
+                                          matmul_kernel_i8_run, "int8 AVX2 and VNNI");
     assert_int_equal(bad, 0);
 }
 
