@@ -279,8 +279,9 @@ static void on_sse_event(void *ctx, const char *data, size_t len)
         cl->done_seen = true;
         return;
     }
+    /* A byte token may decode to NUL, which a server sends as "\u0000": valid JSON. */
     json_error_t jerr;
-    json_t *j = json_loadb(data, len, 0, &jerr);
+    json_t *j = json_loadb(data, len, JSON_ALLOW_NUL, &jerr);
     if (!json_is_object(j)) {
         client_fail(cl, BS_FAIL_MALFORMED, "event is not a JSON object: %.80s", data);
         json_decref(j);
@@ -295,8 +296,8 @@ static void on_sse_event(void *ctx, const char *data, size_t len)
     }
     json_t *choices = json_object_get(j, "choices");
     if (json_is_array(choices) && json_array_size(choices) > 0) {
-        const char *text = json_string_value(json_object_get(json_array_get(choices, 0), "text"));
-        if (text && text[0] != '\0') {
+        json_t *text = json_object_get(json_array_get(choices, 0), "text");
+        if (json_string_length(text) > 0) {
             BsRequestResult *r = cl->res;
             if (r->text_chunks == 0)
                 r->ttft_s = secs(now - cl->t_send);

@@ -612,6 +612,23 @@ static void test_fake_chunked_no_usage(void **state)
     json_decref(doc);
 }
 
+static void test_fake_nul_text(void **state)
+{
+    (void)state;
+    /* "\u0000" is valid JSON: a random-weight model's byte token <0x00> decodes to it
+     * (llama-server sends it as such). It is a token chunk like any other, not a
+     * malformed event. */
+    json_t *doc;
+    int code = run_fake(SSE_HEAD "Connection: close\r\n\r\n" CHUNK("a") CHUNK("\\u0000")
+                            CHUNK("b\\u0000c") "data: [DONE]\n\n",
+                        &doc);
+    assert_int_equal(code, 0);
+    json_t *lv = level0(doc);
+    assert_int_equal(jint(lv, "successes"), 4);
+    assert_int_equal(jint(lv, "output_tokens"), 12);
+    json_decref(doc);
+}
+
 static void expect_all_fail(const char *completion, const char *kind)
 {
     json_t *doc;
@@ -786,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_fake_close_delimited),
         cmocka_unit_test(test_fake_chunked_no_usage),
         cmocka_unit_test(test_fake_broken_streams),
+        cmocka_unit_test(test_fake_nul_text),
     };
     const struct CMUnitTest real[] = {
         cmocka_unit_test(test_real_server_closed_loop),
