@@ -24,6 +24,8 @@
 #   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16, bf16 or int8; bench serve is told too)
 #   BENCH_KV_DTYPE=f16         the servers' --kv-dtype (f16, f32 or q8; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
+#   BENCH_PEER_DIR=DIR         JSON of `bench serve` run against the peer on this machine (same
+#                              file names): results.md also checks the targets against it
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -238,7 +240,9 @@ fi
     echo
     echo "## Targets (issue 7)"
     echo
-    "$BIN/bench" targets "$OUT" || true # exit 3: some target missed or not run
+    PEER_ARGS=()
+    [ -n "${BENCH_PEER_DIR:-}" ] && PEER_ARGS=(--peer "$BENCH_PEER_DIR")
+    "$BIN/bench" targets "$OUT" "${PEER_ARGS[@]}" || true # exit 3: some target missed or not run
 } > "$OUT/results.md"
 rm -f "$OUT/results-body.md"
 

@@ -13,43 +13,56 @@
 
 #include "tools/bench_targets.c"
 
-static char dir[64];
+static char dir[64], peer_dir[64];
 
 static const char *const run_names[] = {"chat", "decode", "prefix-cache", "prefix-nocache", "capacity"};
 
-/* dir/name.json, as bench targets reads it. */
-static void run_path(char *path, size_t len, const char *name)
-{
-    snprintf(path, len, "%s/%s.json", dir, name);
-}
-
-static void remove_run(const char *name)
+static void remove_run_in(const char *d, const char *name)
 {
     char path[128];
-    run_path(path, sizeof path, name);
+    snprintf(path, sizeof path, "%s/%s.json", d, name);
     unlink(path);
 }
 
-static void write_run(const char *name, const char *json)
+/* d/name.json, as bench targets reads it. */
+static void write_run_in(const char *d, const char *name, const char *json)
 {
     char path[128];
-    run_path(path, sizeof path, name);
+    snprintf(path, sizeof path, "%s/%s.json", d, name);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(json, f);
     fclose(f);
 }
 
-/* The table for dir, in a malloc'd string; *rc gets bench_targets_write's result. */
-static char *table(int *rc)
+static void remove_run(const char *name)
+{
+    remove_run_in(dir, name);
+}
+
+static void write_run(const char *name, const char *json)
+{
+    write_run_in(dir, name, json);
+}
+
+/* The tables for dir (and peer, unless NULL), in a malloc'd string; *rc gets
+ * bench_targets_write's result. */
+/* noinline: GCC 12 inlines it and takes strstr results on the returned buffer for pointers
+ * into the local that open_memstream wrote (-Wdangling-pointer false positive). */
+__attribute__((noinline)) static char *table_vs(const char *peer, int *rc)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     assert_non_null(out);
-    *rc = bench_targets_write(out, dir);
+    *rc = bench_targets_write(out, dir, peer);
     fclose(out);
     return buf;
+}
+
+static char *table(int *rc)
+{
+    return table_vs(NULL, rc);
 }
 
 /* The verdict column of the row whose target starts with `target`. */
@@ -71,15 +84,18 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/test_bench_targets.XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    snprintf(peer_dir, sizeof peer_dir, "/tmp/test_bench_targets_peer.XXXXXX");
+    return mkdtemp(dir) && mkdtemp(peer_dir) ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof run_names / sizeof run_names[0]; i++)
-        remove_run(run_names[i]);
-    return rmdir(dir);
+    for (size_t i = 0; i < sizeof run_names / sizeof run_names[0]; i++) {
+        remove_run_in(dir, run_names[i]);
+        remove_run_in(peer_dir, run_names[i]);
+    }
+    return rmdir(dir) | rmdir(peer_dir);
 }
 
 static void test_bounds_both_sides(void **state)
@@ -147,11 +163,66 @@ static void test_not_run_is_never_met(void **state)
     free(tab);
 }
 
+/* One level of c clients that ran at `tok_s`, TTFT p99 `ttft_ms`, `ok` of `n` succeeding. */
+static void write_level(const char *d, const char *name, int c, double tok_s, double ttft_ms, int ok, int n)
+{
+    char json[256];
+    snprintf(json, sizeof json,
+             "{\"levels\": [{\"concurrency\": %d, \"ran\": true, \"output_tok_s\": %g,"
+             " \"ttft_ms\": {\"p99\": %g}, \"successes\": %d, \"requests\": %d}]}",
+             c, tok_s, ttft_ms, ok, n);
+    write_run_in(d, name, json);
+}
+
+static void test_against_the_peer(void **state)
+{
+    (void)state;
+    /* chat exactly 1.5x (met) but TTFT p99 above the peer's; decode just under 1.5x; prefix
+     * at 3.6x (the bound is 150/42 = 3.571...); capacity: the peer's every request failed
+     * (0 tok/s), ours all succeeded. */
+    write_level(dir, "chat", 32, 150, 3000, 64, 64);
+    write_level(peer_dir, "chat", 32, 100, 2999, 64, 64);
+    write_level(dir, "decode", 32, 149.9, 1000, 32, 32);
+    write_level(peer_dir, "decode", 32, 100, 1000, 32, 32);
+    write_level(dir, "prefix-cache", 16, 360, 900, 32, 32);
+    write_level(peer_dir, "prefix-cache", 16, 100, 9000, 32, 32);
+    write_level(dir, "capacity", 16, 20, 9000, 16, 16);
+    write_level(peer_dir, "capacity", 16, 0, 0, 0, 16);
+    int rc;
+    char *tab = table_vs(peer_dir, &rc);
+    const char *peer_tab = strstr(tab, "Against the peer measured in");
+    assert_non_null(peer_tab);
+    assert_verdict(peer_tab, "chat c=32 ≥ 1.5 × the peer's", "yes");
+    assert_non_null(strstr(peer_tab, "150.0 vs 100.0 tok/s: 1.50 ×"));
+    assert_verdict(peer_tab, "chat c=32 TTFT p99 ≤ the peer's", "**no**");
+    assert_verdict(peer_tab, "decode c=32 ≥ 1.5 × the peer's", "**no**");
+    assert_verdict(peer_tab, "prefix c=16 (cache on) ≥ 3.6 ×", "yes");
+    assert_verdict(peer_tab, "capacity c=16 ≥ 1.5 × the peer's", "yes");
+    assert_non_null(strstr(peer_tab, "3 met, 2 missed, 0 not run."));
+    assert_int_equal(rc, 3);
+    free(tab);
+
+    /* The other sides: TTFT equal to the peer's (met); capacity with one of ours failing is
+     * not met however the peer did; a peer file missing is not run. */
+    write_level(dir, "chat", 32, 149.9, 2999, 64, 64);
+    write_level(dir, "capacity", 16, 500, 9000, 15, 16);
+    write_level(peer_dir, "capacity", 16, 10, 0, 16, 16);
+    remove_run_in(peer_dir, "decode");
+    tab = table_vs(peer_dir, &rc);
+    peer_tab = strstr(tab, "Against the peer measured in");
+    assert_verdict(peer_tab, "chat c=32 ≥ 1.5 × the peer's", "**no**");
+    assert_verdict(peer_tab, "chat c=32 TTFT p99 ≤ the peer's", "yes");
+    assert_verdict(peer_tab, "decode c=32 ≥ 1.5 × the peer's", "not run");
+    assert_verdict(peer_tab, "capacity c=16 ≥ 1.5 × the peer's", "**no**");
+    free(tab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bounds_both_sides),
         cmocka_unit_test(test_not_run_is_never_met),
+        cmocka_unit_test(test_against_the_peer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
