@@ -24,8 +24,14 @@
 #   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16, bf16 or int8; bench serve is told too)
 #   BENCH_KV_DTYPE=f16         the servers' --kv-dtype (f16, f32 or q8; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
-#   BENCH_PEER_DIR=DIR         JSON of `bench serve` run against the peer on this machine (same
-#                              file names): results.md also checks the targets against it
+#   BENCH_PEER_SERVER=PATH     a llama.cpp llama-server binary: after pagedserve, the same
+#                              workloads against it (2 threads, flash attention, 2048 tokens a
+#                              slot; capacity in the same KV budget) into $BENCH_OUT/peer, and
+#                              results.md checks the targets against it too
+#   BENCH_PEER_MODEL=FILE      the GGUF it serves (BENCH_MODEL; for int8 runs, a Q8_0 file from
+#                              llama-quantize); BENCH_KV_DTYPE=q8 gives it -ctk/-ctv q8_0
+#   BENCH_PEER_DIR=DIR         instead: JSON of `bench serve` run against the peer on this
+#                              machine earlier (same file names) for results.md's check
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -178,7 +184,9 @@ start_server() {
     die "pagedserve ($name) not ready after 120 s (log: $logf)"
 }
 
-# run NAME LABEL ARGS...: one bench serve invocation; a failed request is reported, not fatal.
+# run NAME LABEL KV_MB ARGS...: one bench serve invocation into $RUN_OUT; a failed request
+# is reported, not fatal.
+RUN_OUT=$OUT
 run() {
     local name=$1 label=$2 kv=$3
     shift 3
@@ -187,8 +195,8 @@ run() {
     "$BIN/bench" serve --port "$PORT" --gguf "$MODEL" --kv-cache-mb "$kv" \
         --gflops "$GFLOPS" --gbps "$GBPS" --max-seconds "$MAX_SECONDS" --label "$label" \
         --weight-type "$WEIGHT_TYPE" --kv-dtype "$KV_DTYPE" \
-        --json "$OUT/$name.json" --markdown "$OUT/results-body.md" --tsv "$OUT/results.tsv" \
-        "$@" | tee "$OUT/$name.txt" || rc=$?
+        --json "$RUN_OUT/$name.json" --markdown "$RUN_OUT/results-body.md" --tsv "$RUN_OUT/results.tsv" \
+        "$@" | tee "$RUN_OUT/$name.txt" || rc=$?
     [ "$rc" = 0 ] || [ "$rc" = 3 ] || die "bench serve $name failed (exit $rc)"
     [ "$rc" = 0 ] || log "WARNING: $name: some requests failed or the run was cut short"
 }
@@ -221,6 +229,58 @@ if wants capacity; then
     stop_server
 fi
 
+# ---- the peer (optional): llama.cpp's llama-server, same workloads, same machine --------
+PEER_DIR=${BENCH_PEER_DIR:-}
+# start_peer NAME FLAGS...: on a free loopback port, ready when /health answers 200.
+start_peer() {
+    local name=$1 p
+    shift
+    for p in $(seq 18600 18700); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
+    done
+    PORT=$p
+    "$BENCH_PEER_SERVER" -m "$PEER_MODEL" --host 127.0.0.1 --port "$PORT" -t 2 -tb 2 -fa on \
+        --metrics "${PEER_KV[@]}" "$@" > "$RUN_OUT/server-$name.log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 600); do
+        kill -0 "$SERVER_PID" 2>/dev/null || { tail "$RUN_OUT/server-$name.log" >&2; die "peer ($name) exited"; }
+        if [ "$(http_status /health)" = 200 ]; then
+            log "peer $name: pid $SERVER_PID, port $PORT, flags: $*"
+            return 0
+        fi
+        sleep 0.2
+    done
+    die "peer ($name) not ready after 120 s (log: $RUN_OUT/server-$name.log)"
+}
+if [ -n "${BENCH_PEER_SERVER:-}" ]; then
+    [ -x "$BENCH_PEER_SERVER" ] || die "BENCH_PEER_SERVER=$BENCH_PEER_SERVER is not an executable"
+    PEER_MODEL=${BENCH_PEER_MODEL:-$MODEL}
+    PEER_KV=()
+    [ "$KV_DTYPE" = q8 ] && PEER_KV=(-ctk q8_0 -ctv q8_0)
+    PEER_DIR=$OUT/peer
+    RUN_OUT=$PEER_DIR
+    mkdir -p "$RUN_OUT"
+    rm -f "$RUN_OUT"/*
+    if wants chat || wants decode || wants prefix; then
+        start_peer main -np 32 -c 65536 # 2048 tokens a slot, pagedserve's context
+        wants chat && run chat "llama-server" "$KV_MB" --workload chat "${CHAT[@]}"
+        wants decode && run decode "llama-server" "$KV_MB" --workload decode "${DECODE[@]}"
+        wants prefix && run prefix-cache "llama-server, its prompt cache" "$KV_MB" --workload prefix "${PREFIX[@]}"
+        stop_server
+    fi
+    # Capacity in the same KV budget as pagedserve's (its bytes per token): it does not
+    # preempt, so it gets as many slots as fit a whole 512 + 512-token request each (more
+    # slots fail requests with "Context size has been exceeded").
+    bpt=$(grep -o '[0-9]* bytes/token' "$OUT/capacity.txt" 2>/dev/null | head -1 | cut -d' ' -f1 || true)
+    if wants capacity && [ -n "$bpt" ]; then
+        tokens=$(( CAP_KV_MB * 1048576 / bpt / 256 * 256 ))
+        start_peer capacity --kv-unified -c "$tokens" -np $(( tokens / 1040 ))
+        run capacity "llama-server, $tokens tokens" "$CAP_KV_MB" --workload capacity -c 16 "${CAPACITY[@]}"
+        stop_server
+    fi
+    RUN_OUT=$OUT
+fi
+
 # ---- results.md -----------------------------------------------------------------------
 {
     echo "# pagedserve serving benchmarks"
@@ -241,14 +301,26 @@ fi
     echo "## Targets (issue 7)"
     echo
     PEER_ARGS=()
-    [ -n "${BENCH_PEER_DIR:-}" ] && PEER_ARGS=(--peer "$BENCH_PEER_DIR")
+    [ -n "$PEER_DIR" ] && PEER_ARGS=(--peer "$PEER_DIR")
     "$BIN/bench" targets "$OUT" "${PEER_ARGS[@]}" || true # exit 3: some target missed or not run
+    if [ -f "$OUT/peer/results-body.md" ] && [ -n "${BENCH_PEER_SERVER:-}" ]; then
+        echo
+        echo "## The peer: $BENCH_PEER_SERVER serving $PEER_MODEL"
+        cat "$OUT/peer/results-body.md"
+    fi
 } > "$OUT/results.md"
-rm -f "$OUT/results-body.md"
+rm -f "$OUT/results-body.md" "$OUT/peer/results-body.md"
 
 # ---- plots ----------------------------------------------------------------------------
 if have_gnuplot && grep -q '^chat' "$OUT/results.tsv" 2>/dev/null; then
     grep '^chat' "$OUT/results.tsv" > "$OUT/chat.tsv"
+    peer_thr="" peer_ttft=""
+    if [ -n "${BENCH_PEER_SERVER:-}" ] && grep -q '^chat' "$OUT/peer/results.tsv" 2>/dev/null; then
+        grep '^chat' "$OUT/peer/results.tsv" > "$OUT/peer/chat.tsv"
+        peer_thr=", \"$OUT/peer/chat.tsv\" using 3:7 with linespoints lw 2 dt 2 title \"the peer\""
+        peer_ttft=", \"$OUT/peer/chat.tsv\" using 3:9 with linespoints lw 2 dt 2 title \"the peer p50\""
+        peer_ttft+=", \"$OUT/peer/chat.tsv\" using 3:11 with linespoints lw 2 dt 2 title \"the peer p99\""
+    fi
     cat > "$OUT/plots.gp" <<EOF
 set terminal png size 900,540
 set datafile separator "\t"
@@ -260,12 +332,12 @@ set logscale x 2
 set output "$OUT/chat-throughput.png"
 set title "chat: output tokens/s against concurrency"
 set ylabel "output tokens / s"
-plot "$OUT/chat.tsv" using 3:7 with linespoints lw 2 title "output tok/s"
+plot "$OUT/chat.tsv" using 3:7 with linespoints lw 2 title "pagedserve"$peer_thr
 set output "$OUT/chat-ttft.png"
 set title "chat: time to first token against concurrency"
 set ylabel "TTFT (ms)"
 plot "$OUT/chat.tsv" using 3:9 with linespoints lw 2 title "p50", \
-     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "p99"
+     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "p99"$peer_ttft
 EOF
     if gnuplot "$OUT/plots.gp"; then log "plots: $OUT/chat-throughput.png, $OUT/chat-ttft.png"; fi
 else

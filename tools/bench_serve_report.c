@@ -553,15 +553,17 @@ int bs_report_markdown(const BsConfig *cfg, const char *path, char *err, size_t 
             fprintf(f, "- c=%d: first request (alone, cold cache) TTFT %.1f ms\n", lv->concurrency,
                     s.first_ttft * 1e3);
         if (strcmp(cfg->workload, "capacity") == 0 && !isnan(s.contiguous_seqs)) {
-            char fill[160];
+            char run[32], pre[32], fill[160];
+            fmt_num(run, sizeof run, lv->peak_running, 0); /* "-" without /metrics */
+            fmt_num(pre, sizeof pre, s.preemptions, 0);
             fmt_fill(fill, sizeof fill, &lv->fill);
             fprintf(f, "- c=%d: KV %.0f MiB = %.0f token slots at %.0f bytes/token. Contiguous "
                        "reservation at full context (%.0f tokens) would allow **%.0f** sequences; "
                        "paging admits %.0f of these %.0f-token requests; measured peak running "
-                       "%.0f, preemptions %.0f%s\n",
+                       "%s, preemptions %s%s\n",
                     lv->concurrency, s.kv_bytes / 1048576.0, s.slots, s.bpt, s.ctx,
                     s.contiguous_seqs, s.paged_fit_seqs, s.prompt_mean + cfg->max_tokens,
-                    lv->peak_running, s.preemptions, fill);
+                    run, pre, fill);
         }
         if (s.failed)
             fprintf(f, "- c=%d: %d failed; first: %s\n", lv->concurrency, s.failed,
