@@ -336,8 +336,8 @@ plot "$OUT/chat.tsv" using 3:7 with linespoints lw 2 title "pagedserve"$peer_thr
 set output "$OUT/chat-ttft.png"
 set title "chat: time to first token against concurrency"
 set ylabel "TTFT (ms)"
-plot "$OUT/chat.tsv" using 3:9 with linespoints lw 2 title "p50", \
-     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "p99"$peer_ttft
+plot "$OUT/chat.tsv" using 3:9 with linespoints lw 2 title "pagedserve p50", \
+     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "pagedserve p99"$peer_ttft
 EOF
     if gnuplot "$OUT/plots.gp"; then log "plots: $OUT/chat-throughput.png, $OUT/chat-ttft.png"; fi
 else
