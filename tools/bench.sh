@@ -231,7 +231,8 @@ fi
 
 # ---- the peer (optional): llama.cpp's llama-server, same workloads, same machine --------
 PEER_DIR=${BENCH_PEER_DIR:-}
-# start_peer NAME FLAGS...: on a free loopback port, ready when /health answers 200.
+# start_peer NAME FLAGS...: on a free loopback port, ready when /health answers 200. A peer
+# that exits or never gets ready is reported and skipped (returns 1): pagedserve's results stand.
 start_peer() {
     local name=$1 p
     shift
@@ -243,14 +244,21 @@ start_peer() {
         --metrics "${PEER_KV[@]}" "$@" > "$RUN_OUT/server-$name.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 600); do
-        kill -0 "$SERVER_PID" 2>/dev/null || { tail "$RUN_OUT/server-$name.log" >&2; die "peer ($name) exited"; }
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            tail "$RUN_OUT/server-$name.log" >&2
+            log "WARNING: the peer ($name) exited: no peer results for it"
+            SERVER_PID=""
+            return 1
+        fi
         if [ "$(http_status /health)" = 200 ]; then
             log "peer $name: pid $SERVER_PID, port $PORT, flags: $*"
             return 0
         fi
         sleep 0.2
     done
-    die "peer ($name) not ready after 120 s (log: $RUN_OUT/server-$name.log)"
+    log "WARNING: the peer ($name) not ready after 120 s (log: $RUN_OUT/server-$name.log): skipped"
+    stop_server
+    return 1
 }
 if [ -n "${BENCH_PEER_SERVER:-}" ]; then
     [ -x "$BENCH_PEER_SERVER" ] || die "BENCH_PEER_SERVER=$BENCH_PEER_SERVER is not an executable"
@@ -261,8 +269,8 @@ if [ -n "${BENCH_PEER_SERVER:-}" ]; then
     RUN_OUT=$PEER_DIR
     mkdir -p "$RUN_OUT"
     rm -f "$RUN_OUT"/*
-    if wants chat || wants decode || wants prefix; then
-        start_peer main -np 32 -c 65536 # 2048 tokens a slot, pagedserve's context
+    # -np 32 -c 65536: 2048 tokens a slot, pagedserve's context.
+    if { wants chat || wants decode || wants prefix; } && start_peer main -np 32 -c 65536; then
         wants chat && run chat "llama-server" "$KV_MB" --workload chat "${CHAT[@]}"
         wants decode && run decode "llama-server" "$KV_MB" --workload decode "${DECODE[@]}"
         wants prefix && run prefix-cache "llama-server, its prompt cache" "$KV_MB" --workload prefix "${PREFIX[@]}"
@@ -274,9 +282,10 @@ if [ -n "${BENCH_PEER_SERVER:-}" ]; then
     bpt=$(grep -o '[0-9]* bytes/token' "$OUT/capacity.txt" 2>/dev/null | head -1 | cut -d' ' -f1 || true)
     if wants capacity && [ -n "$bpt" ]; then
         tokens=$(( CAP_KV_MB * 1048576 / bpt / 256 * 256 ))
-        start_peer capacity --kv-unified -c "$tokens" -np $(( tokens / 1040 ))
-        run capacity "llama-server, $tokens tokens" "$CAP_KV_MB" --workload capacity -c 16 "${CAPACITY[@]}"
-        stop_server
+        if start_peer capacity --kv-unified -c "$tokens" -np $(( tokens / 1040 )); then
+            run capacity "llama-server, $tokens tokens" "$CAP_KV_MB" --workload capacity -c 16 "${CAPACITY[@]}"
+            stop_server
+        fi
     fi
     RUN_OUT=$OUT
 fi
