@@ -15,13 +15,12 @@
 /* Chunks start on block boundaries: a chunk's blocks are the row's blocks. */
 _Static_assert(KCQ % BLOCK_QUADS == 0, "a chunk is whole blocks");
 
-/* One row's inputs [0, n) quantised per block by compute/quant_i8.h's rule at the
- * kernel's levels: q (zero-padded to whole quads), each block's scale sx (NaN for a block
- * holding a NaN or an infinity, so that its outputs are NaN as in an F32 product; 0 for a
- * zero or tiny block, whose q are zeros) and zsum = 128 * sum(q). */
-void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
+/* One row's inputs [0, n) quantised per block by compute/quant_i8.h's rule at qmax
+ * levels: q (zero-padded to whole quads), each block's scale sx (NaN for a block holding a
+ * NaN or an infinity, so that its outputs are NaN as in an F32 product; 0 for a zero or
+ * tiny block, whose q are zeros) and zsum = 128 * sum(q). */
+void i8_row_quantise_at(int8_t *q, float *sx, int32_t *zsum, const float *x, int n, int qmax)
 {
-    int qmax = matmul_i8_x_max();
     for (int b0 = 0, b = 0; b0 < n; b0 += MATMUL_I8_BLOCK, b++) {
         int nb = n - b0 < MATMUL_I8_BLOCK ? n - b0 : MATMUL_I8_BLOCK;
         int32_t sum;
@@ -29,6 +28,11 @@ void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
         memset(q + b0 + nb, 0, (size_t)(((nb + 3) & ~3) - nb));
         zsum[b] = 128 * sum;
     }
+}
+
+void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n)
+{
+    i8_row_quantise_at(q, sx, zsum, x, n, matmul_i8_x_max());
 }
 
 /* At least one chunk runs, so that in == 0 still writes beta * y. Without t->xq (a few

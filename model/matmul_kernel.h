@@ -47,8 +47,10 @@ typedef struct {
 } I8Rows;
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
- * zsum[...], by compute/quant_i8.h's rule per 128-input block at matmul_i8_x_max() levels
+ * zsum[...], by compute/quant_i8.h's rule per 128-input block at qmax levels each side
  * (matmul_i8_rows.c; any CPU with AVX2). */
+void i8_row_quantise_at(int8_t *q, float *sx, int32_t *zsum, const float *x, int n, int qmax);
+/* The same at the levels this process's int8 kernel takes (matmul_i8_x_max()). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
 /* Rows of x per register block of the int8 kernel (and the most rows matmul() quantises
  * on its stack); with t->xq NULL each work item quantises x itself, any row count. */

@@ -21,7 +21,6 @@
 
 #include "model/matmul.h"
 #include "model/matmul_kernel.h"
-#include "compute/quant_i8.h"
 
 #define MAX_ROWS 40
 #define Y_SENTINEL 777.0f
@@ -611,13 +610,8 @@ static I8Rows *i8_rows_at_64(const float *x, int rows, int in)
     xr->stride = stride;
     xr->blocks = blocks;
     for (int r = 0; r < rows; r++)
-        for (int b = 0; b < blocks; b++) {
-            int nb = in - 128 * b < 128 ? in - 128 * b : 128;
-            int32_t sum;
-            xr->sx[r * blocks + b] = quant_i8_row_to(xr->q + r * stride + 128 * b, x + (size_t)r * in + 128 * b,
-                                                     nb, 64, &sum);
-            xr->zsum[r * blocks + b] = 128 * sum;
-        }
+        i8_row_quantise_at(xr->q + r * stride, xr->sx + r * blocks, xr->zsum + r * blocks,
+                           x + (size_t)r * in, in, 64);
     return xr;
 }
 
