@@ -215,6 +215,13 @@ static void test_against_the_peer(void **state)
     assert_verdict(peer_tab, "decode c=32 ≥ 1.5 × the peer's", "not run");
     assert_verdict(peer_tab, "capacity c=16 ≥ 1.5 × the peer's", "**no**");
     free(tab);
+
+    /* Our capacity run missing, the peer's there: not run, not missed. */
+    remove_run_in(dir, "capacity");
+    tab = table_vs(peer_dir, &rc);
+    peer_tab = strstr(tab, "Against the peer measured in");
+    assert_verdict(peer_tab, "capacity c=16 ≥ 1.5 × the peer's", "not run");
+    free(tab);
 }
 
 int main(void)
