@@ -161,6 +161,24 @@ http_status() {
     echo "${code:-000}"
 }
 
+# wait_ready LOG PATH: until GET PATH on $PORT answers 200 (with PORT empty, first read it
+# from the "listening on" line of LOG, as pagedserve logs it). 1 if the server exits (its
+# log is printed), 2 after 120 s.
+wait_ready() {
+    local logf=$1 path=$2
+    for _ in $(seq 600); do
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$logf" >&2; return 1; }
+        if [ -z "$PORT" ]; then
+            PORT=$(grep -o 'listening on http://127\.0\.0\.1:[0-9]*' "$logf" | head -1 | grep -o '[0-9]*$' || true)
+        fi
+        if [ -n "$PORT" ] && [ "$(http_status "$path")" = 200 ]; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    return 2
+}
+
 # start_server NAME FLAGS...: --port 0 lets the kernel pick a free port; the log says which.
 start_server() {
     local name=$1
@@ -170,18 +188,11 @@ start_server() {
         --log-level info "${SERVER_FLAGS[@]}" "$@" > "$logf" 2>&1 &
     SERVER_PID=$!
     PORT=""
-    for _ in $(seq 600); do
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$logf" >&2; die "pagedserve ($name) exited"; }
-        if [ -z "$PORT" ]; then
-            PORT=$(grep -o 'listening on http://127\.0\.0\.1:[0-9]*' "$logf" | head -1 | grep -o '[0-9]*$' || true)
-        fi
-        if [ -n "$PORT" ] && [ "$(http_status /ready)" = 200 ]; then
-            log "server $name: pid $SERVER_PID, port $PORT, flags: $*"
-            return 0
-        fi
-        sleep 0.2
-    done
-    die "pagedserve ($name) not ready after 120 s (log: $logf)"
+    local rc=0
+    wait_ready "$logf" /ready || rc=$?
+    [ "$rc" = 1 ] && die "pagedserve ($name) exited"
+    [ "$rc" = 2 ] && die "pagedserve ($name) not ready after 120 s (log: $logf)"
+    log "server $name: pid $SERVER_PID, port $PORT, flags: $*"
 }
 
 # run NAME LABEL KV_MB ARGS...: one bench serve invocation into $RUN_OUT; a failed request
@@ -243,21 +254,14 @@ start_peer() {
     "$BENCH_PEER_SERVER" -m "$PEER_MODEL" --host 127.0.0.1 --port "$PORT" -t 2 -tb 2 -fa on \
         --metrics "${PEER_KV[@]}" "$@" > "$RUN_OUT/server-$name.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 600); do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            tail "$RUN_OUT/server-$name.log" >&2
-            log "WARNING: the peer ($name) exited: no peer results for it"
-            SERVER_PID=""
-            return 1
-        fi
-        if [ "$(http_status /health)" = 200 ]; then
-            log "peer $name: pid $SERVER_PID, port $PORT, flags: $*"
-            return 0
-        fi
-        sleep 0.2
-    done
-    log "WARNING: the peer ($name) not ready after 120 s (log: $RUN_OUT/server-$name.log): skipped"
-    stop_server
+    local rc=0
+    wait_ready "$RUN_OUT/server-$name.log" /health || rc=$?
+    case $rc in
+    0) log "peer $name: pid $SERVER_PID, port $PORT, flags: $*"; return 0 ;;
+    1) log "WARNING: the peer ($name) exited: no peer results for it"; SERVER_PID="" ;;
+    *) log "WARNING: the peer ($name) not ready after 120 s (log: $RUN_OUT/server-$name.log): skipped"
+       stop_server ;;
+    esac
     return 1
 }
 if [ -n "${BENCH_PEER_SERVER:-}" ]; then
