@@ -313,9 +313,13 @@ fi
     echo
     echo "## Targets (issue 7)"
     echo
-    PEER_ARGS=()
-    [ -n "$PEER_DIR" ] && PEER_ARGS=(--peer "$PEER_DIR")
-    "$BIN/bench" targets "$OUT" "${PEER_ARGS[@]}" || true # exit 3: some target missed or not run
+    TARGET_ARGS=()
+    [ -n "$PEER_DIR" ] && TARGET_ARGS=(--peer "$PEER_DIR")
+    # TTFT floors at the served weights' product peak (the int8 or BF16 kernel's own, else F32's).
+    PEAK=$GFLOPS_SERVED
+    [ "$PEAK" = 0 ] && PEAK=$GFLOPS
+    [ "$PEAK" = 0 ] || TARGET_ARGS+=(--gflops "$PEAK")
+    "$BIN/bench" targets "$OUT" "${TARGET_ARGS[@]}" || true # exit 3: some target missed or not run
     if [ -f "$OUT/peer/results-body.md" ] && [ -n "${BENCH_PEER_SERVER:-}" ]; then
         echo
         echo "## The peer: $BENCH_PEER_SERVER serving $PEER_MODEL"

@@ -10,11 +10,18 @@
  * `bench serve` wrote against the peer, llama.cpp's llama-server, on the same machine and
  * in the same hour, under the same file names) a second table restates the targets that
  * the issue phrases as multiples of the peer against that measurement.
+ *
+ * With --gflops G (the served weight type's measured product peak) each TTFT p99 row also
+ * shows its floor (bench_ttft_floor.h): what no server could have beaten on this machine.
+ * A bound below its floor is named after the table as out of this machine's reach.
  */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "tools/bench_ttft_floor.h"
 
 typedef struct {
     json_t *chat, *decode, *prefix, *nocache, *capacity;
@@ -49,9 +56,14 @@ static double num(json_t *o, const char *k1, const char *k2)
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
+enum { MAX_OUT_OF_REACH = 4 };
+
 typedef struct {
     FILE *out;
     int met, missed, not_run;
+    double gflops; /* for TTFT floors; 0: none */
+    const char *out_of_reach[MAX_OUT_OF_REACH];
+    int n_out_of_reach;
 } Table;
 
 /* One row: `measured` is printed as given; met < 0 means not run. */
@@ -75,11 +87,25 @@ static void check(Table *t, const char *target, double value, double bound, int 
     row(t, target, isnan(value) ? -1 : at_least ? value >= bound : value <= bound, measured);
 }
 
+/* A TTFT p99 target (seconds), its floor beside the measurement when t->gflops is set. */
+static void check_ttft(Table *t, const char *target, json_t *run, json_t *lv, double bound_s)
+{
+    char measured[128];
+    double p99 = num(lv, "ttft_ms", "p99") / 1000;
+    double floor_s = bench_ttft_floor_ms(lv, json_object_get(run, "model"), t->gflops, 0.99) / 1000;
+    int n = snprintf(measured, sizeof measured, "%.2f s", p99);
+    if (!isnan(floor_s))
+        snprintf(measured + n, sizeof measured - (size_t)n, " (floor %.2f s)", floor_s);
+    row(t, target, isnan(p99) ? -1 : p99 <= bound_s, measured);
+    if (floor_s > bound_s && t->n_out_of_reach < MAX_OUT_OF_REACH)
+        t->out_of_reach[t->n_out_of_reach++] = target;
+}
+
 static void chat_targets(Table *t, const Runs *r)
 {
     json_t *c32 = level(r->chat, 32), *c1 = level(r->chat, 1);
     check(t, "chat c=32 ≥ 350 output tok/s (peer ≈ 232)", num(c32, "output_tok_s", NULL), 350, 1, "%.1f tok/s");
-    check(t, "chat c=32 TTFT p99 ≤ 2 s (peer ≈ 4.0 s)", num(c32, "ttft_ms", "p99") / 1000, 2.0, 0, "%.2f s");
+    check_ttft(t, "chat c=32 TTFT p99 ≤ 2 s (peer ≈ 4.0 s)", r->chat, c32, 2.0);
     check(t, "chat c=32 ITL p99 ≤ 3 × ITL p50", num(c32, "itl_ms", "p99") / num(c32, "itl_ms", "p50"), 3.0, 0,
           "%.2f ×");
     /* ITL p50 within 20% of the memory-bandwidth bound: bound / p50 >= 1 / 1.2 */
@@ -101,7 +127,7 @@ static void prefix_targets(Table *t, const Runs *r)
     check(t, "prefix: TTFT p50 cached ≤ 1/5 of uncached",
           num(on, "ttft_ms", "p50") / num(off, "ttft_ms", "p50"), 0.2, 0, "%.3f of uncached");
     check(t, "prefix c=16 ≥ 150 output tok/s (peer ≈ 42)", num(on, "output_tok_s", NULL), 150, 1, "%.1f tok/s");
-    check(t, "prefix c=16 TTFT p99 ≤ 1 s", num(on, "ttft_ms", "p99") / 1000, 1.0, 0, "%.2f s");
+    check_ttft(t, "prefix c=16 TTFT p99 ≤ 1 s", r->prefix, on, 1.0);
 }
 
 /* The most sequences any capacity level ran at once over what contiguous reservations at
@@ -130,7 +156,7 @@ static void capacity_targets(Table *t, const Runs *r)
         measured);
     check(t, "capacity c=16 ≥ 237 output tok/s (1.5 × peer's ≈ 158)", num(c16, "output_tok_s", NULL), 237, 1,
           "%.1f tok/s");
-    check(t, "capacity c=16 TTFT p99 ≤ 10 s", num(c16, "ttft_ms", "p99") / 1000, 10.0, 0, "%.1f s");
+    check_ttft(t, "capacity c=16 TTFT p99 ≤ 10 s", r->capacity, c16, 10.0);
     check(t, "capacity c=16: KV blocks hold ≥ 96% tokens at peak use",
           100 * num(json_object_get(c16, "server"), "kv_slot_fill_ratio_at_peak_kv", NULL), 96, 1, "%.1f%%");
     check(t, "capacity: ≥ 3 × the sequences contiguous reservation fits", concurrency_gain(r->capacity), 3.0, 1,
@@ -193,14 +219,20 @@ static void runs_free(Runs *r)
 static void table_end(Table *t)
 {
     fprintf(t->out, "\n%d met, %d missed, %d not run.\n", t->met, t->missed, t->not_run);
+    if (t->gflops > 0)
+        fprintf(t->out, "\nTTFT floors: the prompts' weight products alone at %g GFLOP/s, the "
+                        "measured peak (docs/benchmarks-howto.md).\n", t->gflops);
+    for (int i = 0; i < t->n_out_of_reach; i++)
+        fprintf(t->out, "Out of this machine's reach: %s; its floor is above the bound.\n",
+                t->out_of_reach[i]);
 }
 
 /* The table for the run in dir, and with peer_dir (NULL: none) the one against the peer;
- * returns 0 when every target of both is met, else 3. */
-int bench_targets_write(FILE *out, const char *dir, const char *peer_dir)
+ * gflops > 0 adds TTFT floors. Returns 0 when every target of both is met, else 3. */
+int bench_targets_write(FILE *out, const char *dir, const char *peer_dir, double gflops)
 {
     Runs r = runs_load(dir);
-    Table t = {out, 0, 0, 0};
+    Table t = {.out = out, .gflops = gflops};
     fprintf(out, "| target | measured | met |\n| --- | --- | --- |\n");
     chat_targets(&t, &r);
     decode_targets(&t, &r);
@@ -210,7 +242,7 @@ int bench_targets_write(FILE *out, const char *dir, const char *peer_dir)
     int rc = t.missed || t.not_run ? 3 : 0;
     if (peer_dir) {
         Runs peer = runs_load(peer_dir);
-        Table pt = {out, 0, 0, 0};
+        Table pt = {.out = out};
         fprintf(out, "\nAgainst the peer measured in %s:\n\n| target | ours vs the peer's | met |\n"
                      "| --- | --- | --- |\n", peer_dir);
         peer_targets(&pt, &r, &peer);
@@ -223,17 +255,42 @@ int bench_targets_write(FILE *out, const char *dir, const char *peer_dir)
     return rc;
 }
 
-int bench_targets_main(int argc, char **argv)
+static int targets_usage(FILE *f, int rc)
 {
-    int with_peer = argc == 4 && !strcmp(argv[2], "--peer");
-    if ((argc != 2 && !with_peer) || !strcmp(argv[1], "--help")) {
-        printf("usage: bench targets DIR [--peer PEER_DIR]\n"
+    fprintf(f, "usage: bench targets DIR [--peer PEER_DIR] [--gflops G]\n"
                "issue 7's targets against DIR/{chat,decode,prefix-cache,prefix-nocache,capacity}.json\n"
                "(a `make bench` run's results): a markdown table; with --peer, a second one of the\n"
                "targets stated against the peer, from PEER_DIR's files of the same names (bench serve\n"
-               "run against the peer on the same machine); exit 0 all met, 3 some missed or not run,\n"
-               "2 usage\n");
-        return argc == 2 ? 0 : 2;
+               "run against the peer on the same machine); with --gflops, the served weights' measured\n"
+               "product peak, each TTFT p99 with the floor that prompt products put under it at that\n"
+               "rate; exit 0 all met, 3 some missed or not run, 2 usage\n");
+    return rc;
+}
+
+int bench_targets_main(int argc, char **argv)
+{
+    const char *dir = NULL, *peer = NULL;
+    double gflops = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(opt, "--help"))
+            return targets_usage(stdout, 0);
+        if (!strcmp(opt, "--peer") && val) {
+            peer = val;
+            i++;
+        } else if (!strcmp(opt, "--gflops") && val) {
+            gflops = strtod(val, &end);
+            if (end == val || *end != '\0' || !(gflops >= 0))
+                return targets_usage(stderr, 2);
+            i++;
+        } else if (opt[0] != '-' && dir == NULL) {
+            dir = opt;
+        } else {
+            return targets_usage(stderr, 2);
+        }
     }
-    return bench_targets_write(stdout, argv[1], with_peer ? argv[3] : NULL);
+    if (dir == NULL)
+        return targets_usage(stderr, 2);
+    return bench_targets_write(stdout, dir, peer, gflops);
 }

@@ -11,7 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tools/bench_serve_stats.c"
 #include "tools/bench_targets.c"
+#include "tools/bench_ttft_floor.c"
 
 static char dir[64], peer_dir[64];
 
@@ -49,15 +51,20 @@ static void write_run(const char *name, const char *json)
  * bench_targets_write's result. */
 /* noinline: GCC 12 inlines it and takes strstr results on the returned buffer for pointers
  * into the local that open_memstream wrote (-Wdangling-pointer false positive). */
-__attribute__((noinline)) static char *table_vs(const char *peer, int *rc)
+__attribute__((noinline)) static char *table_at(const char *peer, double gflops, int *rc)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     assert_non_null(out);
-    *rc = bench_targets_write(out, dir, peer);
+    *rc = bench_targets_write(out, dir, peer, gflops);
     fclose(out);
     return buf;
+}
+
+static char *table_vs(const char *peer, int *rc)
+{
+    return table_at(peer, 0, rc);
 }
 
 static char *table(int *rc)
@@ -224,12 +231,81 @@ static void test_against_the_peer(void **state)
     free(tab);
 }
 
+/* A model whose prompt token is 1000 FLOPs of products (2 x (1000 - dim x vocab)) and whose
+ * logits row is another 1000: at 1e-6 GFLOP/s, 1 s each. */
+#define FLOOR_MODEL "\"model\": {\"dim\": 10, \"vocab\": 50, \"matmul_params\": 1000}"
+#define FLOOR_GFLOPS 1e-6
+
+/* r0 and r1 are sent before any first token (the opening burst, 1 ms apart): whichever is
+ * served first, the second waits for both prompts (2 + 4 s of work, less the 1 ms spread).
+ * r2 comes later with 5 prompt tokens, 2 of them cached (4 s); r3 failed before a token. */
+#define FLOOR_REQUESTS                                                                        \
+    "\"per_request\": ["                                                                      \
+    "{\"start_ms\": 0, \"ttft_ms\": 4500, \"prompt_tokens\": 3, \"cached_tokens\": 0},"        \
+    "{\"start_ms\": 1, \"ttft_ms\": 2500, \"prompt_tokens\": 1, \"cached_tokens\": 0},"        \
+    "{\"start_ms\": 3000, \"ttft_ms\": 4100, \"prompt_tokens\": 5, \"cached_tokens\": 2},"     \
+    "{\"start_ms\": 4600, \"prompt_tokens\": 7, \"cached_tokens\": 0}]"
+
+static void test_ttft_floor(void **state)
+{
+    (void)state;
+    json_t *run = json_loads("{" FLOOR_MODEL ", \"levels\": [{" FLOOR_REQUESTS "}]}", 0, NULL);
+    assert_non_null(run);
+    json_t *model = json_object_get(run, "model");
+    json_t *lv = json_array_get(json_object_get(run, "levels"), 0);
+    /* floors 1999, 4000, 5999 ms: the burst's ranks, then r2's own */
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0), 1999, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.5), 4000, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 5999, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99), 4000 + 0.98 * 1999, 1e-6);
+    /* twice the rate: half the work, the same 1 ms spread */
+    assert_float_equal(bench_ttft_floor_ms(lv, model, 2 * FLOOR_GFLOPS, 1), 2999, 1e-6);
+    assert_true(isnan(bench_ttft_floor_ms(lv, model, 0, 0.99)));
+    assert_true(isnan(bench_ttft_floor_ms(lv, NULL, FLOOR_GFLOPS, 0.99)));
+    json_object_del(json_array_get(json_object_get(lv, "per_request"), 2), "prompt_tokens");
+    assert_true(isnan(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99)));
+    json_object_del(lv, "per_request");
+    assert_true(isnan(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99)));
+    json_decref(run);
+}
+
+static void test_floor_in_the_table(void **state)
+{
+    (void)state;
+    /* The same requests under chat (2 s bound) and capacity (10 s): their p99 floor, 5.96 s,
+     * puts only chat's bound out of reach. prefix did not run. */
+    write_run("chat", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 32, \"ran\": true,"
+                      " \"ttft_ms\": {\"p99\": 6000}, " FLOOR_REQUESTS "}]}");
+    write_run("capacity", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 16, \"ran\": true,"
+                          " \"ttft_ms\": {\"p99\": 9000}, " FLOOR_REQUESTS "}]}");
+    remove_run("prefix-cache");
+    int rc;
+    char *tab = table_at(NULL, FLOOR_GFLOPS, &rc);
+    assert_verdict(tab, "chat c=32 TTFT p99", "**no**");
+    assert_non_null(strstr(tab, "| 6.00 s (floor 5.96 s) |"));
+    assert_verdict(tab, "capacity c=16 TTFT p99", "yes");
+    assert_non_null(strstr(tab, "| 9.00 s (floor 5.96 s) |"));
+    assert_non_null(strstr(tab, "at 1e-06 GFLOP/s, the measured peak"));
+    assert_non_null(strstr(tab, "Out of this machine's reach: chat c=32 TTFT p99 ≤ 2 s"));
+    assert_null(strstr(tab, "Out of this machine's reach: capacity"));
+    assert_null(strstr(tab, "Out of this machine's reach: prefix")); /* not run: no floor */
+    free(tab);
+    /* Without a peak rate: no floors, nothing named out of reach. */
+    tab = table(&rc);
+    assert_non_null(strstr(tab, "| 6.00 s | **no** |"));
+    assert_null(strstr(tab, "floor"));
+    assert_null(strstr(tab, "reach"));
+    free(tab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bounds_both_sides),
         cmocka_unit_test(test_not_run_is_never_met),
         cmocka_unit_test(test_against_the_peer),
+        cmocka_unit_test(test_ttft_floor),
+        cmocka_unit_test(test_floor_in_the_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,113 @@
+/* bench_ttft_floor — the lowest TTFT percentile this machine could have given a level of
+ * `bench serve`, from the prompts' weight products alone.
+ *
+ * A prompt token costs 2·(matrix parameters − dim·vocab) FLOPs of products, and a request's
+ * last prompt token also its logits (2·dim·vocab); tokens the prefix cache served cost
+ * nothing. Attention, decode steps and HTTP are not counted, so at `gflops` (the products'
+ * measured peak) no server could have done better on this machine.
+ *
+ * Requests sent before any first token came back (a level's opening burst) wait for each
+ * other: in whatever order they are served, the j-th of them to get its first token waited
+ * for at least the j cheapest of their prompts, less the spread of their send times (so the
+ * floors of its ranks are those sums, not its members' own prompts). Every other request
+ * waited at least for its own prompt. Each sorted rank of these per-request
+ * floors is at most the same rank of the measured TTFTs, so a percentile of the floors is a
+ * floor of the measured percentile. */
+#include "tools/bench_ttft_floor.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "tools/bench_serve_internal.h"
+
+typedef struct {
+    double start_ms, ttft_ms, work_ms; /* work: this request's prompt products at the peak */
+} FloorReq;
+
+static double num_at(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* The ms of products one request's prompt needs at `gflops`; NAN without the numbers. */
+static double prompt_work_ms(json_t *req, json_t *model, double gflops)
+{
+    double dim = num_at(model, "dim"), vocab = num_at(model, "vocab");
+    double params = num_at(model, "matmul_params");
+    double tokens = num_at(req, "prompt_tokens") - num_at(req, "cached_tokens");
+    double flops = 2 * tokens * (params - dim * vocab) + 2 * dim * vocab;
+    return flops / (gflops * 1e9) * 1e3;
+}
+
+static int cmp_work(const void *a, const void *b)
+{
+    double x = ((const FloorReq *)a)->work_ms, y = ((const FloorReq *)b)->work_ms;
+    return (x > y) - (x < y);
+}
+
+/* Requests that got a first token, with their work; returns how many (-1: numbers missing
+ * or out of memory; *out is then NULL). */
+static int floor_reqs(json_t *level, json_t *model, double gflops, FloorReq **out)
+{
+    json_t *reqs = json_object_get(level, "per_request"), *rq;
+    size_t i;
+    int n = 0;
+    *out = calloc(json_array_size(reqs) + 1, sizeof **out);
+    if (*out == NULL)
+        return -1;
+    json_array_foreach(reqs, i, rq) {
+        FloorReq f = {num_at(rq, "start_ms"), num_at(rq, "ttft_ms"), prompt_work_ms(rq, model, gflops)};
+        if (isnan(f.ttft_ms))
+            continue; /* failed before its first token: no TTFT sample */
+        if (isnan(f.start_ms) || isnan(f.work_ms)) {
+            free(*out);
+            *out = NULL;
+            return -1;
+        }
+        (*out)[n++] = f;
+    }
+    return n;
+}
+
+/* Floors in ms, one per request: the opening burst's cumulative, the rest their own. */
+static void fill_floors(FloorReq *r, int n, BsSamples *floors)
+{
+    double first_token = INFINITY, lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++)
+        first_token = fmin(first_token, r[i].start_ms + r[i].ttft_ms);
+    for (int i = 0; i < n; i++)
+        if (r[i].start_ms < first_token) {
+            lo = fmin(lo, r[i].start_ms);
+            hi = fmax(hi, r[i].start_ms);
+        }
+    qsort(r, (size_t)n, sizeof *r, cmp_work);
+    double queued = 0;
+    for (int i = 0; i < n; i++) {
+        double f = r[i].work_ms;
+        if (r[i].start_ms < first_token) {
+            queued += r[i].work_ms;
+            f = fmax(0, queued - (hi - lo));
+        }
+        bs_samples_push(floors, f);
+    }
+}
+
+double bench_ttft_floor_ms(json_t *level, json_t *model, double gflops, double q)
+{
+    FloorReq *reqs;
+    if (!(gflops > 0))
+        return NAN;
+    int n = floor_reqs(level, model, gflops, &reqs);
+    if (n <= 0) {
+        free(reqs);
+        return NAN;
+    }
+    BsSamples floors = {0};
+    fill_floors(reqs, n, &floors);
+    free(reqs);
+    bs_samples_sort(&floors);
+    double ms = floors.n == (size_t)n ? bs_percentile(&floors, q) : NAN;
+    bs_samples_free(&floors);
+    return ms;
+}
