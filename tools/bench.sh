@@ -315,7 +315,7 @@ fi
     echo
     TARGET_ARGS=()
     [ -n "$PEER_DIR" ] && TARGET_ARGS=(--peer "$PEER_DIR")
-    # TTFT floors at the served weights' product peak (the int8 or BF16 kernel's own, else F32's).
+    # Ceilings and floors at the served weights' product peak (int8's or BF16's own, else F32's).
     PEAK=$GFLOPS_SERVED
     [ "$PEAK" = 0 ] && PEAK=$GFLOPS
     [ "$PEAK" = 0 ] || TARGET_ARGS+=(--gflops "$PEAK")

@@ -13,7 +13,7 @@
 
 #include "tools/bench_serve_stats.c"
 #include "tools/bench_targets.c"
-#include "tools/bench_ttft_floor.c"
+#include "tools/bench_limits.c"
 
 static char dir[64], peer_dir[64];
 
@@ -269,14 +269,33 @@ static void test_ttft_floor(void **state)
     json_decref(run);
 }
 
+static void test_tok_s_ceiling(void **state)
+{
+    (void)state;
+    /* 64 tokens whose rows took 16000 FLOPs: 16 s at 1000 FLOP/s, 4 tok/s at best */
+    json_t *lv = json_loads("{\"output_tokens\": 64, \"roofline\": {\"computed_flops\": 16000}}", 0, NULL);
+    assert_non_null(lv);
+    assert_float_equal(bench_tok_s_ceiling(lv, FLOOR_GFLOPS), 4, 1e-9);
+    assert_float_equal(bench_tok_s_ceiling(lv, 3 * FLOOR_GFLOPS), 12, 1e-9);
+    assert_true(isnan(bench_tok_s_ceiling(lv, 0)));
+    json_object_set_new(json_object_get(lv, "roofline"), "computed_flops", json_real(0));
+    assert_true(isnan(bench_tok_s_ceiling(lv, FLOOR_GFLOPS)));
+    json_object_del(lv, "roofline");
+    assert_true(isnan(bench_tok_s_ceiling(lv, FLOOR_GFLOPS)));
+    json_decref(lv);
+}
+
 static void test_floor_in_the_table(void **state)
 {
     (void)state;
     /* The same requests under chat (2 s bound) and capacity (10 s): their p99 floor, 5.96 s,
-     * puts only chat's bound out of reach. prefix did not run. */
+     * puts only chat's bound out of reach. Chat's rows allow 1 tok/s at most (out of reach
+     * of 350), capacity's 1000 (237 is within). prefix did not run. */
     write_run("chat", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 32, \"ran\": true,"
+                      " \"output_tok_s\": 0.5, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4000},"
                       " \"ttft_ms\": {\"p99\": 6000}, " FLOOR_REQUESTS "}]}");
     write_run("capacity", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 16, \"ran\": true,"
+                          " \"output_tok_s\": 240, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4},"
                           " \"ttft_ms\": {\"p99\": 9000}, " FLOOR_REQUESTS "}]}");
     remove_run("prefix-cache");
     int rc;
@@ -285,15 +304,20 @@ static void test_floor_in_the_table(void **state)
     assert_non_null(strstr(tab, "| 6.00 s (floor 5.96 s) |"));
     assert_verdict(tab, "capacity c=16 TTFT p99", "yes");
     assert_non_null(strstr(tab, "| 9.00 s (floor 5.96 s) |"));
-    assert_non_null(strstr(tab, "at 1e-06 GFLOP/s, the measured peak"));
+    assert_non_null(strstr(tab, "| 0.5 tok/s (ceiling 1) | **no** |"));
+    assert_non_null(strstr(tab, "| 240.0 tok/s (ceiling 1000) | yes |"));
+    assert_non_null(strstr(tab, "Ceilings and floors at 1e-06 GFLOP/s, the measured product peak"));
     assert_non_null(strstr(tab, "Out of this machine's reach: chat c=32 TTFT p99 ≤ 2 s"));
+    assert_non_null(strstr(tab, "Out of this machine's reach: chat c=32 ≥ 350 output tok/s"));
     assert_null(strstr(tab, "Out of this machine's reach: capacity"));
     assert_null(strstr(tab, "Out of this machine's reach: prefix")); /* not run: no floor */
     free(tab);
     /* Without a peak rate: no floors, nothing named out of reach. */
     tab = table(&rc);
     assert_non_null(strstr(tab, "| 6.00 s | **no** |"));
+    assert_non_null(strstr(tab, "| 0.5 tok/s | **no** |"));
     assert_null(strstr(tab, "floor"));
+    assert_null(strstr(tab, "ceiling"));
     assert_null(strstr(tab, "reach"));
     free(tab);
 }
@@ -305,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_not_run_is_never_met),
         cmocka_unit_test(test_against_the_peer),
         cmocka_unit_test(test_ttft_floor),
+        cmocka_unit_test(test_tok_s_ceiling),
         cmocka_unit_test(test_floor_in_the_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

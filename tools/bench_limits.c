@@ -1,6 +1,12 @@
-/* bench_ttft_floor — the lowest TTFT percentile this machine could have given a level of
- * `bench serve`, from the prompts' weight products alone.
+/* bench_limits — what the machine's product peak allows a level of `bench serve` at best.
  *
+ * Ceiling on output tok/s: the level's output tokens over the time its computed rows
+ * (bench serve's roofline.computed_flops: every prompt row the prefix cache did not supply,
+ * every generated token but the last, logits only where sampled, attention at each row's
+ * position: what any server had to compute) take at `gflops`. Attention counted at the
+ * products' peak only raises the ceiling, so it stays an upper bound.
+ *
+ * Floor under a TTFT percentile, from the prompts' weight products alone:
  * A prompt token costs 2·(matrix parameters − dim·vocab) FLOPs of products, and a request's
  * last prompt token also its logits (2·dim·vocab); tokens the prefix cache served cost
  * nothing. Attention, decode steps and HTTP are not counted, so at `gflops` (the products'
@@ -13,7 +19,7 @@
  * waited at least for its own prompt. Each sorted rank of these per-request
  * floors is at most the same rank of the measured TTFTs, so a percentile of the floors is a
  * floor of the measured percentile. */
-#include "tools/bench_ttft_floor.h"
+#include "tools/bench_limits.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -110,4 +116,13 @@ double bench_ttft_floor_ms(json_t *level, json_t *model, double gflops, double q
     double ms = floors.n == (size_t)n ? bs_percentile(&floors, q) : NAN;
     bs_samples_free(&floors);
     return ms;
+}
+
+double bench_tok_s_ceiling(json_t *level, double gflops)
+{
+    double tokens = num_at(level, "output_tokens");
+    double flops = num_at(json_object_get(level, "roofline"), "computed_flops");
+    if (!(gflops > 0) || !(flops > 0))
+        return NAN;
+    return tokens * gflops * 1e9 / flops;
 }
