@@ -316,9 +316,10 @@ fi
     TARGET_ARGS=()
     [ -n "$PEER_DIR" ] && TARGET_ARGS=(--peer "$PEER_DIR")
     # Ceilings and floors at the served weights' product peak (int8's or BF16's own, else F32's).
+    positive() { awk -v g="$1" 'BEGIN { exit !(g + 0 > 0) }'; }
     PEAK=$GFLOPS_SERVED
-    [ "$PEAK" = 0 ] && PEAK=$GFLOPS
-    [ "$PEAK" = 0 ] || TARGET_ARGS+=(--gflops "$PEAK")
+    positive "$PEAK" || PEAK=$GFLOPS
+    positive "$PEAK" && TARGET_ARGS+=(--gflops "$PEAK")
     "$BIN/bench" targets "$OUT" "${TARGET_ARGS[@]}" || true # exit 3: some target missed or not run
     if [ -f "$OUT/peer/results-body.md" ] && [ -n "${BENCH_PEER_SERVER:-}" ]; then
         echo

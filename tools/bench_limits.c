@@ -3,14 +3,14 @@
  * Ceiling on output tok/s: the level's output tokens over the time its computed rows
  * (bench serve's roofline.computed_flops: every prompt row the prefix cache did not supply,
  * every generated token but the last, logits only where sampled, attention at each row's
- * position: what any server had to compute) take at `gflops`. Attention counted at the
- * products' peak only raises the ceiling, so it stays an upper bound.
+ * position: what this server's forward pass computes) take at `gflops`. Attention counted
+ * at the products' peak only raises the ceiling.
  *
  * Floor under a TTFT percentile, from the prompts' weight products alone:
  * A prompt token costs 2·(matrix parameters − dim·vocab) FLOPs of products, and a request's
  * last prompt token also its logits (2·dim·vocab); tokens the prefix cache served cost
- * nothing. Attention, decode steps and HTTP are not counted, so at `gflops` (the products'
- * measured peak) no server could have done better on this machine.
+ * nothing. Attention, decode steps and HTTP are not counted: no run of this forward pass
+ * whose products stay within `gflops` (their measured peak) could have done better.
  *
  * Requests sent before any first token came back (a level's opening burst) wait for each
  * other: in whatever order they are served, the j-th of them to get its first token waited
@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tools/bench_serve_internal.h"
 
@@ -52,8 +53,9 @@ static int cmp_work(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Requests that got a first token, with their work; returns how many (-1: numbers missing
- * or out of memory; *out is then NULL). */
+/* The requests whose TTFT the level's percentiles count (those that succeeded: bench
+ * serve's TTFT samples; a floor over others could exceed the measured percentile), with
+ * their work; returns how many (-1: numbers missing or out of memory; *out is then NULL). */
 static int floor_reqs(json_t *level, json_t *model, double gflops, FloorReq **out)
 {
     json_t *reqs = json_object_get(level, "per_request"), *rq;
@@ -63,10 +65,11 @@ static int floor_reqs(json_t *level, json_t *model, double gflops, FloorReq **ou
     if (*out == NULL)
         return -1;
     json_array_foreach(reqs, i, rq) {
+        json_t *outcome = json_object_get(rq, "outcome");
+        if (!json_is_string(outcome) || strcmp(json_string_value(outcome), "ok") != 0)
+            continue;
         FloorReq f = {num_at(rq, "start_ms"), num_at(rq, "ttft_ms"), prompt_work_ms(rq, model, gflops)};
-        if (isnan(f.ttft_ms))
-            continue; /* failed before its first token: no TTFT sample */
-        if (isnan(f.start_ms) || isnan(f.work_ms)) {
+        if (isnan(f.start_ms) || isnan(f.ttft_ms) || isnan(f.work_ms)) {
             free(*out);
             *out = NULL;
             return -1;

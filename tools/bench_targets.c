@@ -13,8 +13,8 @@
  *
  * With --gflops G (the served weight type's measured product peak) each TTFT p99 row also
  * shows its floor and each tok/s row its ceiling (bench_limits.h): what no server could
- * have beaten on this machine. A bound beyond them is named after the table as out of this
- * machine's reach.
+ * have beaten with its products at that peak. A bound beyond them is named after the table
+ * as out of reach at the measured peak.
  */
 #include <jansson.h>
 #include <math.h>
@@ -101,7 +101,7 @@ static void check_ttft(Table *t, const char *target, json_t *run, json_t *lv, do
     double p99 = num(lv, "ttft_ms", "p99") / 1000;
     double floor_s = bench_ttft_floor_ms(lv, json_object_get(run, "model"), t->gflops, 0.99) / 1000;
     int n = snprintf(measured, sizeof measured, "%.2f s", p99);
-    if (!isnan(floor_s))
+    if (!isnan(floor_s) && n > 0 && (size_t)n < sizeof measured)
         snprintf(measured + n, sizeof measured - (size_t)n, " (floor %.2f s)", floor_s);
     row(t, target, isnan(p99) ? -1 : p99 <= bound_s, measured);
     if (floor_s > bound_s)
@@ -114,7 +114,7 @@ static void check_rate(Table *t, const char *target, json_t *lv, double bound)
     char measured[128];
     double rate = num(lv, "output_tok_s", NULL), ceiling = bench_tok_s_ceiling(lv, t->gflops);
     int n = snprintf(measured, sizeof measured, "%.1f tok/s", rate);
-    if (!isnan(ceiling))
+    if (!isnan(ceiling) && n > 0 && (size_t)n < sizeof measured)
         snprintf(measured + n, sizeof measured - (size_t)n, " (ceiling %.0f)", ceiling);
     row(t, target, isnan(rate) ? -1 : rate >= bound, measured);
     if (ceiling < bound)
@@ -243,12 +243,12 @@ static void table_end(Table *t)
                         "if every computed row ran at it, TTFT from the prompts' products alone "
                         "(docs/benchmarks-howto.md).\n", t->gflops);
     for (int i = 0; i < t->n_out_of_reach; i++)
-        fprintf(t->out, "Out of this machine's reach: %s.\n",
+        fprintf(t->out, "Out of reach at the measured peak: %s.\n",
                 t->out_of_reach[i]);
 }
 
 /* The table for the run in dir, and with peer_dir (NULL: none) the one against the peer;
- * gflops > 0 adds TTFT floors. Returns 0 when every target of both is met, else 3. */
+ * gflops > 0 adds tok/s ceilings and TTFT floors. Returns 0 when every target of both is met, else 3. */
 int bench_targets_write(FILE *out, const char *dir, const char *peer_dir, double gflops)
 {
     Runs r = runs_load(dir);
@@ -282,7 +282,7 @@ static int targets_usage(FILE *f, int rc)
                "(a `make bench` run's results): a markdown table; with --peer, a second one of the\n"
                "targets stated against the peer, from PEER_DIR's files of the same names (bench serve\n"
                "run against the peer on the same machine); with --gflops, the served weights' measured\n"
-               "product peak, each TTFT p99 with the floor that prompt products put under it at that\n"
+               "product peak, each tok/s with its ceiling and each TTFT p99 with its floor at that\n"
                "rate; exit 0 all met, 3 some missed or not run, 2 usage\n");
     return rc;
 }
@@ -296,12 +296,12 @@ int bench_targets_main(int argc, char **argv)
         char *end = NULL;
         if (!strcmp(opt, "--help"))
             return targets_usage(stdout, 0);
-        if (!strcmp(opt, "--peer") && val) {
+        if (!strcmp(opt, "--peer") && val && val[0] != '-') {
             peer = val;
             i++;
         } else if (!strcmp(opt, "--gflops") && val) {
             gflops = strtod(val, &end);
-            if (end == val || *end != '\0' || !(gflops >= 0))
+            if (end == val || *end != '\0' || !(gflops >= 0) || isinf(gflops))
                 return targets_usage(stderr, 2);
             i++;
         } else if (opt[0] != '-' && dir == NULL) {

@@ -238,13 +238,17 @@ static void test_against_the_peer(void **state)
 
 /* r0 and r1 are sent before any first token (the opening burst, 1 ms apart): whichever is
  * served first, the second waits for both prompts (2 + 4 s of work, less the 1 ms spread).
- * r2 comes later with 5 prompt tokens, 2 of them cached (4 s); r3 failed before a token. */
-#define FLOOR_REQUESTS                                                                        \
-    "\"per_request\": ["                                                                      \
-    "{\"start_ms\": 0, \"ttft_ms\": 4500, \"prompt_tokens\": 3, \"cached_tokens\": 0},"        \
-    "{\"start_ms\": 1, \"ttft_ms\": 2500, \"prompt_tokens\": 1, \"cached_tokens\": 0},"        \
-    "{\"start_ms\": 3000, \"ttft_ms\": 4100, \"prompt_tokens\": 5, \"cached_tokens\": 2},"     \
-    "{\"start_ms\": 4600, \"prompt_tokens\": 7, \"cached_tokens\": 0}]"
+ * r2 comes later with 5 prompt tokens, 2 of them cached (4 s). r3 failed before a token;
+ * r4 timed out after its first, inside the burst: bench serve's TTFT samples leave both
+ * out, and so must the floors (r4's 21 s would put one above the measured p99). The TTFTs,
+ * sorted (2500, 4100, 6000), are at or above the floors, sorted (1999, 4000, 5999). */
+#define FLOOR_REQUESTS                                                                          \
+    "\"per_request\": ["                                                                        \
+    "{\"outcome\": \"ok\", \"start_ms\": 0, \"ttft_ms\": 6000, \"prompt_tokens\": 3, \"cached_tokens\": 0}," \
+    "{\"outcome\": \"ok\", \"start_ms\": 1, \"ttft_ms\": 2500, \"prompt_tokens\": 1, \"cached_tokens\": 0}," \
+    "{\"outcome\": \"ok\", \"start_ms\": 3000, \"ttft_ms\": 4100, \"prompt_tokens\": 5, \"cached_tokens\": 2}," \
+    "{\"outcome\": \"http_error\", \"start_ms\": 4600, \"prompt_tokens\": 7, \"cached_tokens\": 0},"   \
+    "{\"outcome\": \"timeout\", \"start_ms\": 2, \"ttft_ms\": 30000, \"prompt_tokens\": 20, \"cached_tokens\": 0}]"
 
 static void test_ttft_floor(void **state)
 {
@@ -262,6 +266,11 @@ static void test_ttft_floor(void **state)
     assert_float_equal(bench_ttft_floor_ms(lv, model, 2 * FLOOR_GFLOPS, 1), 2999, 1e-6);
     assert_true(isnan(bench_ttft_floor_ms(lv, model, 0, 0.99)));
     assert_true(isnan(bench_ttft_floor_ms(lv, NULL, FLOOR_GFLOPS, 0.99)));
+    /* r4 counted as a success: its 21 s of work joins the burst */
+    json_t *r4 = json_array_get(json_object_get(lv, "per_request"), 4);
+    json_object_set_new(r4, "outcome", json_string("ok"));
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 2000 + 4000 + 21000 - 2, 1e-6);
+    json_object_set_new(r4, "outcome", json_string("timeout"));
     json_object_del(json_array_get(json_object_get(lv, "per_request"), 2), "prompt_tokens");
     assert_true(isnan(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99)));
     json_object_del(lv, "per_request");
@@ -293,7 +302,7 @@ static void test_floor_in_the_table(void **state)
      * of 350), capacity's 1000 (237 is within). prefix did not run. */
     write_run("chat", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 32, \"ran\": true,"
                       " \"output_tok_s\": 0.5, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4000},"
-                      " \"ttft_ms\": {\"p99\": 6000}, " FLOOR_REQUESTS "}]}");
+                      " \"ttft_ms\": {\"p99\": 5962}, " FLOOR_REQUESTS "}]}");
     write_run("capacity", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 16, \"ran\": true,"
                           " \"output_tok_s\": 240, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4},"
                           " \"ttft_ms\": {\"p99\": 9000}, " FLOOR_REQUESTS "}]}");
@@ -301,20 +310,20 @@ static void test_floor_in_the_table(void **state)
     int rc;
     char *tab = table_at(NULL, FLOOR_GFLOPS, &rc);
     assert_verdict(tab, "chat c=32 TTFT p99", "**no**");
-    assert_non_null(strstr(tab, "| 6.00 s (floor 5.96 s) |"));
+    assert_non_null(strstr(tab, "| 5.96 s (floor 5.96 s) |"));
     assert_verdict(tab, "capacity c=16 TTFT p99", "yes");
     assert_non_null(strstr(tab, "| 9.00 s (floor 5.96 s) |"));
     assert_non_null(strstr(tab, "| 0.5 tok/s (ceiling 1) | **no** |"));
     assert_non_null(strstr(tab, "| 240.0 tok/s (ceiling 1000) | yes |"));
     assert_non_null(strstr(tab, "Ceilings and floors at 1e-06 GFLOP/s, the measured product peak"));
-    assert_non_null(strstr(tab, "Out of this machine's reach: chat c=32 TTFT p99 ≤ 2 s"));
-    assert_non_null(strstr(tab, "Out of this machine's reach: chat c=32 ≥ 350 output tok/s"));
-    assert_null(strstr(tab, "Out of this machine's reach: capacity"));
-    assert_null(strstr(tab, "Out of this machine's reach: prefix")); /* not run: no floor */
+    assert_non_null(strstr(tab, "Out of reach at the measured peak: chat c=32 TTFT p99 ≤ 2 s"));
+    assert_non_null(strstr(tab, "Out of reach at the measured peak: chat c=32 ≥ 350 output tok/s"));
+    assert_null(strstr(tab, "Out of reach at the measured peak: capacity"));
+    assert_null(strstr(tab, "Out of reach at the measured peak: prefix")); /* not run: no floor */
     free(tab);
     /* Without a peak rate: no floors, nothing named out of reach. */
     tab = table(&rc);
-    assert_non_null(strstr(tab, "| 6.00 s | **no** |"));
+    assert_non_null(strstr(tab, "| 5.96 s | **no** |"));
     assert_non_null(strstr(tab, "| 0.5 tok/s | **no** |"));
     assert_null(strstr(tab, "floor"));
     assert_null(strstr(tab, "ceiling"));
