@@ -262,8 +262,19 @@ static void kv_store_rows(ModelRunner *r, const void *arg, int r0, int r1)
     }
 }
 
-static void attention_layer(ModelRunner *r, const KvView *kv, int layer,
-                            const ModelSeqBatch *seqs, int n_seqs, int rows)
+/* The rows of sequence s whose output is wanted after the last layer: its logits rows
+ * (all, the last, or none). */
+static int first_logit_row(const ModelSeqBatch *sq)
+{
+    return sq->logits == MODEL_LOGITS_ALL ? 0 : sq->logits == MODEL_LOGITS_LAST ? sq->n_rows - 1
+                                                                             : sq->n_rows;
+}
+
+/* Stores the K and V of all rows, then attends: with `last` only the logits rows, whose
+ * residual rows are packed to the front of x (each moves to a lower index, in order, so
+ * none is overwritten before it is read). Returns the rows that go on. */
+static int attention_layer(ModelRunner *r, const KvView *kv, int layer,
+                           const ModelSeqBatch *seqs, int n_seqs, int rows, int last)
 {
     const ModelConfig *c = &r->model->config;
     int qkv_stride = qkv_dim(c);
@@ -278,22 +289,36 @@ static void attention_layer(ModelRunner *r, const KvView *kv, int layer,
      * Q8 store of a 96-row step was ~1 ms while the other core waited. */
     KvStoreArg store = {kv, layer};
     rows_run(r, &store, rows, 2 * c->n_kv_heads * c->head_dim, kv_store_rows);
-    int row = 0;
+    int next = 0, out = 0, n_attn = 0;
     for (int s = 0; s < n_seqs; s++) {
-        r->attn[s] = (AttnSeq){
+        int row = next + (last ? first_logit_row(&seqs[s]) : 0); /* its first query row */
+        int n_q = next + seqs[s].n_rows - row;
+        next += seqs[s].n_rows;
+        if (n_q == 0)
+            continue;
+        if (last)
+            memmove(r->x + (size_t)out * c->dim, r->x + (size_t)row * c->dim,
+                    (size_t)n_q * c->dim * sizeof(float));
+        r->attn[n_attn++] = (AttnSeq){
             .block_table = seqs[s].block_table,
-            .q_pos = seqs[s].pos,
-            .n_q = seqs[s].n_rows,
+            .q_pos = r->positions[row],
+            .n_q = n_q,
             .q = r->qkv + (size_t)row * qkv_stride,
-            .out = r->att + (size_t)row * q_width,
+            .out = r->att + (size_t)out * q_width,
         };
-        row += seqs[s].n_rows;
+        out += n_q;
     }
-    attn_paged(kv, layer, &shape, r->attn, n_seqs, qkv_stride, q_width);
+    if (n_attn > 0)
+        attn_paged(kv, layer, &shape, r->attn, n_attn, qkv_stride, q_width);
+    return out;
 }
 
-static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
-                              const ModelSeqBatch *seqs, int n_seqs, int rows)
+/* The last layer's output is read only at the logits rows; every other row needs only
+ * its K and V there, for the positions after it. So from the last layer's attention on,
+ * those rows alone go through (Wo, the feed-forward block): a prompt row skips
+ * 1 / n_layers of the Wo and feed-forward products. Returns the rows that go on. */
+static int transformer_layer(ModelRunner *r, const KvView *kv, int layer,
+                             const ModelSeqBatch *seqs, int n_seqs, int rows)
 {
     const ModelConfig *c = &r->model->config;
     const LayerWeights *w = &r->model->w.layers[layer];
@@ -304,7 +329,9 @@ static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
     rows_run(r, w->attn_norm, rows, c->dim, norm_rows);
     matmul(r->qkv, qkv_stride, r->xb, c->dim, &w->wqkv, rows, 0.0f);
     rows_run(r, NULL, rows, (c->n_heads + c->n_kv_heads) * c->head_dim, rope_rows);
-    attention_layer(r, kv, layer, seqs, n_seqs, rows);
+    rows = attention_layer(r, kv, layer, seqs, n_seqs, rows, layer == c->n_layers - 1);
+    if (rows == 0)
+        return 0;
     matmul(r->x, c->dim, r->att, q_width, &w->wo, rows, 1.0f);
 
     /* Feed-forward block: x += Wdown · (silu(Wgate·n(x)) * Wup·n(x)) */
@@ -312,24 +339,18 @@ static void transformer_layer(ModelRunner *r, const KvView *kv, int layer,
     matmul(r->ffn, 2 * c->ffn_dim, r->xb, c->dim, &w->w_gate_up, rows, 0.0f);
     rows_run(r, NULL, rows, c->ffn_dim, swiglu_rows);
     matmul(r->x, c->dim, r->ffn, 2 * c->ffn_dim, &w->w_down, rows, 1.0f);
+    return rows;
 }
 
-/* Normalise only the rows whose logits were asked for, packed into xb, then one product. */
-static void output_logits(ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs)
+/* Logits of the first `rows` rows of x (the last layer packed the logits rows there). */
+static void output_logits(ModelRunner *r, int rows)
 {
     const ModelConfig *c = &r->model->config;
-    int row = 0, out = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        int first = seqs[s].logits == MODEL_LOGITS_ALL ? 0 : seqs[s].n_rows - 1;
-        if (seqs[s].logits != MODEL_LOGITS_NONE) {
-            for (int i = first; i < seqs[s].n_rows; i++, out++)
-                rmsnorm(r->xb + (size_t)out * c->dim, r->x + (size_t)(row + i) * c->dim,
-                        r->model->w.output_norm, c->dim, c->rms_eps);
-        }
-        row += seqs[s].n_rows;
-    }
-    if (out > 0)
-        matmul(r->logits, c->vocab_size, r->xb, c->dim, &r->model->w.output, out, 0.0f);
+    for (int i = 0; i < rows; i++)
+        rmsnorm(r->xb + (size_t)i * c->dim, r->x + (size_t)i * c->dim, r->model->w.output_norm,
+                c->dim, c->rms_eps);
+    if (rows > 0)
+        matmul(r->logits, c->vocab_size, r->xb, c->dim, &r->model->w.output, rows, 0.0f);
 }
 
 const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch *seqs,
@@ -341,8 +362,8 @@ const float *model_forward(ModelRunner *r, const KvView *kv, const ModelSeqBatch
         return NULL;
     embed_rows(r, seqs, n_seqs);
     for (int l = 0; l < r->model->config.n_layers; l++)
-        transformer_layer(r, kv, l, seqs, n_seqs, rows);
-    output_logits(r, seqs, n_seqs);
+        rows = transformer_layer(r, kv, l, seqs, n_seqs, rows);
+    output_logits(r, rows); /* rows == logit_rows now */
     /* A pass with no logits requested still succeeds; return a non-NULL pointer. */
     return r->logits ? r->logits : (const float *)r->x;
 }
