@@ -7,9 +7,9 @@
  * at the products' peak only raises the ceiling.
  *
  * Floor under a TTFT percentile, from the prompts' weight products alone:
- * A prompt token costs 2·(matrix parameters − dim·vocab) FLOPs of products, and a request's
- * last prompt token also its logits (2·dim·vocab); tokens the prefix cache served cost
- * nothing. Attention, decode steps and HTTP are not counted: no run of this forward pass
+ * A prompt token costs 2 FLOPs per element of every layer's matrices but the last's, and of
+ * the last layer's K and V; a request's last prompt token also the rest of the last layer
+ * and its logits (2·dim·vocab); tokens the prefix cache served cost nothing. Attention, decode steps and HTTP are not counted: no run of this forward pass
  * whose products stay within `gflops` (their measured peak) could have done better.
  *
  * Requests sent before any first token came back (a level's opening burst) wait for each
@@ -37,13 +37,17 @@ static double num_at(json_t *o, const char *key)
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-/* The ms of products one request's prompt needs at `gflops`; NAN without the numbers. */
+/* The ms of products one request's prompt needs at `gflops`; NAN without the numbers. Every
+ * prompt token not cached runs the layers but the last in full, and the last one's K and V;
+ * the last prompt token also the rest of the last layer and the logits. */
 static double prompt_work_ms(json_t *req, json_t *model, double gflops)
 {
     double dim = num_at(model, "dim"), vocab = num_at(model, "vocab");
-    double params = num_at(model, "matmul_params");
+    double layers = num_at(model, "layers");
+    double layer = (num_at(model, "matmul_params") - dim * vocab) / layers;
+    double kv = 2 * dim * num_at(model, "kv_heads") * num_at(model, "head_dim");
     double tokens = num_at(req, "prompt_tokens") - num_at(req, "cached_tokens");
-    double flops = 2 * tokens * (params - dim * vocab) + 2 * dim * vocab;
+    double flops = 2 * tokens * ((layers - 1) * layer + kv) + 2 * (layer - kv) + 2 * dim * vocab;
     return flops / (gflops * 1e9) * 1e3;
 }
 

@@ -97,9 +97,10 @@ static double positions_sum(double a, double b)
 }
 
 /* The server computes a request's rows from..to: the prompt past what the prefix cache
- * supplied, then every generated token but the last, fed back. Each row runs every matrix
- * but the output one; only rows whose token is sampled from (the prompt's last and the
- * fed-back ones: one per generated token) run the output matrix too. */
+ * supplied, then every generated token but the last, fed back. Only rows whose token is
+ * sampled from (the prompt's last and the fed-back ones: one per generated token) need the
+ * output matrix, and the last layer beyond its K and V (whose output only the logits
+ * read): the others stop there, as pagedserve's forward pass does (and llama.cpp's). */
 double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,
                               long output_tokens)
 {
@@ -109,7 +110,13 @@ double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cac
         return 0;
     double rows = to - from + 1;
     double logit_rows = output_tokens < rows ? output_tokens : rows;
+    double unsampled = rows - logit_rows; /* the first ones: from .. from + unsampled - 1 */
+    double layer_params = (m->matmul_params - m->output_params) / m->n_layers;
+    double kv_params = 2.0 * m->dim * m->n_kv_heads * m->head_dim;
+    double layer_attn = attention_flops_per_position(m) / m->n_layers;
     return 2.0 * (m->matmul_params - m->output_params) * rows +
            2.0 * m->output_params * logit_rows +
-           attention_flops_per_position(m) * positions_sum(from, to);
+           attention_flops_per_position(m) * positions_sum(from, to) -
+           (2.0 * (layer_params - kv_params) * unsampled +
+            layer_attn * positions_sum(from, from + unsampled - 1));
 }

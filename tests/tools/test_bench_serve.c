@@ -315,15 +315,18 @@ static void test_percentiles(void **state)
 
 /* ---- computed FLOPs ---------------------------------------------------------------------- */
 
-/* Row by row, as the server runs them: a row at position p attends to p + 1 positions and
- * multiplies the output matrix only if a token is sampled from it (p >= prompt - 1). */
+/* Row by row, as the server runs them: a row at position p attends to p + 1 positions in
+ * every layer and multiplies the output matrix if a token is sampled from it (p >=
+ * prompt - 1); any other row stops at the last layer's K and V. */
 static double flops_by_rows(const BsModelInfo *m, long prompt, long cached, long out)
 {
-    double sum = 0;
+    double sum = 0, layer = (m->matmul_params - m->output_params) / m->n_layers;
+    double kv = 2.0 * m->dim * m->n_kv_heads * m->head_dim;
     for (long p = cached; p <= prompt + out - 2; p++) {
-        sum += 2 * (m->matmul_params - m->output_params);
-        sum += 4.0 * m->n_layers * m->n_heads * m->head_dim * (double)(p + 1);
-        if (p >= prompt - 1)
+        int sampled = p >= prompt - 1, full_layers = sampled ? m->n_layers : m->n_layers - 1;
+        sum += 2 * (layer * full_layers + (sampled ? 0 : kv));
+        sum += 4.0 * full_layers * m->n_heads * m->head_dim * (double)(p + 1);
+        if (sampled)
             sum += 2 * m->output_params;
     }
     return sum;
@@ -332,8 +335,8 @@ static double flops_by_rows(const BsModelInfo *m, long prompt, long cached, long
 static void test_request_flops(void **state)
 {
     (void)state;
-    BsModelInfo m = {.n_layers = 2, .n_heads = 3, .head_dim = 4, .matmul_params = 1000,
-                     .output_params = 300};
+    BsModelInfo m = {.n_layers = 2, .dim = 8, .n_heads = 3, .n_kv_heads = 1, .head_dim = 4,
+                     .matmul_params = 1000, .output_params = 300};
     const long cases[][3] = {{10, 0, 5}, {10, 8, 5}, {10, 9, 1}, {1, 0, 1}, {130, 0, 64},
                              {1061, 1024, 32}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

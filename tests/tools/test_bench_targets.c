@@ -231,22 +231,26 @@ static void test_against_the_peer(void **state)
     free(tab);
 }
 
-/* A model whose prompt token is 1000 FLOPs of products (2 x (1000 - dim x vocab)) and whose
- * logits row is another 1000: at 1e-6 GFLOP/s, 1 s each. */
-#define FLOOR_MODEL "\"model\": {\"dim\": 10, \"vocab\": 50, \"matmul_params\": 1000}"
+/* A model of 2 layers of 400 matrix elements (100 of them the K and V: dim 10 x 1 KV head x
+ * 5 x 2) and an output matrix of 10 x 50: a prompt token is 2 x (400 + 100) = 1000 FLOPs
+ * (one full layer, the last one's K and V); the last prompt token adds the rest of the last
+ * layer (600) and its logits (1000). At 1e-6 GFLOP/s 1000 FLOPs take 1 s. */
+#define FLOOR_MODEL                                                                          \
+    "\"model\": {\"dim\": 10, \"vocab\": 50, \"layers\": 2, \"kv_heads\": 1, \"head_dim\": 5,"   \
+    " \"matmul_params\": 1300}"
 #define FLOOR_GFLOPS 1e-6
 
-/* r0 and r1 are sent before any first token (the opening burst, 1 ms apart): whichever is
- * served first, the second waits for both prompts (2 + 4 s of work, less the 1 ms spread).
- * r2 comes later with 5 prompt tokens, 2 of them cached (4 s). r3 failed before a token;
- * r4 timed out after its first, inside the burst: bench serve's TTFT samples leave both
- * out, and so must the floors (r4's 21 s would put one above the measured p99). The TTFTs,
- * sorted (2500, 4100, 6000), are at or above the floors, sorted (1999, 4000, 5999). */
+/* Work: r0 3 tokens, 4.6 s; r1 1 token, 2.6 s; r2 5 tokens, 2 cached, 4.6 s. r0 and r1 are
+ * sent before any first token (the opening burst, 1 ms apart): whichever is served first,
+ * the second waits for both prompts (7.2 s, less the 1 ms spread). r3 failed before a
+ * token; r4 timed out after its first, inside the burst: bench serve's TTFT samples leave
+ * both out, and so must the floors (r4's 21.6 s would put one above the measured p99).
+ * The TTFTs, sorted (2700, 4700, 7300), are at or above the floors (2599, 4600, 7199). */
 #define FLOOR_REQUESTS                                                                          \
     "\"per_request\": ["                                                                        \
-    "{\"outcome\": \"ok\", \"start_ms\": 0, \"ttft_ms\": 6000, \"prompt_tokens\": 3, \"cached_tokens\": 0}," \
-    "{\"outcome\": \"ok\", \"start_ms\": 1, \"ttft_ms\": 2500, \"prompt_tokens\": 1, \"cached_tokens\": 0}," \
-    "{\"outcome\": \"ok\", \"start_ms\": 3000, \"ttft_ms\": 4100, \"prompt_tokens\": 5, \"cached_tokens\": 2}," \
+    "{\"outcome\": \"ok\", \"start_ms\": 0, \"ttft_ms\": 7300, \"prompt_tokens\": 3, \"cached_tokens\": 0}," \
+    "{\"outcome\": \"ok\", \"start_ms\": 1, \"ttft_ms\": 2700, \"prompt_tokens\": 1, \"cached_tokens\": 0}," \
+    "{\"outcome\": \"ok\", \"start_ms\": 3000, \"ttft_ms\": 4700, \"prompt_tokens\": 5, \"cached_tokens\": 2}," \
     "{\"outcome\": \"http_error\", \"start_ms\": 4600, \"prompt_tokens\": 7, \"cached_tokens\": 0},"   \
     "{\"outcome\": \"timeout\", \"start_ms\": 2, \"ttft_ms\": 30000, \"prompt_tokens\": 20, \"cached_tokens\": 0}]"
 
@@ -257,19 +261,19 @@ static void test_ttft_floor(void **state)
     assert_non_null(run);
     json_t *model = json_object_get(run, "model");
     json_t *lv = json_array_get(json_object_get(run, "levels"), 0);
-    /* floors 1999, 4000, 5999 ms: the burst's ranks, then r2's own */
-    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0), 1999, 1e-6);
-    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.5), 4000, 1e-6);
-    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 5999, 1e-6);
-    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99), 4000 + 0.98 * 1999, 1e-6);
+    /* floors 2599, 7199 ms (the burst's ranks) and 4600 (r2's own) */
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0), 2599, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.5), 4600, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 7199, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99), 4600 + 0.98 * 2599, 1e-6);
     /* twice the rate: half the work, the same 1 ms spread */
-    assert_float_equal(bench_ttft_floor_ms(lv, model, 2 * FLOOR_GFLOPS, 1), 2999, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, 2 * FLOOR_GFLOPS, 1), 3599, 1e-6);
     assert_true(isnan(bench_ttft_floor_ms(lv, model, 0, 0.99)));
     assert_true(isnan(bench_ttft_floor_ms(lv, NULL, FLOOR_GFLOPS, 0.99)));
-    /* r4 counted as a success: its 21 s of work joins the burst */
+    /* r4 counted as a success: its 21.6 s of work joins the burst (spread now 2 ms) */
     json_t *r4 = json_array_get(json_object_get(lv, "per_request"), 4);
     json_object_set_new(r4, "outcome", json_string("ok"));
-    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 2000 + 4000 + 21000 - 2, 1e-6);
+    assert_float_equal(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 1), 2600 + 4600 + 21600 - 2, 1e-6);
     json_object_set_new(r4, "outcome", json_string("timeout"));
     json_object_del(json_array_get(json_object_get(lv, "per_request"), 2), "prompt_tokens");
     assert_true(isnan(bench_ttft_floor_ms(lv, model, FLOOR_GFLOPS, 0.99)));
@@ -297,12 +301,12 @@ static void test_tok_s_ceiling(void **state)
 static void test_floor_in_the_table(void **state)
 {
     (void)state;
-    /* The same requests under chat (2 s bound) and capacity (10 s): their p99 floor, 5.96 s,
+    /* The same requests under chat (2 s bound) and capacity (10 s): their p99 floor, 7.15 s,
      * puts only chat's bound out of reach. Chat's rows allow 1 tok/s at most (out of reach
      * of 350), capacity's 1000 (237 is within). prefix did not run. */
     write_run("chat", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 32, \"ran\": true,"
                       " \"output_tok_s\": 0.5, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4000},"
-                      " \"ttft_ms\": {\"p99\": 5962}, " FLOOR_REQUESTS "}]}");
+                      " \"ttft_ms\": {\"p99\": 7248}, " FLOOR_REQUESTS "}]}");
     write_run("capacity", "{" FLOOR_MODEL ", \"levels\": [{\"concurrency\": 16, \"ran\": true,"
                           " \"output_tok_s\": 240, \"output_tokens\": 4, \"roofline\": {\"computed_flops\": 4},"
                           " \"ttft_ms\": {\"p99\": 9000}, " FLOOR_REQUESTS "}]}");
@@ -310,9 +314,9 @@ static void test_floor_in_the_table(void **state)
     int rc;
     char *tab = table_at(NULL, FLOOR_GFLOPS, &rc);
     assert_verdict(tab, "chat c=32 TTFT p99", "**no**");
-    assert_non_null(strstr(tab, "| 5.96 s (floor 5.96 s) |"));
+    assert_non_null(strstr(tab, "| 7.25 s (floor 7.15 s) |"));
     assert_verdict(tab, "capacity c=16 TTFT p99", "yes");
-    assert_non_null(strstr(tab, "| 9.00 s (floor 5.96 s) |"));
+    assert_non_null(strstr(tab, "| 9.00 s (floor 7.15 s) |"));
     assert_non_null(strstr(tab, "| 0.5 tok/s (ceiling 1) | **no** |"));
     assert_non_null(strstr(tab, "| 240.0 tok/s (ceiling 1000) | yes |"));
     assert_non_null(strstr(tab, "Ceilings and floors at 1e-06 GFLOP/s, the measured product peak"));
@@ -323,7 +327,7 @@ static void test_floor_in_the_table(void **state)
     free(tab);
     /* Without a peak rate: no floors, nothing named out of reach. */
     tab = table(&rc);
-    assert_non_null(strstr(tab, "| 5.96 s | **no** |"));
+    assert_non_null(strstr(tab, "| 7.25 s | **no** |"));
     assert_non_null(strstr(tab, "| 0.5 tok/s | **no** |"));
     assert_null(strstr(tab, "floor"));
     assert_null(strstr(tab, "ceiling"));
