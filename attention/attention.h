@@ -18,8 +18,9 @@
  * A decode row without GQA (nothing to share) takes several KV heads per item instead,
  * so each block's K and V runs of those heads are read as long contiguous streams.
  * A call with little work (a short decode step) stays on the calling thread.
- * Decode rows whose block tables start with the same physical blocks (the prefix cache)
- * are grouped: the shared blocks are attended once for all members' query vectors
+ * One-row queries (decode rows, and a prompt chunk's last row, the only one the last
+ * layer attends for) whose block tables start with the same physical blocks (the prefix
+ * cache) are grouped: the shared blocks are attended once for all members' query vectors
  * (like a prefill chunk's rows), each member's own positions as usual, and the two
  * online-softmax states merged exactly (5+ rows on 64+ whole shared positions).
  *

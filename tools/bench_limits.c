@@ -2,15 +2,16 @@
  *
  * Ceiling on output tok/s: the level's output tokens over the time its computed rows
  * (bench serve's roofline.computed_flops: every prompt row the prefix cache did not supply,
- * every generated token but the last, logits only where sampled, attention at each row's
- * position: what this server's forward pass computes) take at `gflops`. Attention counted
- * at the products' peak only raises the ceiling.
+ * every generated token but the last, logits and the last layer past its K/V only where
+ * sampled, attention at each row's position: the work the forward pass needs) take at
+ * `gflops`. Attention counted at the products' peak only raises the ceiling.
  *
  * Floor under a TTFT percentile, from the prompts' weight products alone:
- * A prompt token costs 2 FLOPs per element of every layer's matrices but the last's, and of
- * the last layer's K and V; a request's last prompt token also the rest of the last layer
- * and its logits (2·dim·vocab); tokens the prefix cache served cost nothing. Attention, decode steps and HTTP are not counted: no run of this forward pass
- * whose products stay within `gflops` (their measured peak) could have done better.
+ * A prompt token needs 2 FLOPs per element of every layer's matrices but the last's, and
+ * of the last layer's K and V (pagedserve computes its Q too); a request's last prompt
+ * token also the rest of the last layer and its logits (2·dim·vocab); tokens the prefix
+ * cache served cost nothing. Attention, decode steps and HTTP are not counted: no run whose
+ * products stay within `gflops` (their measured peak) could have done better.
  *
  * Requests sent before any first token came back (a level's opening burst) wait for each
  * other: in whatever order they are served, the j-th of them to get its first token waited

@@ -100,7 +100,9 @@ static double positions_sum(double a, double b)
  * supplied, then every generated token but the last, fed back. Only rows whose token is
  * sampled from (the prompt's last and the fed-back ones: one per generated token) need the
  * output matrix, and the last layer beyond its K and V (whose output only the logits
- * read): the others stop there, as pagedserve's forward pass does (and llama.cpp's). */
+ * read); the others need no more. pagedserve's forward pass skips the rest of that layer
+ * for them but for Q, which its fused Q/K/V product computes anyway: this counts the
+ * work needed, not that Q. */
 double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,
                               long output_tokens)
 {
