@@ -384,6 +384,70 @@ static void test_mixed_batch_matches_reference(void **state)
     free(r0); free(r1); free(r2);
 }
 
+/* One more row of sequences a and b (tokens t*, n* rows so far, tables bt*) in one pass:
+ * both logits rows match the reference logits r* at that position. */
+static void next_rows_match(const Model *m, PagedRun *p, BlockTable *bta, const int32_t *ta, int na,
+                            const float *ra, BlockTable *btb, const int32_t *tb, int nb, const float *rb)
+{
+    int V = m->config.vocab_size;
+    KvView kv = block_pool_view(p->pool);
+    assert_int_equal(block_table_append(bta, p->pool, 1), 0);
+    assert_int_equal(block_table_append(btb, p->pool, 1), 0);
+    ModelSeqBatch rows[2] = {
+        { ta + na, na, 1, bta->blocks, MODEL_LOGITS_LAST },
+        { tb + nb, nb, 1, btb->blocks, MODEL_LOGITS_LAST },
+    };
+    const float *lg = model_forward(p->runner, &kv, rows, 2);
+    assert_non_null(lg);
+    assert_true(max_abs_diff(lg, ra + (size_t)na * V, V) < 1e-3f);
+    assert_true(max_abs_diff(lg + V, rb + (size_t)nb * V, V) < 1e-3f);
+}
+
+/* The last layer runs only on the logits rows, packed to the front (forward.c): a NONE
+ * sequence first, then a multi-row ALL block and a LAST row that both move down, then one
+ * more NONE. Each logits row matches the reference, and both NONE sequences' last-layer
+ * K/V, stored though their rows went no further, serve their next rows. */
+static void test_last_layer_packing_matches_reference(void **state)
+{
+    Fixture *fx = *state;
+    const Model *m = fx->model;
+    int V = m->config.vocab_size;
+    enum { LA = 6, LB = 5, LC = 7, LD = 3, NSEQ = 4 };
+    int32_t ta[LA + 1], tb[LB], tc[LC], td[LD + 1];
+    random_tokens(ta, LA + 1, V, 11);
+    random_tokens(tb, LB, V, 12);
+    random_tokens(tc, LC, V, 13);
+    random_tokens(td, LD + 1, V, 14);
+    float *ra = reference_logits(m, ta, LA + 1), *rb = reference_logits(m, tb, LB),
+          *rc = reference_logits(m, tc, LC), *rd = reference_logits(m, td, LD + 1);
+    PagedRun shared;
+    paged_open(&shared, m, KV_DTYPE_F32, 16, 64);
+    BlockTable bt[NSEQ];
+    const int len[NSEQ] = {LA, LB, LC, LD};
+    for (int i = 0; i < NSEQ; i++) {
+        block_table_init(&bt[i]);
+        assert_int_equal(block_table_append(&bt[i], shared.pool, len[i]), 0);
+    }
+    KvView kv = block_pool_view(shared.pool);
+    ModelSeqBatch step1[NSEQ] = {
+        { ta, 0, LA, bt[0].blocks, MODEL_LOGITS_NONE },
+        { tb, 0, LB, bt[1].blocks, MODEL_LOGITS_ALL },
+        { tc, 0, LC, bt[2].blocks, MODEL_LOGITS_LAST },
+        { td, 0, LD, bt[3].blocks, MODEL_LOGITS_NONE },
+    };
+    const float *lg = model_forward(shared.runner, &kv, step1, NSEQ);
+    assert_non_null(lg);
+    for (int i = 0; i < LB; i++)
+        assert_true(max_abs_diff(lg + (size_t)i * V, rb + (size_t)i * V, V) < 1e-3f);
+    assert_true(max_abs_diff(lg + (size_t)LB * V, rc + (size_t)(LC - 1) * V, V) < 1e-3f);
+    /* Step 2: one more row of each NONE sequence, attending to their stored K/V. */
+    next_rows_match(m, &shared, &bt[0], ta, LA, ra, &bt[3], td, LD, rd);
+    for (int i = 0; i < NSEQ; i++)
+        block_table_destroy(&bt[i], shared.pool);
+    paged_close(&shared);
+    free(ra); free(rb); free(rc); free(rd);
+}
+
 static void test_invalid_batches_are_refused(void **state)
 {
     Fixture *fx = *state;
@@ -583,16 +647,7 @@ static void test_wide_two_prompts_match_reference(void **state)
     assert_non_null(lg);
     assert_true(max_abs_diff(lg, ra + (size_t)(LA - 1) * V, V) < 1e-3f);
     assert_true(max_abs_diff(lg + V, rb + (size_t)(LB - 1) * V, V) < 1e-3f);
-    assert_int_equal(block_table_append(&bt[0], p.pool, 1), 0);
-    assert_int_equal(block_table_append(&bt[1], p.pool, 1), 0);
-    ModelSeqBatch decodes[2] = {
-        { ta + LA, LA, 1, bt[0].blocks, MODEL_LOGITS_LAST },
-        { tb + LB, LB, 1, bt[1].blocks, MODEL_LOGITS_LAST },
-    };
-    lg = model_forward(p.runner, &kv, decodes, 2);
-    assert_non_null(lg);
-    assert_true(max_abs_diff(lg, ra + (size_t)LA * V, V) < 1e-3f);
-    assert_true(max_abs_diff(lg + V, rb + (size_t)LB * V, V) < 1e-3f);
+    next_rows_match(m, &p, &bt[0], ta, LA, ra, &bt[1], tb, LB, rb);
     block_table_destroy(&bt[0], p.pool);
     block_table_destroy(&bt[1], p.pool);
     paged_close(&p);
@@ -610,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_bf16_weights_close_to_reference),
         cmocka_unit_test(test_int8_weights_close_to_reference),
         cmocka_unit_test(test_mixed_batch_matches_reference),
+        cmocka_unit_test(test_last_layer_packing_matches_reference),
         cmocka_unit_test(test_invalid_batches_are_refused),
     };
     const struct CMUnitTest shared_model[] = {
