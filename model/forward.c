@@ -191,6 +191,13 @@ static void rope_rows(ModelRunner *r, const void *arg, int r0, int r1)
 
 /* ---- the pass --------------------------------------------------------------------------- */
 
+/* A sequence's logits rows are its rows from this one on: all, the last, or none. */
+static int first_logit_row(const ModelSeqBatch *sq)
+{
+    return sq->logits == MODEL_LOGITS_ALL ? 0 : sq->logits == MODEL_LOGITS_LAST ? sq->n_rows - 1
+                                                                             : sq->n_rows;
+}
+
 static int batch_rows(const ModelRunner *r, const ModelSeqBatch *seqs, int n_seqs,
                       int *logit_rows)
 {
@@ -210,8 +217,7 @@ static int batch_rows(const ModelRunner *r, const ModelSeqBatch *seqs, int n_seq
             if (sq->tokens[i] < 0 || sq->tokens[i] >= c->vocab_size)
                 return -1;
         rows += sq->n_rows;
-        *logit_rows += sq->logits == MODEL_LOGITS_ALL ? sq->n_rows
-                     : sq->logits == MODEL_LOGITS_LAST ? 1 : 0;
+        *logit_rows += sq->n_rows - first_logit_row(sq);
     }
     return rows;
 }
@@ -260,14 +266,6 @@ static void kv_store_rows(ModelRunner *r, const void *arg, int r0, int r1)
         const float *k = r->qkv + (size_t)i * stride + q_width;
         attn_kv_store(a->kv, a->layer, r->row_tables[i], r->positions[i], 1, k, stride, k + kv_width, stride);
     }
-}
-
-/* The rows of sequence s whose output is wanted after the last layer: its logits rows
- * (all, the last, or none). */
-static int first_logit_row(const ModelSeqBatch *sq)
-{
-    return sq->logits == MODEL_LOGITS_ALL ? 0 : sq->logits == MODEL_LOGITS_LAST ? sq->n_rows - 1
-                                                                             : sq->n_rows;
 }
 
 /* Stores the K and V of all rows, then attends: with `last` only the logits rows, whose
