@@ -23,6 +23,7 @@
 #include "tools/bench_limits.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,17 +39,24 @@ static double num_at(json_t *o, const char *key)
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-/* The ms of products one request's prompt needs at `gflops`; NAN without the numbers. Every
- * prompt token not cached runs the layers but the last in full, and the last one's K and V;
- * the last prompt token also the rest of the last layer and the logits. */
-static double prompt_work_ms(json_t *req, json_t *model, double gflops)
+/* The geometry bench serve's JSON "model" holds (its output matrix is vocab x dim); false
+ * when a number is missing. */
+static bool model_from_json(json_t *j, BsModelInfo *m)
 {
-    double dim = num_at(model, "dim"), vocab = num_at(model, "vocab");
-    double layers = num_at(model, "layers");
-    double layer = (num_at(model, "matmul_params") - dim * vocab) / layers;
-    double kv = 2 * dim * num_at(model, "kv_heads") * num_at(model, "head_dim");
+    double layers = num_at(j, "layers"), dim = num_at(j, "dim"), kv_heads = num_at(j, "kv_heads");
+    double head_dim = num_at(j, "head_dim"), vocab = num_at(j, "vocab");
+    *m = (BsModelInfo){.n_layers = (int)layers, .dim = (int)dim, .n_kv_heads = (int)kv_heads,
+                       .head_dim = (int)head_dim, .vocab = (int)vocab,
+                       .matmul_params = num_at(j, "matmul_params"), .output_params = dim * vocab};
+    return !isnan(layers + dim + kv_heads + head_dim + vocab + m->matmul_params) && layers >= 1;
+}
+
+/* The ms of products one request's prompt needs at `gflops`; NAN without the numbers. Its
+ * tokens not cached are rows nobody samples from, but the last. */
+static double prompt_work_ms(json_t *req, const BsModelInfo *m, double gflops)
+{
     double tokens = num_at(req, "prompt_tokens") - num_at(req, "cached_tokens");
-    double flops = 2 * tokens * ((layers - 1) * layer + kv) + 2 * (layer - kv) + 2 * dim * vocab;
+    double flops = (tokens - 1) * bs_model_row_products(m, false) + bs_model_row_products(m, true);
     return flops / (gflops * 1e9) * 1e3;
 }
 
@@ -66,6 +74,10 @@ static int floor_reqs(json_t *level, json_t *model, double gflops, FloorReq **ou
     json_t *reqs = json_object_get(level, "per_request"), *rq;
     size_t i;
     int n = 0;
+    BsModelInfo m;
+    *out = NULL;
+    if (!model_from_json(model, &m))
+        return -1;
     *out = calloc(json_array_size(reqs) + 1, sizeof **out);
     if (*out == NULL)
         return -1;
@@ -73,7 +85,7 @@ static int floor_reqs(json_t *level, json_t *model, double gflops, FloorReq **ou
         json_t *outcome = json_object_get(rq, "outcome");
         if (!json_is_string(outcome) || strcmp(json_string_value(outcome), "ok") != 0)
             continue;
-        FloorReq f = {num_at(rq, "start_ms"), num_at(rq, "ttft_ms"), prompt_work_ms(rq, model, gflops)};
+        FloorReq f = {num_at(rq, "start_ms"), num_at(rq, "ttft_ms"), prompt_work_ms(rq, &m, gflops)};
         if (isnan(f.start_ms) || isnan(f.ttft_ms) || isnan(f.work_ms)) {
             free(*out);
             *out = NULL;

@@ -139,6 +139,9 @@ typedef struct {
 int bs_model_info_read(const char *gguf_path, BsModelInfo *m, char *err, size_t err_len);
 /* FLOPs to process one token at position `pos` (attention over pos earlier positions). */
 double bs_model_flops_at(const BsModelInfo *m, double pos);
+/* FLOPs of weight products one token row needs: all of them for a row a token is sampled
+ * from (logits included), the layers but the last plus the last one's K and V otherwise. */
+double bs_model_row_products(const BsModelInfo *m, bool sampled);
 /* FLOPs the server computed for one successful request (prompt rows the prefix cache did
  * not supply, generated tokens fed back; logits only where a token is sampled). */
 double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,

@@ -96,13 +96,23 @@ static double positions_sum(double a, double b)
     return (b + 1) * (b + 2) / 2 - a * (a + 1) / 2;
 }
 
+/* Only rows whose token is sampled from need the output matrix, and the last layer beyond
+ * its K and V (whose output only the logits read); the others need no more. pagedserve's
+ * forward pass skips the rest of that layer for them but for Q, which its fused Q/K/V
+ * product computes anyway: this counts the work needed, not that Q. */
+double bs_model_row_products(const BsModelInfo *m, bool sampled)
+{
+    if (sampled)
+        return 2.0 * m->matmul_params;
+    double layer_params = (m->matmul_params - m->output_params) / m->n_layers;
+    double kv_params = 2.0 * m->dim * m->n_kv_heads * m->head_dim;
+    return 2.0 * ((m->n_layers - 1) * layer_params + kv_params);
+}
+
 /* The server computes a request's rows from..to: the prompt past what the prefix cache
- * supplied, then every generated token but the last, fed back. Only rows whose token is
- * sampled from (the prompt's last and the fed-back ones: one per generated token) need the
- * output matrix, and the last layer beyond its K and V (whose output only the logits
- * read); the others need no more. pagedserve's forward pass skips the rest of that layer
- * for them but for Q, which its fused Q/K/V product computes anyway: this counts the
- * work needed, not that Q. */
+ * supplied, then every generated token but the last, fed back. The rows sampled from are
+ * the prompt's last and the fed-back ones (one per generated token); attention runs at
+ * each row's position, in the last layer only at those. */
 double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cached_tokens,
                               long output_tokens)
 {
@@ -113,12 +123,9 @@ double bs_model_request_flops(const BsModelInfo *m, long prompt_tokens, long cac
     double rows = to - from + 1;
     double logit_rows = output_tokens < rows ? output_tokens : rows;
     double unsampled = rows - logit_rows; /* the first ones: from .. from + unsampled - 1 */
-    double layer_params = (m->matmul_params - m->output_params) / m->n_layers;
-    double kv_params = 2.0 * m->dim * m->n_kv_heads * m->head_dim;
     double layer_attn = attention_flops_per_position(m) / m->n_layers;
-    return 2.0 * (m->matmul_params - m->output_params) * rows +
-           2.0 * m->output_params * logit_rows +
+    return bs_model_row_products(m, true) * logit_rows +
+           bs_model_row_products(m, false) * unsampled +
            attention_flops_per_position(m) * positions_sum(from, to) -
-           (2.0 * (layer_params - kv_params) * unsampled +
-            layer_attn * positions_sum(from, from + unsampled - 1));
+           layer_attn * positions_sum(from, from + unsampled - 1);
 }

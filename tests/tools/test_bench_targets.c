@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tools/bench_serve_model.c"
 #include "tools/bench_serve_stats.c"
 #include "tools/bench_targets.c"
 #include "tools/bench_limits.c"
