@@ -86,24 +86,6 @@ typedef struct {
 
 /* ---- element types ----------------------------------------------------------------------- */
 
-uint64_t ggml_type_block_elems(uint32_t type) {
-    switch (type) {
-    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: return 1;
-    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: return 32;
-    default: return 0;
-    }
-}
-
-uint64_t ggml_type_block_bytes(uint32_t type) {
-    switch (type) {
-    case GGML_TYPE_F32: return 4;
-    case GGML_TYPE_F16: case GGML_TYPE_BF16: return 2;
-    case GGML_TYPE_Q8_0: return 2 + 32;  /* f16 scale, 32 × int8 */
-    case GGML_TYPE_Q4_0: return 2 + 16;  /* f16 scale, 32 × 4-bit */
-    default: return 0;
-    }
-}
-
 const char *ggml_type_name(uint32_t type) {
     /* Names of the ggml types we do not read too, so an error can say what the file holds. */
     static const char *const names[] = {
@@ -871,31 +853,6 @@ const GgufTensor *gguf_find_tensor(const GgufFile *f, const char *name) {
     return i < 0 ? NULL : &f->tensors[i];
 }
 
-static void dequant_q8_0(const uint8_t *src, float *dst, uint64_t n_blocks) {
-    for (uint64_t b = 0; b < n_blocks; b++, src += 34, dst += 32) {
-        uint16_t h;
-        memcpy(&h, src, 2);
-        float d = gguf_f16_to_f32(h);
-        const int8_t *q = (const int8_t *)(src + 2);
-        for (int j = 0; j < 32; j++)
-            dst[j] = (float)q[j] * d;
-    }
-}
-
-static void dequant_q4_0(const uint8_t *src, float *dst, uint64_t n_blocks) {
-    for (uint64_t b = 0; b < n_blocks; b++, src += 18, dst += 32) {
-        uint16_t h;
-        memcpy(&h, src, 2);
-        float d = gguf_f16_to_f32(h);
-        const uint8_t *q = src + 2;
-        /* low nibbles are elements 0..15, high nibbles 16..31 */
-        for (int j = 0; j < 16; j++) {
-            dst[j] = (float)((int)(q[j] & 0x0f) - 8) * d;
-            dst[j + 16] = (float)((int)(q[j] >> 4) - 8) * d;
-        }
-    }
-}
-
 static void f16_row_to_f32(const uint8_t *src, float *dst, uint64_t n) {
     uint64_t i = 0;
 #if defined(__F16C__)
@@ -917,7 +874,7 @@ int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_le
     uint64_t n = t->n_elements;
     if (!type_supported(t->type))
         return model_errorf(err, err_len, "tensor '%.*s' has type %s (%u), which is not supported "
-                    "(supported: f32, f16, bf16, q8_0, q4_0)",
+                    "(supported: " GGML_TYPES_SUPPORTED ")",
                     t->name.len < 80 ? (int)t->name.len : 80, t->name.ptr,
                     ggml_type_name(t->type), t->type);
     switch (t->type) {
@@ -934,11 +891,8 @@ int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_le
             dst[i] = gguf_bf16_to_f32(h);
         }
         break;
-    case GGML_TYPE_Q8_0:
-        dequant_q8_0(src, dst, n / 32);
-        break;
-    case GGML_TYPE_Q4_0:
-        dequant_q4_0(src, dst, n / 32);
+    default:
+        ggml_blocks_to_f32(t->type, src, dst, n / ggml_type_block_elems(t->type));
         break;
     }
     return 0;

@@ -22,11 +22,16 @@ typedef enum {
     GGUF_TYPE_FLOAT64 = 12,
 } GgufType;
 
-/* Tensor element types (ggml numbering). Only these are understood. */
+/* Tensor element types (ggml numbering). Only these are understood (block formats in
+ * gguf_blocks.c); a tensor of any other type opens but does not convert. */
 typedef enum {
-    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11, GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13, GGML_TYPE_Q6_K = 14,
     GGML_TYPE_BF16 = 30,
 } GgmlType;
+/* The types above as an error message lists them. */
+#define GGML_TYPES_SUPPORTED "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K"
 
 typedef struct {
     const char *ptr;
@@ -82,6 +87,9 @@ int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_le
 /* Elements per block and bytes per block of a supported type; 0 for any other type. */
 uint64_t ggml_type_block_elems(uint32_t type);
 uint64_t ggml_type_block_bytes(uint32_t type);
+/* n_blocks blocks of a supported quantised type at src as F32 values, the same floats
+ * llama.cpp's ggml gives them (gguf_blocks.c). */
+void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_blocks);
 /* IEEE half and bfloat16 conversions (F32 -> half/bf16 rounds to nearest even; subnormals,
  * infinities and NaN are kept). */
 float gguf_f16_to_f32(uint16_t h);
@@ -123,6 +131,10 @@ int gguf_writer_copy_keys(GgufWriter *w, const GgufFile *src, const char *prefix
 /* Add a tensor from F32 values, converted to `type` (F32, F16, BF16, Q8_0 or Q4_0). */
 int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
                            const uint64_t *ne, uint32_t type, const float *values);
+/* Add a tensor of any supported type from its encoded blocks (copied), e.g. K-quant
+ * blocks made by another tool. */
+int gguf_writer_add_tensor_blocks(GgufWriter *w, const char *name, uint32_t n_dims,
+                                  const uint64_t *ne, uint32_t type, const void *blocks);
 int gguf_writer_write(GgufWriter *w, const char *path, char *err, size_t err_len);
 /* The same bytes into a malloc'd buffer (caller frees). */
 int gguf_writer_to_memory(GgufWriter *w, void **data, size_t *size, char *err, size_t err_len);

@@ -335,23 +335,31 @@ static void convert(const float *v, uint64_t n, uint32_t type, uint8_t *out) {
     }
 }
 
-int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
-                           const uint64_t *ne, uint32_t type, const float *values) {
+/* Whether convert() can encode F32 values as `type`. */
+static bool convertible(uint32_t type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ||
+           type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0;
+}
+
+/* Checks a new tensor and appends it with room for its encoded bytes, left for the caller
+ * to fill; NULL (error recorded) if it cannot be added. */
+static WriterTensor *append_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
+                                   const uint64_t *ne, uint32_t type, uint64_t *n_values) {
     if (n_dims < 1 || n_dims > 4) {
         writer_error(w, "tensor '%s': %u dimensions (1 to 4 allowed)", name, n_dims);
-        return -1;
+        return NULL;
     }
     uint64_t blk = ggml_type_block_elems(type);
     if (!blk) {
         writer_error(w, "tensor '%s': cannot write type %s (%u)", name, ggml_type_name(type), type);
-        return -1;
+        return NULL;
     }
     uint64_t n = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (ne[d] == 0 || ne[d] > (uint64_t)SIZE_MAX / 4 / n) {
             writer_error(w, "tensor '%s': bad dimension ne[%u] = %llu", name, d,
                          (unsigned long long)ne[d]);
-            return -1;
+            return NULL;
         }
         n *= ne[d];
     }
@@ -359,19 +367,19 @@ int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
         writer_error(w, "tensor '%s': row length %llu is not a multiple of the %s block size %llu",
                      name, (unsigned long long)ne[0], ggml_type_name(type),
                      (unsigned long long)blk);
-        return -1;
+        return NULL;
     }
     for (size_t i = 0; i < w->n_tensors; i++)
         if (strcmp(w->tensors[i].name, name) == 0) {
             writer_error(w, "tensor '%s' added twice", name);
-            return -1;
+            return NULL;
         }
     if (w->n_tensors == w->cap_tensors) {
         size_t cap = w->cap_tensors ? 2 * w->cap_tensors : 32;
         WriterTensor *t = realloc(w->tensors, cap * sizeof *t);
         if (!t) {
             writer_error(w, "out of memory adding tensor '%s'", name);
-            return -1;
+            return NULL;
         }
         w->tensors = t;
         w->cap_tensors = cap;
@@ -383,12 +391,37 @@ int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
         free(t.name);
         free(t.data);
         writer_error(w, "out of memory adding tensor '%s'", name);
-        return -1;
+        return NULL;
     }
     for (uint32_t d = 0; d < n_dims; d++)
         t.ne[d] = ne[d];
-    convert(values, n, type, t.data);
-    w->tensors[w->n_tensors++] = t;
+    w->tensors[w->n_tensors] = t;
+    *n_values = n;
+    return &w->tensors[w->n_tensors++];
+}
+
+int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
+                           const uint64_t *ne, uint32_t type, const float *values) {
+    if (ggml_type_block_elems(type) && !convertible(type)) {
+        writer_error(w, "tensor '%s': cannot encode F32 values as %s (add its blocks instead)", name,
+                     ggml_type_name(type));
+        return -1;
+    }
+    uint64_t n;
+    WriterTensor *t = append_tensor(w, name, n_dims, ne, type, &n);
+    if (!t)
+        return -1;
+    convert(values, n, type, t->data);
+    return 0;
+}
+
+int gguf_writer_add_tensor_blocks(GgufWriter *w, const char *name, uint32_t n_dims,
+                                  const uint64_t *ne, uint32_t type, const void *blocks) {
+    uint64_t n;
+    WriterTensor *t = append_tensor(w, name, n_dims, ne, type, &n);
+    if (!t)
+        return -1;
+    memcpy(t->data, blocks, t->size);
     return 0;
 }
 

@@ -204,7 +204,7 @@ static int load_into(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1, f
     if (ld->dry)
         return ggml_type_block_elems(t->type) ? 0
                : model_errorf(ld->err, ld->err_len, "tensor %s has type %s (%u), which is not supported "
-                      "(f32, f16, bf16, q8_0 and q4_0 are)", name, ggml_type_name(t->type), t->type);
+                      "(supported: " GGML_TYPES_SUPPORTED ")", name, ggml_type_name(t->type), t->type);
     return gguf_tensor_to_f32(t, dst, ld->err, ld->err_len);
 }
 

@@ -837,7 +837,7 @@ static void test_bad_tensor_infos(void **state) {
 static void test_unsupported_type(void **state) {
     (void)state;
     uint64_t ne[2] = {256, 2};
-    struct { uint32_t type; const char *name; } cases[] = {{12, "q4_K"}, {99, "unknown"},
+    struct { uint32_t type; const char *name; } cases[] = {{16, "iq2_xxs"}, {99, "unknown"},
                                                            {0xffffffffu, "unknown"}};
     for (size_t i = 0; i < 3; i++) {
         Bytes b = one_tensor_file(2, ne, cases[i].type, 0, 64, 0);

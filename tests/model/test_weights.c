@@ -595,17 +595,17 @@ static void test_unsupported_tensor_type(void **state) {
                            "blk.1.ffn_up.weight", 19);
     assert_non_null(info);
     gguf_close(f);
-    uint32_t q4_k = 12;
-    memcpy(info + 19 + 4 + 2 * 8, &q4_k, 4);
+    uint32_t iq2_xxs = 16; /* an i-quant: not decoded here */
+    memcpy(info + 19 + 4 + 2 * 8, &iq2_xxs, 4);
     char err[512];
     assert_int_equal(gguf_open_memory(data, size, &f, err, sizeof err), 0);
-    assert_int_equal(gguf_find_tensor(f, "blk.1.ffn_up.weight")->type, 12);
+    assert_int_equal(gguf_find_tensor(f, "blk.1.ffn_up.weight")->type, 16);
     ModelConfig c;
     TransformerWeights tw;
     size_t bytes;
     assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), -1);
     assert_non_null(strstr(err, "blk.1.ffn_up.weight"));
-    assert_non_null(strstr(err, "q4_K"));
+    assert_non_null(strstr(err, "iq2_xxs"));
     gguf_close(f);
     free(data);
 }

@@ -1,0 +1,234 @@
+/* gguf_blocks — the quantised block formats of ggml tensors, and their values as F32.
+ *
+ * A quantised row is a run of blocks, each encoding a fixed number of consecutive values
+ * (32, or 256 for the "K" formats) with its own scale(s). Byte layouts, as ggml stores them
+ * (little-endian; "f16" an IEEE half):
+ *
+ *   q8_0  32 values, 34 bytes: f16 d, int8 q[32]                       v = d q
+ *   q4_0  32 values, 18 bytes: f16 d, q[16] (value j low nibble of byte j, value 16 + j
+ *         its high nibble)                                              v = d (q - 8)
+ *   q4_1  32 values, 20 bytes: f16 d, f16 m, then nibbles as q4_0       v = d q + m
+ *   q5_0  32 values, 22 bytes: f16 d, u32 qh (bit j: fifth bit of value j), nibbles as
+ *         q4_0                                                          v = d (q - 16)
+ *   q5_1  32 values, 24 bytes: f16 d, f16 m, u32 qh, nibbles            v = d q + m
+ *
+ * The K formats group 256 values in sub-blocks of 16 or 32, each with a small integer scale
+ * (and for q2_K, q4_K, q5_K a small integer min) relative to the block's f16 d (and dmin):
+ *
+ *   q2_K  84 bytes: u8 scales[16] (low nibble scale, high nibble min, one per 16 values),
+ *         u8 qs[64] (2 bits a value), f16 d, f16 dmin                  v = d sc q - dmin m
+ *   q3_K 110 bytes: u8 hmask[32] (third bit of each value), u8 qs[64] (low 2 bits),
+ *         u8 scales[12] (16 six-bit scales, stored offset by 32), f16 d
+ *                                                                       v = d (sc - 32) (q - 4)
+ *   q4_K 144 bytes: f16 d, f16 dmin, u8 scales[12] (8 six-bit scales and 8 six-bit mins,
+ *         one pair per 32 values), u8 qs[128]                           v = d sc q - dmin m
+ *   q5_K 176 bytes: as q4_K with u8 qh[32] (fifth bits) before qs        v = d sc q - dmin m
+ *   q6_K 210 bytes: u8 ql[128] (low 4 bits), u8 qh[64] (high 2 bits), int8 scales[16] (one
+ *         per 16 values), f16 d                                         v = d sc (q - 32)
+ *
+ * How the 2-, 3-, 4- and 5-bit fields of the K formats interleave is written out in each
+ * decoder below. The decoders compute each value as ggml's do (the scale products first,
+ * in F32), so that a tensor reads as the same floats here as in llama.cpp.
+ */
+#include "model/gguf.h"
+
+#include <string.h>
+
+#define QK 32   /* values in a q4_0 .. q8_0 block */
+#define QK_K 256 /* values in a K block */
+
+uint64_t ggml_type_block_elems(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: return 1;
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: return QK;
+    case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
+uint64_t ggml_type_block_bytes(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return 4;
+    case GGML_TYPE_F16: case GGML_TYPE_BF16: return 2;
+    case GGML_TYPE_Q8_0: return 2 + 32;
+    case GGML_TYPE_Q4_0: return 2 + 16;
+    case GGML_TYPE_Q4_1: return 2 + 2 + 16;
+    case GGML_TYPE_Q5_0: return 2 + 4 + 16;
+    case GGML_TYPE_Q5_1: return 2 + 2 + 4 + 16;
+    case GGML_TYPE_Q2_K: return 16 + 64 + 2 + 2;
+    case GGML_TYPE_Q3_K: return 32 + 64 + 12 + 2;
+    case GGML_TYPE_Q4_K: return 2 + 2 + 12 + 128;
+    case GGML_TYPE_Q5_K: return 2 + 2 + 12 + 32 + 128;
+    case GGML_TYPE_Q6_K: return 128 + 64 + 16 + 2;
+    default: return 0;
+    }
+}
+
+static float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return gguf_f16_to_f32(h);
+}
+
+static uint32_t u32_at(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ---- 32-value blocks ------------------------------------------------------------------- */
+
+static void q8_0_block(const uint8_t *b, float *y) {
+    float d = half_at(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int j = 0; j < QK; j++)
+        y[j] = (float)q[j] * d;
+}
+
+/* Values j and 16 + j of the nibble blocks: byte j's low and high nibble, each with a
+ * fifth bit from hbits (bit j and bit 16 + j; 0 for the 4-bit formats). */
+static void nibbles(const uint8_t *qs, uint32_t hbits, int lo[QK]) {
+    for (int j = 0; j < QK / 2; j++) {
+        lo[j] = (qs[j] & 0x0f) | (int)((hbits >> j) & 1) << 4;
+        lo[j + 16] = (qs[j] >> 4) | (int)((hbits >> (j + 16)) & 1) << 4;
+    }
+}
+
+/* v = d (q - offset) */
+static void symmetric_block(float d, const uint8_t *qs, uint32_t hbits, int offset, float *y) {
+    int q[QK];
+    nibbles(qs, hbits, q);
+    for (int j = 0; j < QK; j++)
+        y[j] = (float)(q[j] - offset) * d;
+}
+
+/* v = d q + m */
+static void offset_block(float d, float m, const uint8_t *qs, uint32_t hbits, float *y) {
+    int q[QK];
+    nibbles(qs, hbits, q);
+    for (int j = 0; j < QK; j++)
+        y[j] = (float)q[j] * d + m;
+}
+
+/* ---- K blocks ---------------------------------------------------------------------------
+ * q2_K and q3_K walk their 256 values as two halves of 128: each half reads 32 bytes of
+ * 2-bit fields four times (shift 0, 2, 4, 6), bytes 0-15 then 16-31 at each shift, one
+ * scale per 16 values. */
+
+static void q2_k_block(const uint8_t *b, float *y) {
+    const uint8_t *scales = b, *q = b + 16;
+    float d = half_at(b + 80), dmin = half_at(b + 82);
+    int is = 0;
+    for (int half = 0; half < 2; half++, q += 32)
+        for (int shift = 0; shift < 8; shift += 2)
+            for (int part = 0; part < 2; part++, is++, y += 16) {
+                float dl = d * (float)(scales[is] & 0x0f), ml = dmin * (float)(scales[is] >> 4);
+                for (int l = 0; l < 16; l++)
+                    y[l] = dl * (float)((q[16 * part + l] >> shift) & 3) - ml;
+            }
+}
+
+/* The 16 six-bit scales of a q3_K block: low 4 bits of scale i in byte i % 8 (low nibble
+ * for i < 8, high nibble above), its top 2 bits in byte 8 + i % 4 at bit 2 (i / 4). */
+static void q3_k_scales(const uint8_t s[12], int out[16]) {
+    for (int i = 0; i < 16; i++) {
+        int low = (s[i % 8] >> (i < 8 ? 0 : 4)) & 0x0f;
+        int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        out[i] = (low | high << 4) - 32;
+    }
+}
+
+static void q3_k_block(const uint8_t *b, float *y) {
+    const uint8_t *hmask = b, *q = b + 32;
+    float d = half_at(b + 108);
+    int sc[16];
+    q3_k_scales(b + 96, sc);
+    int is = 0, bit = 0; /* hmask bit for the current shift, 0..7 across both halves */
+    for (int half = 0; half < 2; half++, q += 32)
+        for (int shift = 0; shift < 8; shift += 2, bit++)
+            for (int part = 0; part < 2; part++, is++, y += 16) {
+                float dl = d * (float)sc[is];
+                for (int l = 0; l < 16; l++) {
+                    int hi = (hmask[16 * part + l] >> bit) & 1;
+                    y[l] = dl * (float)(((q[16 * part + l] >> shift) & 3) - (hi ? 0 : 4));
+                }
+            }
+}
+
+/* Scale and min j (0..7) of a q4_K / q5_K block from its 12 bytes: j < 4 in the low 6 bits
+ * of bytes j and 4 + j; j >= 4 have their low 4 bits in byte 4 + j (scale low nibble, min
+ * high nibble) and their top 2 bits in the top bits of bytes j - 4 (scale) and j (min). */
+static void k4_scale_min(const uint8_t s[12], int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* q4_K (qh NULL) and q5_K: four chunks of 64 values, each 32 bytes of qs: the low nibbles
+ * are the chunk's first 32 values (sub-block 2c), the high nibbles the next 32 (2c + 1);
+ * q5_K's fifth bit of value l in sub-block s is bit s of qh[l]. */
+static void k4_block(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y) {
+    float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t *scales = b + 4;
+    for (int sub = 0; sub < 8; sub++, y += 32) {
+        int sc, m;
+        k4_scale_min(scales, sub, &sc, &m);
+        float dl = d * (float)sc, ml = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (sub / 2);
+        int shift = 4 * (sub % 2);
+        for (int l = 0; l < 32; l++) {
+            int v = (q[l] >> shift) & 0x0f;
+            if (qh)
+                v |= ((qh[l] >> sub) & 1) << 4;
+            y[l] = dl * (float)v - ml;
+        }
+    }
+}
+
+/* q6_K: two halves of 128 values, each from 64 bytes of ql and 32 of qh. Value l + 32 i
+ * (l < 32, i < 4) of a half takes its low 4 bits from ql[l + 32 (i % 2)] (low nibble for
+ * i < 2, high nibble otherwise) and its top 2 bits from qh[l] at bit 2 i; its scale is
+ * scales[l / 16 + 2 i] of the half's eight. */
+static void q6_k_block(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    float d = half_at(b + 208);
+    for (int half = 0; half < 2; half++, ql += 64, qh += 32, scales += 8, y += 128)
+        for (int i = 0; i < 4; i++)
+            for (int l = 0; l < 32; l++) {
+                int low = (ql[l + 32 * (i % 2)] >> (i < 2 ? 0 : 4)) & 0x0f;
+                int q = (low | ((qh[l] >> (2 * i)) & 3) << 4) - 32;
+                y[l + 32 * i] = d * (float)scales[l / 16 + 2 * i] * (float)q;
+            }
+}
+
+/* ---- whole runs ---------------------------------------------------------------------- */
+
+static void block_to_f32(uint32_t type, const uint8_t *b, float *y) {
+    switch (type) {
+    case GGML_TYPE_Q8_0: q8_0_block(b, y); break;
+    case GGML_TYPE_Q4_0: symmetric_block(half_at(b), b + 2, 0, 8, y); break;
+    case GGML_TYPE_Q4_1: offset_block(half_at(b), half_at(b + 2), b + 4, 0, y); break;
+    case GGML_TYPE_Q5_0: symmetric_block(half_at(b), b + 6, u32_at(b + 2), 16, y); break;
+    case GGML_TYPE_Q5_1: offset_block(half_at(b), half_at(b + 2), b + 8, u32_at(b + 4), y); break;
+    case GGML_TYPE_Q2_K: q2_k_block(b, y); break;
+    case GGML_TYPE_Q3_K: q3_k_block(b, y); break;
+    case GGML_TYPE_Q4_K: k4_block(b, NULL, b + 16, y); break;
+    case GGML_TYPE_Q5_K: k4_block(b, b + 16, b + 48, y); break;
+    case GGML_TYPE_Q6_K: q6_k_block(b, y); break;
+    default: break;
+    }
+}
+
+void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_blocks) {
+    const uint8_t *b = src;
+    uint64_t bytes = ggml_type_block_bytes(type), elems = ggml_type_block_elems(type);
+    for (uint64_t i = 0; i < n_blocks; i++, b += bytes, dst += elems)
+        block_to_f32(type, b, dst);
+}
