@@ -21,6 +21,7 @@
  */
 #include "model/tokenizer.h"
 #include "model/model_error.h"
+#include "model/tokenizer_bpe.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -38,6 +39,11 @@ typedef struct {
     uint32_t off; /* into arena */
     uint32_t len;
 } Piece;
+
+/* A BPE merge rule: pieces left + right -> piece merged, at priority rank (lower first). */
+typedef struct {
+    int32_t left, right, merged, rank;
+} Merge;
 
 struct Tokenizer {
     int32_t n_vocab;
@@ -60,6 +66,12 @@ struct Tokenizer {
     bool words_independent;
     size_t detok_max_bytes;
     uint32_t max_piece_len; /* longer strings are not looked up at all */
+    /* Byte-level BPE ("gpt2") vocabularies: the pre-tokenizer, and the merge rules in an
+     * open-addressing table keyed by (left, right); left = -1 marks an empty slot. */
+    bool bpe;
+    BpePre pre;
+    Merge *merges;
+    uint64_t merge_mask;
 };
 
 /* Pieces llama.cpp recognises by name and treats as CONTROL even when the file says
@@ -205,21 +217,100 @@ static bool str_is(GgufStr s, const char *lit)
     return s.len == strlen(lit) && memcmp(s.ptr, lit, s.len) == 0;
 }
 
-static int check_model(const GgufFile *f, char *err, size_t err_len)
+/* SentencePiece ("llama"), or byte-level BPE ("gpt2") with a pre-tokenizer we know. */
+static int check_model(const GgufFile *f, bool *bpe, BpePre *pre, char *err, size_t err_len)
 {
-    GgufStr model;
+    GgufStr model, pre_name;
+    char name[64];
     if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 0) {
         model_errorf(err, err_len, "tokenizer: no tokenizer.ggml.model string in the file; only "
-                "SentencePiece (\"llama\") vocabularies are supported");
+                "SentencePiece (\"llama\") and byte-level BPE (\"gpt2\") vocabularies are supported");
         return -1;
     }
-    if (!str_is(model, "llama")) {
-        char name[64];
+    *bpe = str_is(model, "gpt2");
+    if (!*bpe && !str_is(model, "llama")) {
         str_printable(model, name, sizeof name);
         model_errorf(err, err_len, "tokenizer: tokenizer.ggml.model is \"%s\"; only SentencePiece "
-                "\"llama\" vocabularies are supported (no byte-level BPE, WordPiece, ...)", name);
+                "\"llama\" and byte-level BPE \"gpt2\" vocabularies are supported (no WordPiece, "
+                "Unigram, ...)", name);
         return -1;
     }
+    if (!*bpe) return 0;
+    if (gguf_get_str(f, "tokenizer.ggml.pre", &pre_name) != 0) pre_name = (GgufStr){"", 0};
+    if (bpe_pre_from_name(pre_name, pre) != 0) {
+        str_printable(pre_name, name, sizeof name);
+        model_errorf(err, err_len, "tokenizer: byte-level BPE with pre-tokenizer \"%s\" "
+                "(tokenizer.ggml.pre) is not supported; supported are SentencePiece \"llama\" "
+                "vocabularies and byte-level BPE with pre-tokenizer \"llama-bpe\" (Llama 3) or "
+                "\"gpt-2\"", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- BPE merge rules ------------------------------------------------------------------ */
+
+static uint64_t merge_hash(int32_t left, int32_t right)
+{
+    uint64_t h = ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 31);
+}
+
+/* The rule merging pieces left and right, or NULL. */
+static const Merge *merge_find(const Tokenizer *t, int32_t left, int32_t right)
+{
+    if (!t->merges || left < 0 || right < 0) return NULL;
+    for (uint64_t i = merge_hash(left, right) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+        const Merge *m = &t->merges[i];
+        if (m->left < 0) return NULL;
+        if (m->left == left && m->right == right) return m;
+    }
+}
+
+/* tokenizer.ggml.merges: "left right" strings, highest priority first. A rule whose parts
+ * or result are not pieces can never apply to pieces, and is left out; of two rules for
+ * the same pair the first counts. */
+static int load_merges(Tokenizer *t, const GgufFile *f, char *err, size_t err_len)
+{
+    const char *key = "tokenizer.ggml.merges";
+    GgufType elem;
+    uint64_t n;
+    if (gguf_get_arr(f, key, &elem, &n) != 0 || elem != GGUF_TYPE_STRING || n > INT32_MAX / 4) {
+        model_errorf(err, err_len, "tokenizer: a byte-level BPE vocabulary needs %s (an array of "
+                "strings)", key);
+        return -1;
+    }
+    uint64_t size = 16;
+    while (size < n * 2) size *= 2;
+    t->merges = malloc(size * sizeof *t->merges);
+    if (!t->merges) {
+        model_errorf(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    for (uint64_t i = 0; i < size; i++) t->merges[i].left = -1;
+    t->merge_mask = size - 1;
+    char *both = malloc((size_t)t->max_piece_len + 1);
+    if (!both) {
+        model_errorf(err, err_len, "tokenizer: out of memory");
+        return -1;
+    }
+    for (uint64_t r = 0; r < n; r++) {
+        GgufStr rule;
+        if (gguf_arr_str(f, key, r, &rule) != 0) continue;
+        const char *sp = rule.len > 1 ? memchr(rule.ptr + 1, ' ', rule.len - 1) : NULL;
+        if (!sp) continue;
+        size_t ln = (size_t)(sp - rule.ptr), rn = rule.len - ln - 1;
+        if (ln + rn > t->max_piece_len) continue;
+        memcpy(both, rule.ptr, ln);
+        memcpy(both + ln, sp + 1, rn);
+        int32_t left = vocab_find(t, rule.ptr, ln), right = vocab_find(t, sp + 1, rn);
+        int32_t merged = vocab_find(t, both, ln + rn);
+        if (left < 0 || right < 0 || merged < 0 || merge_find(t, left, right)) continue;
+        uint64_t i = merge_hash(left, right) & t->merge_mask;
+        while (t->merges[i].left >= 0) i = (i + 1) & t->merge_mask;
+        t->merges[i] = (Merge){left, right, merged, (int32_t)r};
+    }
+    free(both);
     return 0;
 }
 
@@ -504,7 +595,8 @@ static size_t compute_detok_bound(const Tokenizer *t)
         if (type != TOKEN_TYPE_NORMAL && type != TOKEN_TYPE_USER_DEFINED) continue;
         const unsigned char *p = (const unsigned char *)t->arena + t->pieces[id].off;
         size_t len = t->pieces[id].len;
-        size_t need = 3 + (utf8_is_valid(p, len) ? len : 3 * len) + 1;
+        /* a BPE piece's bytes may be any bytes, each a U+FFFD at worst */
+        size_t need = 3 + (utf8_is_valid(p, len) && !t->bpe ? len : 3 * len) + 1;
         if (need > worst) worst = need;
     }
     return worst;
@@ -513,7 +605,9 @@ static size_t compute_detok_bound(const Tokenizer *t)
 int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len)
 {
     *out = NULL;
-    if (check_model(f, err, err_len) != 0) return -1;
+    bool bpe;
+    BpePre pre;
+    if (check_model(f, &bpe, &pre, err, err_len) != 0) return -1;
     Tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         model_errorf(err, err_len, "tokenizer: out of memory");
@@ -523,7 +617,9 @@ int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len
     t->eos = 2;
     t->unk = 0;
     t->add_bos = true;
-    t->add_space_prefix = true;
+    t->add_space_prefix = !bpe;
+    t->bpe = bpe;
+    t->pre = pre;
     if (load_pieces(t, f, err, err_len) != 0 || load_scores(t, f, err, err_len) != 0 ||
         load_types(t, f, err, err_len) != 0)
         goto fail;
@@ -534,6 +630,7 @@ int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len
         load_flag(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err, err_len) != 0)
         goto fail;
     if (vocab_index(t, err, err_len) != 0) goto fail;
+    if (bpe && load_merges(t, f, err, err_len) != 0) goto fail;
     build_byte_tables(t);
     apply_name_rules(t, f);
     if (build_cut_pieces(t) != 0) {
@@ -560,6 +657,7 @@ void tokenizer_free(Tokenizer *t)
     free(t->byte_of);
     free(t->slots);
     free(t->cut_pieces);
+    free(t->merges);
     free(t);
 }
 
@@ -686,15 +784,25 @@ static Bigram heap_pop(Encoder *e)
     return top;
 }
 
-/* Queue the merge of left and right if their concatenation is a piece. */
+/* Queue the merge of left and right: SentencePiece if their concatenation is a piece (by
+ * its score), BPE if a merge rule joins their pieces (by its rank, lowest first). */
 static void try_pair(const Tokenizer *t, Encoder *e, int32_t left, int32_t right)
 {
     if (left < 0 || right < 0) return;
     const Symbol *l = &e->syms[left], *r = &e->syms[right];
     uint32_t size = l->n + r->n;
-    int32_t id = vocab_find(t, e->text + l->off, size);
-    if (id < 0) return;
-    Bigram b = {t->scores[id], left, right, size};
+    float score;
+    if (t->bpe) {
+        const Merge *m = merge_find(t, vocab_find(t, e->text + l->off, l->n),
+                                    vocab_find(t, e->text + r->off, r->n));
+        if (!m) return;
+        score = -(float)m->rank; /* exact: ranks stay below 2^24 in every vocabulary */
+    } else {
+        int32_t id = vocab_find(t, e->text + l->off, size);
+        if (id < 0) return;
+        score = t->scores[id];
+    }
+    Bigram b = {score, left, right, size};
     heap_push(e, b);
 }
 
@@ -712,6 +820,11 @@ static void emit_symbol(const Tokenizer *t, Encoder *e, const Symbol *s)
     int32_t id = vocab_find(t, e->text + s->off, s->n);
     if (id >= 0) {
         emit(e, id);
+        return;
+    }
+    if (t->bpe) { /* llama.cpp: each byte that is a piece by itself, the others dropped */
+        for (uint32_t i = 0; i < s->n; i++)
+            if ((id = vocab_find(t, e->text + s->off + i, 1)) >= 0) emit(e, id);
         return;
     }
     for (uint32_t i = 0; i < s->n; i++) {
@@ -809,6 +922,65 @@ static void encode_stretch(const Tokenizer *t, Encoder *e, const char *raw, size
     }
 }
 
+/* One pre-tokenizer word of a BPE stretch: its code points as UTF-8, each byte then as
+ * its byte-map character, one symbol per byte; merged, and emitted. */
+static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps, size_t n)
+{
+    if (!grow((void **)&e->text, &e->text_cap, 8 * n, 1) ||
+        !grow((void **)&e->syms, &e->syms_cap, 4 * n, sizeof *e->syms)) {
+        e->oom = true;
+        return;
+    }
+    int32_t n_syms = 0;
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char utf8[4];
+        uint32_t c = cps[i];
+        int k = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+        if (k == 1) utf8[0] = (unsigned char)c;
+        else {
+            for (int j = k - 1; j > 0; j--, c >>= 6) utf8[j] = (unsigned char)(0x80 | (c & 0x3f));
+            utf8[0] = (unsigned char)((0xf00 >> k) | c);
+        }
+        for (int j = 0; j < k; j++) {
+            Symbol *s = &e->syms[n_syms];
+            s->off = (uint32_t)w;
+            s->n = (uint32_t)bpe_byte_char(utf8[j], e->text + w);
+            s->prev = n_syms - 1;
+            s->next = n_syms + 1;
+            w += s->n;
+            n_syms++;
+        }
+    }
+    e->syms[n_syms - 1].next = -1;
+    /* Llama 3's tokenizer ignores the merges for a word that is a piece as a whole
+     * ("ignore_merges"; llama.cpp does the same for that pre-tokenizer). */
+    int32_t whole = t->pre == BPE_PRE_LLAMA3 ? vocab_find(t, e->text, w) : -1;
+    if (whole >= 0) {
+        emit(e, whole);
+        return;
+    }
+    merge_symbols(t, e, 0, n_syms);
+    for (int32_t k = 0; k >= 0; k = e->syms[k].next) emit_symbol(t, e, &e->syms[k]);
+}
+
+/* Tokenise one stretch of raw text with byte-level BPE: code points, words, merges. */
+static void encode_stretch_bpe(const Tokenizer *t, Encoder *e, const char *raw, size_t len)
+{
+    uint32_t *cps = malloc((len ? len : 1) * sizeof *cps);
+    size_t *ends = malloc((len ? len : 1) * sizeof *ends);
+    if (!cps || !ends) {
+        e->oom = true;
+    } else {
+        size_t n = bpe_utf8_to_cps(raw, len, cps);
+        size_t words = bpe_split_words(t->pre, cps, n, ends);
+        for (size_t i = 0, start = 0; i < words && !e->oom; start = ends[i++])
+            encode_bpe_word(t, e, cps + start, ends[i] - start);
+    }
+    free(cps);
+    free(ends);
+}
+
 /* A stretch of the input: raw text [off, off + len), or one user-defined piece. */
 typedef struct {
     int32_t id; /* -1 for raw text */
@@ -889,8 +1061,11 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_
             emit(&e, frags.v[i].id);
             after_special = true;
         } else {
-            encode_stretch(t, &e, text + frags.v[i].off, frags.v[i].len,
-                           t->add_space_prefix && after_special);
+            if (t->bpe)
+                encode_stretch_bpe(t, &e, text + frags.v[i].off, frags.v[i].len);
+            else
+                encode_stretch(t, &e, text + frags.v[i].off, frags.v[i].len,
+                               t->add_space_prefix && after_special);
             after_special = false;
         }
     }
@@ -976,14 +1151,34 @@ static void push_text(Detokenizer *d, Sink *s, const char *p, size_t n, bool une
     }
 }
 
+/* A BPE piece's bytes: each character the byte it stands for (one outside the byte map,
+ * which no GPT-2-style vocabulary has, as its own UTF-8). */
+static void push_bpe_text(Detokenizer *d, Sink *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = bpe_utf8_next(p + i, n - i, &cp);
+        int b = bpe_char_byte(cp);
+        if (b >= 0)
+            utf8_push(d, s, (unsigned char)b);
+        else
+            for (int j = 0; j < k; j++) utf8_push(d, s, (unsigned char)p[i + (size_t)j]);
+        i += (size_t)k;
+    }
+}
+
 static void detok_feed_sink(const Tokenizer *t, Detokenizer *d, int32_t id, Sink *s)
 {
     if (id < 0 || id >= t->n_vocab) return;
     const char *p = t->arena + t->pieces[id].off;
     size_t n = t->pieces[id].len;
+    if (t->bpe) d->strip_leading = false; /* no space prefix to take back */
     switch ((TokenType)t->types[id]) {
     case TOKEN_TYPE_NORMAL:
-        push_text(d, s, p, n, true);
+        if (t->bpe)
+            push_bpe_text(d, s, p, n);
+        else
+            push_text(d, s, p, n, true);
         break;
     case TOKEN_TYPE_USER_DEFINED:
         push_text(d, s, p, n, false);
