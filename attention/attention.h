@@ -80,11 +80,21 @@ void attn_kv_store(const KvView *kv, int layer, const int32_t *block_table,
                    int32_t pos, int32_t n, const float *k, int k_stride,
                    const float *v, int v_stride);
 
+/* How RoPE turns a model's heads: the base theta, the rotated dims per head, a scale on
+ * positions (linear RoPE scaling: 1 / factor; 1 for none) and, or NULL, a divisor per
+ * pair of each pair's frequency (Llama 3.1's rope_freqs: rope_dim / 2 values). */
+typedef struct {
+    float theta;
+    int dim;
+    float pos_scale;
+    const float *freq_factors;
+} RopeParams;
+
 /* RoPE as Llama GGUF files expect it ("normal" style): within each head, the adjacent pair
- * (x[2i], x[2i+1]) rotates by angle pos * theta^(-2i / rope_dim) for 2i < rope_dim; dims
- * from rope_dim on are left alone. Row r is at x + r*row_stride and holds n_heads heads of
- * head_dim values; positions[r] is its absolute position. */
+ * (x[2i], x[2i+1]) rotates by angle pos_scale * pos * theta^(-2i / dim) / freq_factors[i]
+ * for 2i < dim; dims from dim on are left alone. Row r is at x + r*row_stride and holds
+ * n_heads heads of head_dim values; positions[r] is its absolute position. */
 void rope_apply(float *x, int n_rows, int row_stride, const int32_t *positions,
-                int n_heads, int head_dim, int rope_dim, float theta);
+                int n_heads, int head_dim, const RopeParams *rope);
 
 #endif

@@ -1,6 +1,7 @@
 /* rope_apply — rotary position embedding, Llama "normal" (adjacent pair) style.
  *
- * The angle of pair i at position p is p * theta^(-2i/rope_dim). Both factors and the
+ * The angle of pair i at position p is s * p * theta^(-2i/rope_dim) / f_i (s the position
+ * scale, f_i the pair's frequency factor, both 1 for plain RoPE). Both factors and the
  * product are taken in double: at positions of tens of thousands a float angle would
  * already be off by more than the rotation of the slowest pairs. cos/sin are computed
  * once per (row, pair), laid out per element (c0 c0 c1 c1 ..., -s0 s0 -s1 s1 ...), and
@@ -33,13 +34,16 @@ static void rotate_head(float *x, const float *cosv, const float *sinv, int rope
 }
 
 void rope_apply(float *x, int n_rows, int row_stride, const int32_t *positions,
-                int n_heads, int head_dim, int rope_dim, float theta)
+                int n_heads, int head_dim, const RopeParams *rope)
 {
-    int n_pairs = rope_dim / 2;
+    int rope_dim = rope->dim, n_pairs = rope_dim / 2;
     assert(rope_dim >= 0 && rope_dim <= head_dim && n_pairs <= ROPE_MAX_PAIRS);
     double inv_freq[ROPE_MAX_PAIRS];
-    for (int i = 0; i < n_pairs; i++)
-        inv_freq[i] = pow((double)theta, -2.0 * i / (double)rope_dim);
+    for (int i = 0; i < n_pairs; i++) {
+        inv_freq[i] = (double)rope->pos_scale * pow((double)rope->theta, -2.0 * i / (double)rope_dim);
+        if (rope->freq_factors)
+            inv_freq[i] /= (double)rope->freq_factors[i];
+    }
 
     float cosv[2 * ROPE_MAX_PAIRS], sinv[2 * ROPE_MAX_PAIRS];
     for (int r = 0; r < n_rows; r++) {

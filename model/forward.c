@@ -185,8 +185,9 @@ static void rope_rows(ModelRunner *r, const void *arg, int r0, int r1)
     (void)arg;
     const ModelConfig *c = &r->model->config;
     int stride = qkv_dim(c);
+    RopeParams rope = {c->rope_theta, c->rope_dim, c->rope_pos_scale, r->model->w.rope_freqs};
     rope_apply(r->qkv + (size_t)r0 * stride, r1 - r0, stride, r->positions + r0,
-               c->n_heads + c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_theta);
+               c->n_heads + c->n_kv_heads, c->head_dim, &rope);
 }
 
 /* ---- the pass --------------------------------------------------------------------------- */

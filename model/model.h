@@ -30,6 +30,7 @@ typedef struct {
     int ctx_len;      /* trained context length */
     int rope_dim;     /* rotated dims per head (llama.rope.dimension_count, else head_dim) */
     float rope_theta;
+    float rope_pos_scale; /* 1 / llama.rope.scaling.factor for "linear" scaling, else 1 */
     float rms_eps;
     uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
     int packed_matrices;     /* weight matrices held for the products (fused ones count once) */

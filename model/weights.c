@@ -58,6 +58,30 @@ static int get_float_opt(const GgufFile *f, const char *key, float *out, char *e
     return 0;
 }
 
+/* llama.rope.scaling.type: none (or absent) leaves positions as they are; "linear" divides
+ * them by llama.rope.scaling.factor. Other kinds (yarn, longrope, ...) change more than
+ * positions and are refused rather than run wrong. (Llama 3.1's own scaling comes as the
+ * rope_freqs tensor, with no type key.) */
+static int read_rope_scaling(const GgufFile *f, ModelConfig *c, char *err, size_t err_len) {
+    c->rope_pos_scale = 1.0f;
+    GgufStr type;
+    if (gguf_find_key(f, "llama.rope.scaling.type") < 0)
+        return 0;
+    if (gguf_get_str(f, "llama.rope.scaling.type", &type) < 0)
+        return model_errorf(err, err_len, "model key llama.rope.scaling.type is not a string");
+    if (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)
+        return 0;
+    if (!(type.len == 6 && memcmp(type.ptr, "linear", 6) == 0))
+        return model_errorf(err, err_len, "RoPE scaling \"%.*s\" (llama.rope.scaling.type) is not "
+                            "supported; \"linear\" and \"none\" are", type.len < 40 ? (int)type.len : 40,
+                            type.ptr);
+    float factor = 1.0f;
+    if (get_float_opt(f, "llama.rope.scaling.factor", &factor, err, err_len) < 0)
+        return -1;
+    c->rope_pos_scale = 1.0f / factor;
+    return 0;
+}
+
 static int check_architecture(const GgufFile *f, char *err, size_t err_len) {
     GgufStr arch;
     if (gguf_get_str(f, "general.architecture", &arch) < 0)
@@ -124,7 +148,8 @@ static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_
     c->rope_theta = 10000.0f;
     c->rms_eps = 1e-5f;
     if (get_float_opt(f, "llama.rope.freq_base", &c->rope_theta, err, err_len) < 0 ||
-        get_float_opt(f, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err, err_len) < 0)
+        get_float_opt(f, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err, err_len) < 0 ||
+        read_rope_scaling(f, c, err, err_len) < 0)
         return -1;
     return read_vocab_size(f, &c->vocab_size, err, err_len);
 }
@@ -340,6 +365,15 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
         return -1;
     if (!(w->output_norm = load_new(ld, "output_norm.weight", dim, 0)))
         return -1;
+    /* Llama 3.1 and later: each RoPE pair's frequency divisor (optional) */
+    if (gguf_find_tensor(ld->f, "rope_freqs.weight")) {
+        if (!(w->rope_freqs = load_new(ld, "rope_freqs.weight", (uint64_t)c->rope_dim / 2, 0)))
+            return -1;
+        for (int i = 0; !ld->dry && i < c->rope_dim / 2; i++)
+            if (!(w->rope_freqs[i] > 0.0f) || w->rope_freqs[i] > 1e30f)
+                return model_errorf(ld->err, ld->err_len, "rope_freqs.weight[%d] = %g: RoPE frequency "
+                                    "factors must be positive and finite", i, w->rope_freqs[i]);
+    }
     w->output_tied = gguf_find_tensor(ld->f, "output.weight") == NULL;
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
@@ -418,5 +452,6 @@ void weights_free(TransformerWeights *w, const ModelConfig *config) {
     matmul_weights_free(&w->output);
     free(w->token_embd);
     free(w->output_norm);
+    free(w->rope_freqs);
     memset(w, 0, sizeof *w);
 }

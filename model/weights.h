@@ -27,6 +27,7 @@ typedef struct {
     float *token_embd;  /* [vocab][dim] */
     LayerWeights *layers;
     float *output_norm; /* [dim] */
+    float *rope_freqs;  /* [rope_dim / 2] divisors of each pair's frequency, or NULL */
     MatmulWeights output; /* [vocab][dim]; packed from token_embd when the file ties them */
     bool output_tied;     /* the file has no output.weight */
 } TransformerWeights;

@@ -48,12 +48,13 @@ static void ref_rmsnorm(float *o, const float *x, const float *w, int n, float e
         o[i] = x[i] * scale * w[i];
 }
 
-static void ref_rope(float *x, int n_heads, int head_dim, int rope_dim, float theta, int pos)
+static void ref_rope(float *x, int n_heads, const ModelConfig *c, const float *freq_factors, int pos)
 {
+    int head_dim = c->head_dim, rope_dim = c->rope_dim;
     for (int h = 0; h < n_heads; h++) {
         for (int i = 0; i < rope_dim / 2; i++) {
-            double freq = pow(theta, -2.0 * i / rope_dim);
-            double a = pos * freq;
+            double freq = pow(c->rope_theta, -2.0 * i / rope_dim);
+            double a = c->rope_pos_scale * pos * freq / (freq_factors ? freq_factors[i] : 1.0);
             float *p = x + h * head_dim + 2 * i;
             float x0 = p[0], x1 = p[1];
             p[0] = (float)(x0 * cos(a) - x1 * sin(a));
@@ -77,8 +78,8 @@ static void ref_forward(RefState *st, int token, int pos, float *logits)
         const LayerWeights *lw = &w->layers[l];
         ref_rmsnorm(xb, x, lw->attn_norm, c->dim, c->rms_eps);
         ref_matvec(qkv, &lw->wqkv, xb, c->dim, qw + 2 * kvw);
-        ref_rope(qkv, c->n_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
-        ref_rope(qkv + qw, c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_theta, pos);
+        ref_rope(qkv, c->n_heads, c, w->rope_freqs, pos);
+        ref_rope(qkv + qw, c->n_kv_heads, c, w->rope_freqs, pos);
         float *kc = st->k + ((size_t)l * c->ctx_len) * kvw, *vc = st->v + ((size_t)l * c->ctx_len) * kvw;
         memcpy(kc + (size_t)pos * kvw, qkv + qw, kvw * sizeof(float));
         memcpy(vc + (size_t)pos * kvw, qkv + qw + kvw, kvw * sizeof(float));
@@ -261,6 +262,34 @@ static void test_paged_f32_matches_reference(void **state)
     check_chunked_against_reference(fx->model, KV_DTYPE_F32, 16, 1e-3f);
     check_chunked_against_reference(fx->model, KV_DTYPE_F32, 1, 1e-3f);
     check_chunked_against_reference(fx->model, KV_DTYPE_F32, 5, 1e-3f);
+}
+
+/* Linear RoPE scaling and Llama 3.1 frequency factors reach the forward pass: with them
+ * set on the model the paged pass still matches the reference (which applies them by the
+ * definition), and the logits differ from the unscaled model's (so they were used). */
+static void test_rope_scaling_matches_reference(void **state)
+{
+    Fixture *fx = *state;
+    Model *m = fx->model;
+    const ModelConfig *c = &m->config;
+    enum { N = 45 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, c->vocab_size, 11);
+    float *plain = reference_logits(m, tokens, N);
+    float *factors = malloc((size_t)c->rope_dim / 2 * sizeof *factors);
+    for (int i = 0; i < c->rope_dim / 2; i++)
+        factors[i] = 1.0f + (float)i; /* slow pairs slower still */
+    m->w.rope_freqs = factors;
+    m->config.rope_pos_scale = 0.5f;
+    check_chunked_against_reference(m, KV_DTYPE_F32, 16, 1e-3f);
+    float *scaled = reference_logits(m, tokens, N);
+    assert_true(max_abs_diff(plain + (N - 1) * c->vocab_size, scaled + (N - 1) * c->vocab_size,
+                             c->vocab_size) > 1e-3f);
+    m->w.rope_freqs = NULL;
+    m->config.rope_pos_scale = 1.0f;
+    free(factors);
+    free(plain);
+    free(scaled);
 }
 
 static void test_paged_f16_close_to_reference(void **state)
@@ -659,6 +688,7 @@ int main(void)
 {
     const struct CMUnitTest random_model[] = {
         cmocka_unit_test(test_paged_f32_matches_reference),
+        cmocka_unit_test(test_rope_scaling_matches_reference),
         cmocka_unit_test(test_paged_f16_close_to_reference),
         cmocka_unit_test(test_paged_q8_close_to_reference),
         cmocka_unit_test(test_f16_weights_match_reference),

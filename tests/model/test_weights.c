@@ -31,6 +31,10 @@ typedef struct {
     int rope_dim;             /* 0: key absent */
     bool kv_key;              /* write llama.attention.head_count_kv */
     uint32_t type_override_q; /* if nonzero: type of every attn_q (mixed-type files) */
+    const char *rope_scaling; /* llama.rope.scaling.type, or NULL */
+    float rope_factor;        /* llama.rope.scaling.factor when nonzero */
+    const float *rope_freqs;  /* rope_freqs.weight values, n_rope_freqs of them, or NULL */
+    int n_rope_freqs;
 } Spec;
 
 static Spec default_spec(void) {
@@ -86,6 +90,15 @@ static GgufFile *make_model_sized(const Spec *s, void **data, size_t *size_out) 
     key_u32(w, s, "llama.context_length", (uint32_t)s->ctx);
     if (s->rope_dim)
         key_u32(w, s, "llama.rope.dimension_count", (uint32_t)s->rope_dim);
+    if (s->rope_scaling)
+        gguf_writer_set_str(w, "llama.rope.scaling.type", s->rope_scaling);
+    if (s->rope_factor != 0.0f)
+        gguf_writer_set_f32(w, "llama.rope.scaling.factor", s->rope_factor);
+    if (s->rope_freqs) {
+        uint64_t ne[1] = {(uint64_t)s->n_rope_freqs};
+        assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", 1, ne, GGML_TYPE_F32,
+                                                s->rope_freqs), 0);
+    }
     if (s->with_tokens) {
         char **toks = malloc((size_t)s->vocab * sizeof *toks);
         for (int i = 0; i < s->vocab; i++) {
@@ -582,6 +595,54 @@ static void test_bad_tensors(void **state) {
     expect_load_fail(&s, "shape {64, 33}", "expected {64, 32}");
 }
 
+/* RoPE scaling: linear divides positions by the factor, "none" and no key leave them,
+ * other kinds are refused by name; rope_freqs.weight is read when present (rope_dim / 2
+ * positive values), refused when of another length or not positive. */
+static void test_rope_scaling_and_freqs(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    void *data;
+    ModelConfig c;
+    TransformerWeights tw;
+    size_t bytes;
+    char err[512];
+    s.rope_scaling = "linear";
+    s.rope_factor = 4.0f;
+    GgufFile *f = make_model(&s, &data);
+    assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), 0);
+    assert_true(c.rope_pos_scale == 0.25f);
+    assert_null(tw.rope_freqs);
+    weights_free(&tw, &c);
+    gguf_close(f);
+    free(data);
+
+    s = default_spec();
+    s.rope_scaling = "none";
+    const float freqs[8] = {1, 1, 1.5f, 2, 4, 8, 8, 8}; /* rope_dim 16: 8 pairs */
+    s.rope_freqs = freqs;
+    s.n_rope_freqs = 8;
+    f = make_model(&s, &data);
+    assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), 0);
+    assert_true(c.rope_pos_scale == 1.0f);
+    assert_non_null(tw.rope_freqs);
+    assert_memory_equal(tw.rope_freqs, freqs, sizeof freqs);
+    weights_free(&tw, &c);
+    gguf_close(f);
+    free(data);
+
+    s = default_spec();
+    s.rope_scaling = "yarn";
+    expect_load_fail(&s, "\"yarn\"", "llama.rope.scaling.type");
+    s = default_spec();
+    s.rope_freqs = freqs;
+    s.n_rope_freqs = 7;
+    expect_load_fail(&s, "rope_freqs.weight has shape {7}", "expected {8}");
+    const float zero[8] = {1, 1, 0, 1, 1, 1, 1, 1};
+    s.rope_freqs = zero;
+    s.n_rope_freqs = 8;
+    expect_load_fail(&s, "rope_freqs.weight[2]", "positive");
+}
+
 /* An unsupported type is refused naming tensor and type (patched into a valid file). */
 static void test_unsupported_tensor_type(void **state) {
     (void)state;
@@ -625,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_bad_hyperparameters),
         cmocka_unit_test(test_bad_tensors),
         cmocka_unit_test(test_unsupported_tensor_type),
+        cmocka_unit_test(test_rope_scaling_and_freqs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,13 +96,15 @@ float attn_ref_f16_to_f32(uint16_t h)
 }
 
 void attn_ref_rope(float *x, int n_rows, int row_stride, const int32_t *positions,
-                   int n_heads, int head_dim, int rope_dim, float theta)
+                   int n_heads, int head_dim, int rope_dim, float theta, float pos_scale,
+                   const float *freq_factors)
 {
     for (int r = 0; r < n_rows; r++)
         for (int h = 0; h < n_heads; h++) {
             float *hx = x + (size_t)r * row_stride + (size_t)h * head_dim;
             for (int i = 0; 2 * i < rope_dim; i++) {
-                double angle = positions[r] * pow(theta, -2.0 * i / rope_dim);
+                double angle = (double)pos_scale * positions[r] * pow(theta, -2.0 * i / rope_dim) /
+                               (freq_factors ? (double)freq_factors[i] : 1.0);
                 double x0 = hx[2 * i], x1 = hx[2 * i + 1];
                 hx[2 * i] = (float)(x0 * cos(angle) - x1 * sin(angle));
                 hx[2 * i + 1] = (float)(x0 * sin(angle) + x1 * cos(angle));

@@ -26,8 +26,10 @@ float attn_ref_q8_round_row(float *x, int n);
 float attn_ref_f16_to_f32(uint16_t h);
 
 /* RoPE by the definition, one element at a time: in each head, pair (2i, 2i+1) with
- * 2i < rope_dim rotates by pos * theta^(-2i/rope_dim). */
+ * 2i < rope_dim rotates by pos_scale * pos * theta^(-2i/rope_dim) / freq_factors[i]
+ * (freq_factors NULL: 1). */
 void attn_ref_rope(float *x, int n_rows, int row_stride, const int32_t *positions,
-                   int n_heads, int head_dim, int rope_dim, float theta);
+                   int n_heads, int head_dim, int rope_dim, float theta, float pos_scale,
+                   const float *freq_factors);
 
 #endif
