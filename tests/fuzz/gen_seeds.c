@@ -6,6 +6,8 @@
  *   model_q.gguf       dim 32, Q8_0 and Q4_0 matrices, GQA (2 heads, 1 KV head)
  *   vocab_phi3.gguf    a vocabulary-only file (fuzz_util's Phi-3 style vocabulary)
  *   keys.gguf          every key type, arrays of every type, general.alignment, tensors
+ *   quants_bpe.gguf    a two-row tensor of every other quantised type (Q4_1 .. Q6_K, random
+ *                      block bytes) and a byte-level BPE vocabulary (Llama 3 pre-tokenizer)
  * Usage: gen_seeds DIR  (writes the files into DIR; each model is checked to load fully)
  */
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
+#include "model/tokenizer_bpe.h"
 #include "model/weights.h"
 
 static void write_file(const char *dir, const char *name, const void *data, size_t size) {
@@ -173,6 +176,49 @@ static GgufWriter *all_keys(void) {
     return w;
 }
 
+/* Random block bytes put mutations inside every decoder of gguf_blocks.c at once; the BPE
+ * vocabulary (256 byte characters and three merges) does the same for tokenizer_load's
+ * merge table and the BPE encoder fuzz_gguf runs after loading. Not a model. */
+static GgufWriter *quants_and_bpe(void) {
+    static const uint32_t types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K,
+                                     GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    GgufWriter *w = gguf_writer_new();
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint64_t ne[2] = {ggml_type_block_elems(types[i]), 2};
+        size_t n = 2 * (size_t)ggml_type_block_bytes(types[i]);
+        uint8_t *blocks = malloc(n);
+        if (!blocks) abort();
+        for (size_t k = 0; k < n; k++) {
+            x = x * 1664525u + 1013904223u;
+            blocks[k] = (uint8_t)(x >> 24);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "q.%s", ggml_type_name(types[i]));
+        if (gguf_writer_add_tensor_blocks(w, name, 2, ne, types[i], blocks) != 0) {
+            fprintf(stderr, "gen_seeds: %s: %s\n", name, gguf_writer_error(w));
+            exit(1);
+        }
+        free(blocks);
+    }
+    char *tokens[259];
+    for (int b = 0; b < 256; b++) {
+        tokens[b] = calloc(3, 1);
+        if (!tokens[b]) abort();
+        bpe_byte_char((uint8_t)b, tokens[b]);
+    }
+    tokens[256] = "\xc4\xa0t"; /* "Ġt": " t" */
+    tokens[257] = "he";
+    tokens[258] = "\xc4\xa0the";
+    static const char *const merges[] = {"\xc4\xa0 t", "h e", "\xc4\xa0t he"};
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama-bpe");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tokens, 259);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 3);
+    for (int b = 0; b < 256; b++) free(tokens[b]);
+    return w;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: gen_seeds DIR\n");
@@ -190,5 +236,6 @@ int main(int argc, char **argv) {
     write_file(dir, "vocab_phi3.gguf", vocab, size);
     free(vocab);
     write_gguf(all_keys(), dir, "keys.gguf");
+    write_gguf(quants_and_bpe(), dir, "quants_bpe.gguf");
     return 0;
 }

@@ -21,7 +21,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 FUZZ_DIR="$ROOT/tests/fuzz"
 BUILD=${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 CC=${FUZZ_CC:-clang}
-ALL_TARGETS=(fuzz_request fuzz_gguf fuzz_tokenizer fuzz_stop fuzz_sse)
+ALL_TARGETS=(fuzz_request fuzz_gguf fuzz_tokenizer fuzz_bpe fuzz_stop fuzz_sse)
 
 build_only=0
 seconds=20
@@ -84,8 +84,9 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer
         -Wno-string-concatenation)
 JANSSON=($(pkg-config --cflags --libs jansson))
 
-COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_write.c
-        model/tokenizer.c model/model_error.c)
+COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_blocks.c
+        model/gguf_write.c model/tokenizer.c model/tokenizer_bpe.c model/unicode_class.c
+        model/unicode_classes.c model/model_error.c)
 API=(api/buf.c api/completion.c api/endpoints.c api/error.c api/json_util.c api/metrics.c
      api/request.c api/request_tokenize.c api/vocab_tokenizer.c model/sampler.c)
 # Loading weights packs them for the product kernels (every model/matmul*.c, globbed so
@@ -95,7 +96,7 @@ sources_of() {
   case "$1" in
     fuzz_request|fuzz_sse) echo "${COMMON[*]} ${API[*]}" ;;
     fuzz_gguf) echo "${COMMON[*]} ${WEIGHTS[*]}" ;;
-    fuzz_tokenizer) echo "${COMMON[*]}" ;;
+    fuzz_tokenizer|fuzz_bpe) echo "${COMMON[*]}" ;;
     fuzz_stop) echo "${COMMON[*]} scheduler/stop_text.c" ;;
   esac
 }
