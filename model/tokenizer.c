@@ -1,6 +1,10 @@
-/* tokenizer — SentencePiece ("llama") vocabularies: loading, encoding, decoding.
+/* tokenizer — SentencePiece ("llama") and byte-level BPE ("gpt2") vocabularies: loading,
+ * encoding, decoding. BPE shares the merge loop, the cutting out of user-defined pieces
+ * and the UTF-8 assembly of decoding; its pre-tokenizers and byte map live in
+ * tokenizer_bpe.c, its merge rules below (load_merges), and it follows llama.cpp's
+ * llm_tokenizer_bpe_session (Llama 3's whole-word rule included).
  *
- * The behaviour follows llama.cpp's SPM tokenizer (llm_tokenizer_spm_session and
+ * The SentencePiece behaviour follows llama.cpp's SPM tokenizer (llm_tokenizer_spm_session and
  * llama_vocab::impl::tokenize / token_to_piece), because the tokenizer test vectors and
  * the models we serve were made with it:
  *   - user-defined pieces are cut out of the text first (longest first), each remaining
@@ -267,17 +271,24 @@ static const Merge *merge_find(const Tokenizer *t, int32_t left, int32_t right)
     }
 }
 
-/* tokenizer.ggml.merges: "left right" strings, highest priority first. A rule whose parts
- * or result are not pieces can never apply to pieces, and is left out; of two rules for
- * the same pair the first counts. */
+/* tokenizer.ggml.merges: "left right" strings, highest priority first; of two rules for
+ * the same pair the first counts. Rules are kept by piece ids, so a rule naming a string
+ * that is no piece is left out: llama.cpp, keyed by strings, would still apply it (and
+ * then fall back to bytes). No real vocabulary has one (none of GPT-2's 50,000 rules or
+ * Llama 3's 280,147). Ranks must stay exact as a float score: at most 2^24 rules. */
 static int load_merges(Tokenizer *t, const GgufFile *f, char *err, size_t err_len)
 {
     const char *key = "tokenizer.ggml.merges";
     GgufType elem;
     uint64_t n;
-    if (gguf_get_arr(f, key, &elem, &n) != 0 || elem != GGUF_TYPE_STRING || n > INT32_MAX / 4) {
+    if (gguf_get_arr(f, key, &elem, &n) != 0 || elem != GGUF_TYPE_STRING) {
         model_errorf(err, err_len, "tokenizer: a byte-level BPE vocabulary needs %s (an array of "
                 "strings)", key);
+        return -1;
+    }
+    if (n > (1u << 24)) {
+        model_errorf(err, err_len, "tokenizer: %s has %llu rules, more than the 2^24 supported",
+                key, (unsigned long long)n);
         return -1;
     }
     uint64_t size = 16;
@@ -605,18 +616,20 @@ static size_t compute_detok_bound(const Tokenizer *t)
 int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len)
 {
     *out = NULL;
-    bool bpe;
-    BpePre pre;
+    bool bpe = false;
+    BpePre pre = BPE_PRE_GPT2;
     if (check_model(f, &bpe, &pre, err, err_len) != 0) return -1;
     Tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         model_errorf(err, err_len, "tokenizer: out of memory");
         return -1;
     }
-    t->bos = 1;
-    t->eos = 2;
-    t->unk = 0;
-    t->add_bos = true;
+    /* Defaults for absent keys, llama.cpp's: SentencePiece's ids, or for BPE its GPT-2
+     * ones (11, no unknown piece), BOS added for SentencePiece and Llama 3 only. */
+    t->bos = bpe ? 11 : 1;
+    t->eos = bpe ? 11 : 2;
+    t->unk = bpe ? -1 : 0;
+    t->add_bos = !bpe || pre == BPE_PRE_LLAMA3;
     t->add_space_prefix = !bpe;
     t->bpe = bpe;
     t->pre = pre;
@@ -796,7 +809,7 @@ static void try_pair(const Tokenizer *t, Encoder *e, int32_t left, int32_t right
         const Merge *m = merge_find(t, vocab_find(t, e->text + l->off, l->n),
                                     vocab_find(t, e->text + r->off, r->n));
         if (!m) return;
-        score = -(float)m->rank; /* exact: ranks stay below 2^24 in every vocabulary */
+        score = -(float)m->rank; /* exact: load_merges takes at most 2^24 rules */
     } else {
         int32_t id = vocab_find(t, e->text + l->off, size);
         if (id < 0) return;
@@ -934,18 +947,12 @@ static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps,
     int32_t n_syms = 0;
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
-        unsigned char utf8[4];
-        uint32_t c = cps[i];
-        int k = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-        if (k == 1) utf8[0] = (unsigned char)c;
-        else {
-            for (int j = k - 1; j > 0; j--, c >>= 6) utf8[j] = (unsigned char)(0x80 | (c & 0x3f));
-            utf8[0] = (unsigned char)((0xf00 >> k) | c);
-        }
+        char utf8[4];
+        int k = bpe_utf8_put(cps[i], utf8);
         for (int j = 0; j < k; j++) {
             Symbol *s = &e->syms[n_syms];
             s->off = (uint32_t)w;
-            s->n = (uint32_t)bpe_byte_char(utf8[j], e->text + w);
+            s->n = (uint32_t)bpe_byte_char((uint8_t)utf8[j], e->text + w);
             s->prev = n_syms - 1;
             s->next = n_syms + 1;
             w += s->n;

@@ -33,8 +33,10 @@ void tokenizer_free(Tokenizer *tok);
 int32_t tokenizer_n_vocab(const Tokenizer *tok);
 int32_t tokenizer_bos(const Tokenizer *tok);
 int32_t tokenizer_eos(const Tokenizer *tok);
-bool tokenizer_add_bos(const Tokenizer *tok); /* tokenizer.ggml.add_bos_token, default true */
-int32_t tokenizer_unk(const Tokenizer *tok);
+/* tokenizer.ggml.add_bos_token; absent: true for SentencePiece and Llama 3's BPE, false
+ * for other BPE vocabularies (llama.cpp's defaults, as for the ids). */
+bool tokenizer_add_bos(const Tokenizer *tok);
+int32_t tokenizer_unk(const Tokenizer *tok); /* -1 when there is none (BPE without the key) */
 
 /* tokenizer.ggml.token_type values (SentencePiece piece types). */
 typedef enum {

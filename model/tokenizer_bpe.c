@@ -52,6 +52,19 @@ int bpe_utf8_next(const char *s, size_t len, uint32_t *cp)
     return 1;
 }
 
+int bpe_utf8_put(uint32_t cp, char out[4])
+{
+    int k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (k == 1) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    for (int j = k - 1; j > 0; j--, cp >>= 6) out[j] = (char)(0x80 | (cp & 0x3f));
+    static const unsigned char lead[5] = {0, 0, 0xc0, 0xe0, 0xf0};
+    out[0] = (char)(lead[k] | cp);
+    return k;
+}
+
 size_t bpe_utf8_to_cps(const char *s, size_t len, uint32_t *cps)
 {
     size_t n = 0;
@@ -176,12 +189,11 @@ static bool byte_is_printable(int b)
     return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The 68 others stand for U+0100.. in byte order: 0x00-0x20 (33), 0x7F-0xA0 (34), 0xAD. */
 static uint32_t byte_cp(uint8_t b)
 {
     if (byte_is_printable(b)) return b;
-    uint32_t k = 0; /* the others, in byte order, from U+0100 */
-    for (int x = 0; x < b; x++) k += !byte_is_printable(x);
-    return 0x100 + k;
+    return 0x100 + (b <= 0x20 ? b : b <= 0xa0 ? 33u + (b - 0x7fu) : 67u);
 }
 
 int bpe_byte_char(uint8_t b, char out[2])
@@ -199,9 +211,6 @@ int bpe_byte_char(uint8_t b, char out[2])
 int bpe_char_byte(uint32_t cp)
 {
     if (cp < 0x100) return byte_is_printable((int)cp) ? (int)cp : -1;
-    if (cp >= 0x100 + 68) return -1; /* 256 - 188 printable bytes stand elsewhere */
     uint32_t k = cp - 0x100;
-    for (int b = 0; b < 256; b++)
-        if (!byte_is_printable(b) && k-- == 0) return b;
-    return -1;
+    return k < 33 ? (int)k : k < 67 ? (int)(0x7f + k - 33) : k == 67 ? 0xad : -1;
 }

@@ -26,6 +26,8 @@ int bpe_pre_from_name(GgufStr name, BpePre *out);
  * and returns the count. */
 int bpe_utf8_next(const char *s, size_t len, uint32_t *cp);
 size_t bpe_utf8_to_cps(const char *s, size_t len, uint32_t *cps);
+/* Code point cp (below U+200000) as UTF-8 in out; returns its length, 1 to 4. */
+int bpe_utf8_put(uint32_t cp, char out[4]);
 
 /* Cuts cps[0, n) into words: writes each word's end (exclusive) to ends (room for n) and
  * returns the number of words. */

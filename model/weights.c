@@ -58,16 +58,31 @@ static int get_float_opt(const GgufFile *f, const char *key, float *out, char *e
     return 0;
 }
 
-/* llama.rope.scaling.type: none (or absent) leaves positions as they are; "linear" divides
- * them by llama.rope.scaling.factor. Other kinds (yarn, longrope, ...) change more than
- * positions and are refused rather than run wrong. (Llama 3.1's own scaling comes as the
- * rope_freqs tensor, with no type key.) */
+/* The linear RoPE scaling factor: llama.rope.scaling.factor, else the older key
+ * llama.rope.scale_linear; 0 (or neither key) means none, as in llama.cpp. */
+static int read_rope_factor(const GgufFile *f, float *factor, char *err, size_t err_len) {
+    *factor = 0.0f;
+    const char *key = gguf_find_key(f, "llama.rope.scaling.factor") >= 0 ? "llama.rope.scaling.factor"
+                      : gguf_find_key(f, "llama.rope.scale_linear") >= 0 ? "llama.rope.scale_linear"
+                      : NULL;
+    if (!key)
+        return 0;
+    if (gguf_get_f32(f, key, factor) < 0)
+        return model_errorf(err, err_len, "model key %s is not a float", key);
+    if (!(*factor >= 0.0f) || *factor > 1e30f)
+        return model_errorf(err, err_len, "model key %s = %g must be positive (or 0: none)", key, *factor);
+    return 0;
+}
+
+/* llama.rope.scaling.type "linear", or no type with a factor (llama.cpp's default), divides
+ * positions by the factor; "none" leaves them. Other kinds (yarn, longrope, ...) change
+ * more than positions and are refused rather than run wrong. (Llama 3.1's own scaling
+ * comes as the rope_freqs tensor.) */
 static int read_rope_scaling(const GgufFile *f, ModelConfig *c, char *err, size_t err_len) {
     c->rope_pos_scale = 1.0f;
-    GgufStr type;
-    if (gguf_find_key(f, "llama.rope.scaling.type") < 0)
-        return 0;
-    if (gguf_get_str(f, "llama.rope.scaling.type", &type) < 0)
+    GgufStr type = {"linear", 6};
+    if (gguf_find_key(f, "llama.rope.scaling.type") >= 0 &&
+        gguf_get_str(f, "llama.rope.scaling.type", &type) < 0)
         return model_errorf(err, err_len, "model key llama.rope.scaling.type is not a string");
     if (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)
         return 0;
@@ -75,10 +90,11 @@ static int read_rope_scaling(const GgufFile *f, ModelConfig *c, char *err, size_
         return model_errorf(err, err_len, "RoPE scaling \"%.*s\" (llama.rope.scaling.type) is not "
                             "supported; \"linear\" and \"none\" are", type.len < 40 ? (int)type.len : 40,
                             type.ptr);
-    float factor = 1.0f;
-    if (get_float_opt(f, "llama.rope.scaling.factor", &factor, err, err_len) < 0)
+    float factor;
+    if (read_rope_factor(f, &factor, err, err_len) < 0)
         return -1;
-    c->rope_pos_scale = 1.0f / factor;
+    if (factor > 0.0f)
+        c->rope_pos_scale = 1.0f / factor;
     return 0;
 }
 

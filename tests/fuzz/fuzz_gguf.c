@@ -174,7 +174,7 @@ static void check_tokenizer(const GgufFile *f) {
     FZ_CHECK(n >= 1, "n_vocab %d", n);
     FZ_CHECK(tokenizer_bos(tok) >= 0 && tokenizer_bos(tok) < n, "bos out of range");
     FZ_CHECK(tokenizer_eos(tok) >= 0 && tokenizer_eos(tok) < n, "eos out of range");
-    FZ_CHECK(tokenizer_unk(tok) >= 0 && tokenizer_unk(tok) < n, "unk out of range");
+    FZ_CHECK(tokenizer_unk(tok) >= -1 && tokenizer_unk(tok) < n, "unk out of range"); /* -1: none */
     static const char text[] = "Hello world, \xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80 <s> x\xff\xfe  end";
     int32_t ids[256];
     int k = tokenizer_encode(tok, text, sizeof text - 1, true, ids, 256);

@@ -6,7 +6,9 @@
  * generator, each f16 scale field set to a power of two, values from
  * ggml_get_type_traits(type)->to_float. They are an outside oracle for gguf_blocks.c, not
  * its own output: 64 random blocks of each type (any f16 scales) also decoded to the same
- * bits there (session 13 notes).
+ * bits there (session 13 notes). Power-of-two scales lose nothing: with any f16 scale each
+ * product of these formats is exact in F32 (at most 11 + 6 + 6 significant bits), so the
+ * order in which ggml multiplies cannot change a value, only the final add rounds.
  */
 #ifndef PAGEDSERVE_TESTS_GGML_BLOCKS_REF_H
 #define PAGEDSERVE_TESTS_GGML_BLOCKS_REF_H

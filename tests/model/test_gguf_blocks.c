@@ -50,9 +50,9 @@ static void test_blocks_match_ggml(void **state) {
     }
 }
 
-/* Each 256-value block's values depend on all of its bytes' fields: a block made of a
- * reference block's bytes rotated by one decodes differently (guards the test above
- * against a decoder that ignores where fields lie). */
+/* Every block's values depend on where its fields lie: a reference block's bytes rotated
+ * by one decode differently (guards the test above against a decoder that reads its
+ * fields from anywhere but where they lie). */
 static void test_blocks_differ_when_bytes_move(void **state) {
     (void)state;
     for (size_t i = 0; i < N_REFS; i++) {

@@ -83,6 +83,10 @@ static void test_vectors_gpt2(void **state)
 {
     (void)state;
     check_vectors("vocab/ggml-vocab-gpt-2.gguf", "test_vectors_gpt2");
+    LoadedVocab v; /* no add_bos_token key: GPT-2 adds no BOS, as in llama.cpp */
+    if (!load_shared_vocab("vocab/ggml-vocab-gpt-2.gguf", "test_vectors_gpt2", &v)) return;
+    assert_false(tokenizer_add_bos(v.tok));
+    loaded_vocab_free(&v);
 }
 
 /* Byte-level BPE loses nothing: every vector text (valid UTF-8) decodes back to itself,
@@ -550,7 +554,11 @@ static int load_bad(BadVocab kind, char *err, size_t err_len)
         int32_t minus_one = -1;
         gguf_writer_set_scalar(w, "tokenizer.ggml.eos_token_id", GGUF_TYPE_INT32, &minus_one);
     }
-    if (kind == BAD_BPE_NO_MERGES) gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+    if (kind == BAD_BPE_NO_MERGES) { /* ids inside 6 pieces (BPE's default ids are 11) */
+        gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+        gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+        gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    }
     if (kind == BAD_UNK_STRING) gguf_writer_set_str(w, "tokenizer.ggml.unknown_token_id", "0");
     if (kind == BAD_ADD_BOS_TYPE) gguf_writer_set_u32(w, "tokenizer.ggml.add_bos_token", 1);
     LoadedVocab v;
@@ -685,7 +693,6 @@ static void test_hostile_input(void **state)
     loaded_vocab_free(&v);
 }
 
-/* The same without shared data: 1 MiB of random bytes through the small vocabulary. */
 /* Strict UTF-8: shortest forms, no surrogates, nothing above U+10FFFF. */
 static bool valid_utf8(const unsigned char *p, size_t n)
 {
@@ -756,6 +763,7 @@ static void test_hostile_input_bpe(void **state)
     loaded_vocab_free(&v);
 }
 
+/* The same without shared data: 1 MiB of random bytes through the small vocabulary. */
 static void test_hostile_input_tiny_vocab(void **state)
 {
     (void)state;

@@ -131,6 +131,9 @@ static void test_unicode_classes(void **state)
     assert_int_equal(unicode_class('7'), UCLASS_NUMBER);
     assert_int_equal(unicode_class(0x0663), UCLASS_NUMBER); /* Arabic-Indic three */
     assert_int_equal(unicode_class(0x2167), UCLASS_NUMBER); /* Roman numeral eight (Nl) */
+    assert_int_equal(unicode_class(0x31350), UCLASS_LETTER); /* CJK Ext. H (Unicode 15.0) */
+    assert_int_equal(unicode_class(0x2ebf0), UCLASS_LETTER); /* CJK Ext. I (15.1) */
+    assert_int_equal(unicode_class(0x11f50), UCLASS_NUMBER); /* Kawi digit zero (15.0) */
     assert_int_equal(unicode_class(0x3000), UCLASS_SPACE);
     assert_int_equal(unicode_class('\r'), UCLASS_SPACE);
     assert_int_equal(unicode_class(0x0301), UCLASS_OTHER);  /* combining acute (Mn) */
@@ -177,13 +180,14 @@ static void expect_ids(const Tokenizer *tok, const char *text, const int32_t *wa
     int n = tokenizer_encode(tok, text, strlen(text), false, got, 64);
     if (n != n_want || memcmp(got, want, (size_t)n * sizeof *got) != 0) {
         print_ids("expected", want, n_want);
-        print_ids("got     ", got, n);
+        print_ids("got     ", got, n < 64 ? n : 64);
         fail_msg("'%s' encodes differently", text);
     }
 }
 
 /* Lower rank first, whatever the pieces' lengths; ties (the same rule twice in a word)
- * leftmost first; a rule whose result is no piece never applies. */
+ * leftmost first. ("x y" names no piece: left out, where llama.cpp would merge and fall
+ * back to the same two bytes.) */
 static void test_merges_by_rank(void **state)
 {
     (void)state;
@@ -198,7 +202,7 @@ static void test_merges_by_rank(void **state)
     expect_ids(v.tok, "aaa", (const int32_t[]){261}, 1);
     /* "aaaa": a a (4) at 0, then again at 2, before aa a (5) could: aa aa (no rule) */
     expect_ids(v.tok, "aaaa", (const int32_t[]){260, 260}, 2);
-    /* "xy": the rule x y names no piece: bytes */
+    /* "xy": bytes */
     expect_ids(v.tok, "xy", (const int32_t[]){'x', 'y'}, 2);
     /* words never merge across: "ab ab" is "ab" + " ab" (no rule for " a"): 257, ' ', 257 */
     expect_ids(v.tok, "ab ab", (const int32_t[]){257, ' ', 257}, 3);
@@ -215,13 +219,35 @@ static void test_llama3_takes_whole_words(void **state)
 {
     (void)state;
     static const char *const extra[] = {"\xc4\xa0hi"};
-    static const char *const merges[] = {"h i"}; /* "hi" is no piece: never applies */
+    static const char *const merges[] = {"h i"}; /* "hi" is no piece: left out */
     LoadedVocab v;
     load_bpe_vocab("llama-bpe", extra, 1, merges, 1, &v);
     expect_ids(v.tok, "a hi", (const int32_t[]){'a', 256}, 2);
     loaded_vocab_free(&v);
     load_bpe_vocab("gpt-2", extra, 1, merges, 1, &v);
     expect_ids(v.tok, "a hi", (const int32_t[]){'a', ' ', 'h', 'i'}, 4);
+    loaded_vocab_free(&v);
+}
+
+/* Absent keys take llama.cpp's BPE defaults: BOS and EOS id 11, no unknown piece, BOS
+ * added for Llama 3 only. */
+static void test_bpe_defaults(void **state)
+{
+    (void)state;
+    LoadedVocab v;
+    load_bpe_vocab("gpt-2", NULL, 0, NULL, 0, &v);
+    assert_false(tokenizer_add_bos(v.tok));
+    assert_int_equal(tokenizer_bos(v.tok), 11);
+    assert_int_equal(tokenizer_eos(v.tok), 11);
+    assert_int_equal(tokenizer_unk(v.tok), -1);
+    assert_true(tokenizer_is_eog(v.tok, 11));
+    loaded_vocab_free(&v);
+    load_bpe_vocab("llama-bpe", NULL, 0, NULL, 0, &v);
+    assert_true(tokenizer_add_bos(v.tok));
+    int32_t ids[4];
+    assert_int_equal(tokenizer_encode(v.tok, "a", 1, true, ids, 4), 2);
+    assert_int_equal(ids[0], 11);
+    assert_int_equal(ids[1], 'a');
     loaded_vocab_free(&v);
 }
 
@@ -235,6 +261,7 @@ int main(void)
         cmocka_unit_test(test_unicode_classes),
         cmocka_unit_test(test_merges_by_rank),
         cmocka_unit_test(test_llama3_takes_whole_words),
+        cmocka_unit_test(test_bpe_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,7 +32,7 @@ typedef struct {
     bool kv_key;              /* write llama.attention.head_count_kv */
     uint32_t type_override_q; /* if nonzero: type of every attn_q (mixed-type files) */
     const char *rope_scaling; /* llama.rope.scaling.type, or NULL */
-    float rope_factor;        /* llama.rope.scaling.factor when nonzero */
+    float rope_factor;        /* llama.rope.scaling.factor, written when nonzero or with a type */
     const float *rope_freqs;  /* rope_freqs.weight values, n_rope_freqs of them, or NULL */
     int n_rope_freqs;
 } Spec;
@@ -92,7 +92,7 @@ static GgufFile *make_model_sized(const Spec *s, void **data, size_t *size_out) 
         key_u32(w, s, "llama.rope.dimension_count", (uint32_t)s->rope_dim);
     if (s->rope_scaling)
         gguf_writer_set_str(w, "llama.rope.scaling.type", s->rope_scaling);
-    if (s->rope_factor != 0.0f)
+    if (s->rope_factor != 0.0f || s->rope_scaling)
         gguf_writer_set_f32(w, "llama.rope.scaling.factor", s->rope_factor);
     if (s->rope_freqs) {
         uint64_t ne[1] = {(uint64_t)s->n_rope_freqs};
@@ -606,15 +606,22 @@ static void test_rope_scaling_and_freqs(void **state) {
     TransformerWeights tw;
     size_t bytes;
     char err[512];
-    s.rope_scaling = "linear";
-    s.rope_factor = 4.0f;
-    GgufFile *f = make_model(&s, &data);
-    assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), 0);
-    assert_true(c.rope_pos_scale == 0.25f);
-    assert_null(tw.rope_freqs);
-    weights_free(&tw, &c);
-    gguf_close(f);
-    free(data);
+    static const struct { const char *type; float factor; float scale; } cases[] = {
+        {"linear", 4.0f, 0.25f}, {NULL, 2.0f, 0.5f} /* no type: linear, as llama.cpp */,
+        {"linear", 0.0f, 1.0f} /* 0: none */, {"none", 4.0f, 1.0f}, {NULL, 0.0f, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        s.rope_scaling = cases[i].type;
+        s.rope_factor = cases[i].factor;
+        GgufFile *f = make_model(&s, &data);
+        assert_int_equal(weights_load(f, &c, &tw, &bytes, err, sizeof err), 0);
+        assert_true(c.rope_pos_scale == cases[i].scale);
+        assert_null(tw.rope_freqs);
+        weights_free(&tw, &c);
+        gguf_close(f);
+        free(data);
+    }
+    GgufFile *f;
 
     s = default_spec();
     s.rope_scaling = "none";
