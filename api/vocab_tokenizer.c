@@ -1,4 +1,6 @@
-/* ApiVocab over the model's SentencePiece tokenizer (model/tokenizer.h). */
+/* ApiVocab over the model's tokenizer (model/tokenizer.h). Prompts are encoded with
+ * special-token parsing on, as llama-server and vLLM encode them: a chat template written
+ * into a prompt ("<|start_header_id|>", "</s>", ...) reaches the model as its tokens. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +9,7 @@
 
 static int vocab_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
                         int max_out) {
-    return tokenizer_encode((const Tokenizer *)arg, text, len, add_bos, out, max_out);
+    return tokenizer_encode_special((const Tokenizer *)arg, text, len, add_bos, out, max_out);
 }
 
 static char *vocab_decode(void *arg, const int32_t *ids, int32_t n, bool skip_special) {

@@ -62,6 +62,8 @@ struct Tokenizer {
     int32_t byte_token[256]; /* encode fallback: id for each byte value, -1 = use UNK */
     int32_t *cut_pieces;     /* USER_DEFINED ids, longest piece first */
     int32_t n_cut_pieces;
+    int32_t *cut_special;    /* the same with CONTROL and UNKNOWN ids (parse_special) */
+    int32_t n_cut_special;
     int32_t bos, eos, unk;
     bool add_bos, add_space_prefix;
     /* True when no piece has U+2581 right after anything but U+2581 (so in every Llama
@@ -580,19 +582,28 @@ static int cmp_cut_piece(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
+/* The non-empty pieces of the given types, longest first, into *list. */
+static int collect_cut(Tokenizer *t, bool special, int32_t **list, int32_t *n)
+{
+    *n = 0;
+    *list = malloc((size_t)t->n_vocab * sizeof **list);
+    if (!*list) return -1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        TokenType type = (TokenType)t->types[id];
+        bool cut = type == TOKEN_TYPE_USER_DEFINED ||
+                   (special && (type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_UNKNOWN));
+        if (cut && t->pieces[id].len > 0) (*list)[(*n)++] = id;
+    }
+    qsort_r(*list, (size_t)*n, sizeof **list, cmp_cut_piece, t);
+    return 0;
+}
+
+/* What the text is searched for before it is tokenised: user-defined pieces always, and
+ * with special-token parsing the control and unknown pieces as well. */
 static int build_cut_pieces(Tokenizer *t)
 {
-    int32_t n = 0;
-    for (int32_t id = 0; id < t->n_vocab; id++)
-        if (t->types[id] == TOKEN_TYPE_USER_DEFINED && t->pieces[id].len > 0) n++;
-    if (n == 0) return 0;
-    t->cut_pieces = malloc((size_t)n * sizeof *t->cut_pieces);
-    if (!t->cut_pieces) return -1;
-    for (int32_t id = 0; id < t->n_vocab; id++)
-        if (t->types[id] == TOKEN_TYPE_USER_DEFINED && t->pieces[id].len > 0)
-            t->cut_pieces[t->n_cut_pieces++] = id;
-    qsort_r(t->cut_pieces, (size_t)n, sizeof *t->cut_pieces, cmp_cut_piece, t);
-    return 0;
+    return collect_cut(t, false, &t->cut_pieces, &t->n_cut_pieces) == 0 &&
+           collect_cut(t, true, &t->cut_special, &t->n_cut_special) == 0 ? 0 : -1;
 }
 
 /* Worst case bytes one detok_feed can write (NUL included): 3 for a pending character
@@ -670,6 +681,7 @@ void tokenizer_free(Tokenizer *t)
     free(t->byte_of);
     free(t->slots);
     free(t->cut_pieces);
+    free(t->cut_special);
     free(t->merges);
     free(t);
 }
@@ -1035,16 +1047,19 @@ static bool cut_piece(const Tokenizer *t, int32_t id, const char *text, const Fr
     return true;
 }
 
-/* Split text into raw stretches and user-defined pieces, as llama.cpp's
- * tokenizer_st_partition does with special-token parsing off: one piece at a time,
- * longest pieces first. */
-static bool split_fragments(const Tokenizer *t, const char *text, size_t len, FragmentList *out)
+/* Split text into raw stretches and cut-out pieces (user-defined ones; with special also
+ * control and unknown ones), as llama.cpp's tokenizer_st_partition does: one piece at a
+ * time, longest pieces first. */
+static bool split_fragments(const Tokenizer *t, const char *text, size_t len, bool special,
+                            FragmentList *out)
 {
     FragmentList other = {0};
     out->n = 0;
     bool ok = fragments_add(out, -1, 0, len);
-    for (int32_t k = 0; ok && k < t->n_cut_pieces; k++) {
-        ok = cut_piece(t, t->cut_pieces[k], text, out, &other);
+    const int32_t *cuts = special ? t->cut_special : t->cut_pieces;
+    int32_t n_cuts = special ? t->n_cut_special : t->n_cut_pieces;
+    for (int32_t k = 0; ok && k < n_cuts; k++) {
+        ok = cut_piece(t, cuts[k], text, out, &other);
         FragmentList tmp = *out;
         *out = other;
         other = tmp;
@@ -1053,14 +1068,14 @@ static bool split_fragments(const Tokenizer *t, const char *text, size_t len, Fr
     return ok;
 }
 
-int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_bos,
-                     int32_t *out, int max_out)
+static int encode(const Tokenizer *t, const char *text, size_t len, bool add_bos, bool special,
+                  int32_t *out, int max_out)
 {
     if (len > MAX_TEXT_BYTES || (len > 0 && !text)) return -1;
     Encoder e = {0};
     FragmentList frags = {0};
     if (add_bos) emit(&e, t->bos);
-    if (len > 0 && !split_fragments(t, text, len, &frags)) e.oom = true;
+    if (len > 0 && !split_fragments(t, text, len, special, &frags)) e.oom = true;
     /* A space prefix goes on the first stretch and on every stretch after a cut piece. */
     bool after_special = true;
     for (size_t i = 0; i < frags.n && !e.oom; i++) {
@@ -1089,6 +1104,18 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_
     free(e.ids);
     free(frags.v);
     return result;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_bos,
+                     int32_t *out, int max_out)
+{
+    return encode(t, text, len, add_bos, false, out, max_out);
+}
+
+int tokenizer_encode_special(const Tokenizer *t, const char *text, size_t len, bool add_bos,
+                             int32_t *out, int max_out)
+{
+    return encode(t, text, len, add_bos, true, out, max_out);
 }
 
 /* ---- decoding -------------------------------------------------------------------------- */

@@ -66,6 +66,13 @@ bool tokenizer_is_eog(const Tokenizer *tok, int32_t id);
  * (ties: leftmost) from a priority queue: O(n log n) in the text length. */
 int tokenizer_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
                      int32_t *out, int max_out);
+/* The same with special-token parsing on (llama.cpp's parse_special, what llama-server
+ * does with prompts): control and unknown pieces written in the text ("<s>", "</s>",
+ * "<|eot_id|>", "<|start_header_id|>", ...) are cut out like user-defined ones and become
+ * their ids, so a chat template written into a prompt reaches the model as its tokens.
+ * (A BOS in the text comes on top of the one add_bos adds, as in llama.cpp.) */
+int tokenizer_encode_special(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
+                             int32_t *out, int max_out);
 
 /* The raw piece of a token as stored in the vocabulary (U+2581 not replaced); the memory
  * belongs to the Tokenizer. Empty for an id out of range. */

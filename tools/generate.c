@@ -147,7 +147,7 @@ static int generation_setup(Generation *g, const GenerateArgs *a, char *err, siz
     const ModelConfig *c = model_config(g->model);
     const Tokenizer *tok = model_tokenizer(g->model);
     size_t len = strlen(a->prompt);
-    int need = tokenizer_encode(tok, a->prompt, len, tokenizer_add_bos(tok), NULL, 0);
+    int need = tokenizer_encode_special(tok, a->prompt, len, tokenizer_add_bos(tok), NULL, 0);
     if (need < 1) {
         snprintf(err, err_len, "the prompt encodes to no tokens; give a prompt or use a model "
                  "that adds BOS");
@@ -164,7 +164,7 @@ static int generation_setup(Generation *g, const GenerateArgs *a, char *err, siz
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    g->n_tokens = tokenizer_encode(tok, a->prompt, len, tokenizer_add_bos(tok), g->tokens, need);
+    g->n_tokens = tokenizer_encode_special(tok, a->prompt, len, tokenizer_add_bos(tok), g->tokens, need);
     KvLayout layout = model_kv_layout(g->model, a->block_size, a->kv_dtype);
     int32_t blocks = (capacity + a->block_size - 1) / a->block_size;
     block_table_init(&g->table);

@@ -53,6 +53,21 @@ static int32_t find_piece(const char *piece) {
     return -1;
 }
 
+/* The server encodes prompts with special-token parsing: "<s>" and "</s>" written in a
+ * prompt become BOS and EOS, where plain tokenize spells them out. */
+static void test_prompts_parse_special_tokens(void **state) {
+    (void)state;
+    if (!tok) return;
+    const char *text = "<s>hi</s>";
+    int32_t ids[32], plain[32];
+    int n = vocab.encode(vocab.arg, text, strlen(text), false, ids, 32);
+    int m = tokenizer_encode(tok, text, strlen(text), false, plain, 32);
+    assert_true(n >= 3 && n < 32 && m > n);
+    assert_int_equal(ids[0], tokenizer_bos(tok));
+    assert_int_equal(ids[n - 1], tokenizer_eos(tok));
+    for (int i = 0; i < m; i++) assert_true(plain[i] != tokenizer_bos(tok) && plain[i] != tokenizer_eos(tok));
+}
+
 static void test_wrapper_basics(void **state) {
     (void)state;
     if (!tok) return;
@@ -220,6 +235,7 @@ static void test_echo_text_offsets(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wrapper_basics),
+        cmocka_unit_test(test_prompts_parse_special_tokens),
         cmocka_unit_test(test_request_round_trip),
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_echo_text_offsets),

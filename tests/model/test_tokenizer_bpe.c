@@ -229,6 +229,27 @@ static void test_llama3_takes_whole_words(void **state)
     loaded_vocab_free(&v);
 }
 
+/* With special-token parsing a control piece written in the text is cut out and becomes
+ * its id (the text around it is tokenised on its own); without, it is spelled out. */
+static void test_special_tokens_in_text(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"<|eot_id|>"};
+    LoadedVocab v;
+    load_bpe_vocab("llama-bpe", extra, 1, NULL, 0, &v);
+    int32_t ids[32];
+    int n = tokenizer_encode_special(v.tok, "a<|eot_id|>b", 12, false, ids, 32);
+    assert_int_equal(tokenizer_token_type(v.tok, 256), TOKEN_TYPE_CONTROL); /* by name */
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 'a');
+    assert_int_equal(ids[1], 256);
+    assert_int_equal(ids[2], 'b');
+    n = tokenizer_encode(v.tok, "a<|eot_id|>b", 12, false, ids, 32);
+    assert_true(n > 3);
+    for (int i = 0; i < n; i++) assert_true(ids[i] != 256);
+    loaded_vocab_free(&v);
+}
+
 /* Absent keys take llama.cpp's BPE defaults: BOS and EOS id 11, no unknown piece, BOS
  * added for Llama 3 only. */
 static void test_bpe_defaults(void **state)
@@ -262,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_merges_by_rank),
         cmocka_unit_test(test_llama3_takes_whole_words),
         cmocka_unit_test(test_bpe_defaults),
+        cmocka_unit_test(test_special_tokens_in_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
