@@ -100,9 +100,11 @@ typedef struct {
     /* Text of a whole token sequence as a prompt reads (leading space stripped, control
      * tokens silent when skip_special): malloc'd valid UTF-8, NULL on failure. */
     char *(*decode)(void *arg, const int32_t *ids, int32_t n, bool skip_special);
-    /* Display text of one token for logprobs, NUL-terminated in out (cap >= 64): the piece
-     * with U+2581 as a space; a byte-fallback token that is not a whole character is
-     * written "bytes:\xNN" (OpenAI's form); control tokens as their piece ("<s>").
+    /* Display text of one token for logprobs, NUL-terminated in out (cap >= 64): the text
+     * it stands for (U+2581 as a space, BPE byte characters as their bytes); a token whose
+     * bytes are not whole characters (a byte-fallback token, part of a BPE character), or
+     * hold control bytes other than tab and newlines, is written "bytes:\xNN..." (OpenAI's
+     * form); control tokens as their piece ("<s>").
      * Returns the length, or -1. *is_control tells whether it adds nothing to the text. */
     int (*token_text)(void *arg, int32_t id, char *out, size_t cap, bool *is_control);
 } ApiVocab;
@@ -302,5 +304,7 @@ struct json_t *api_json_logprob(float lp);
 char *api_json_dump(struct json_t *j, size_t *len);
 /* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */
 size_t api_utf8_chars(const char *s, size_t n);
+/* Whether n bytes are strict UTF-8 (no overlongs, surrogates, values past U+10FFFF). */
+bool api_utf8_valid(const char *s, size_t n);
 
 #endif

@@ -68,6 +68,12 @@ char *api_json_dump(json_t *j, size_t *len) {
     return s;
 }
 
+bool api_utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = utf8_seq_len((const unsigned char *)s + i, n - i)) == 0) return false;
+    return true;
+}
+
 size_t api_utf8_chars(const char *s, size_t n) {
     size_t chars = 0;
     for (size_t i = 0; i < n; i++)

@@ -34,45 +34,36 @@ static char *vocab_decode(void *arg, const int32_t *ids, int32_t n, bool skip_sp
     return NULL;
 }
 
-/* "<0xAB>" -> 0xAB, else -1. */
-static int byte_piece(GgufStr p) {
-    if (p.len != 6 || memcmp(p.ptr, "<0x", 3) != 0 || p.ptr[5] != '>') return -1;
-    int v = 0;
-    for (int i = 3; i < 5; i++) {
-        char c = p.ptr[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
+/* Whether the bytes read as text: whole UTF-8 characters, no control byte but tab and
+ * newlines. */
+static bool displayable(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) return false;
     }
-    return v;
+    return api_utf8_valid(s, n);
 }
 
 static int vocab_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
     const Tokenizer *tok = arg;
     *is_control = false;
     if (id < 0 || id >= tokenizer_n_vocab(tok) || cap < 16) return -1;
-    GgufStr p = tokenizer_piece(tok, id);
-    int byte = byte_piece(p);
-    if (byte >= 0) {
-        if (byte >= 0x20 && byte < 0x7F) return snprintf(out, cap, "%c", byte);
-        if (byte == '\n' || byte == '\t' || byte == '\r') return snprintf(out, cap, "%c", byte);
-        return snprintf(out, cap, "bytes:\\x%02x", byte); /* not a character on its own */
-    }
     TokenType type = tokenizer_token_type(tok, id);
     *is_control = type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_UNKNOWN ||
                   type == TOKEN_TYPE_UNUSED || type == TOKEN_TYPE_UNDEFINED;
-    /* The raw piece with U+2581 (E2 96 81) shown as a space. */
-    size_t o = 0;
-    for (uint64_t i = 0; i < p.len && o + 1 < cap;) {
-        if (i + 2 < p.len && memcmp(p.ptr + i, "\xE2\x96\x81", 3) == 0) {
-            out[o++] = ' ';
-            i += 3;
-        } else {
-            out[o++] = p.ptr[i++];
-        }
+    char bytes[1024];
+    int n = tokenizer_token_bytes(tok, id, bytes, sizeof bytes);
+    if (n < 0) return -1;
+    if (displayable(bytes, (size_t)n)) { /* cut at cap, on a character boundary */
+        size_t k = (size_t)n < cap - 1 ? (size_t)n : cap - 1;
+        while (k > 0 && k < (size_t)n && ((unsigned char)bytes[k] & 0xC0) == 0x80) k--;
+        memcpy(out, bytes, k);
+        out[k] = '\0';
+        return (int)k;
     }
-    out[o] = '\0';
+    size_t o = (size_t)snprintf(out, cap, "bytes:");
+    for (int i = 0; i < n && o + 4 < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "\\x%02x", (unsigned char)bytes[i]);
     return (int)o;
 }
 

@@ -1201,6 +1201,41 @@ static void push_bpe_text(Detokenizer *d, Sink *s, const char *p, size_t n)
     }
 }
 
+int tokenizer_token_bytes(const Tokenizer *t, int32_t id, char *out, size_t cap)
+{
+    if (id < 0 || id >= t->n_vocab) return -1;
+    const char *p = t->arena + t->pieces[id].off;
+    size_t n = t->pieces[id].len, w = 0;
+    TokenType type = (TokenType)t->types[id];
+    if (type == TOKEN_TYPE_BYTE) {
+        if (cap < 1) return -1;
+        out[0] = (char)t->byte_of[id];
+        return 1;
+    }
+    for (size_t i = 0; i < n; w++) {
+        if (w >= cap) return -1;
+        uint32_t cp;
+        int k = 1, b = -1;
+        if (type == TOKEN_TYPE_NORMAL && t->bpe) {
+            k = bpe_utf8_next(p + i, n - i, &cp);
+            b = bpe_char_byte(cp);
+        } else if (type == TOKEN_TYPE_NORMAL && n - i >= SPACE_MARK_LEN &&
+                   memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
+            k = SPACE_MARK_LEN;
+            b = ' ';
+        }
+        if (b < 0) { /* the piece's own bytes */
+            if (w + (size_t)k > cap) return -1;
+            memcpy(out + w, p + i, (size_t)k);
+            w += (size_t)k - 1;
+        } else {
+            out[w] = (char)b;
+        }
+        i += (size_t)k;
+    }
+    return w > INT_MAX ? -1 : (int)w;
+}
+
 static void detok_feed_sink(const Tokenizer *t, Detokenizer *d, int32_t id, Sink *s)
 {
     if (id < 0 || id >= t->n_vocab) return;

@@ -77,6 +77,11 @@ int tokenizer_encode_special(const Tokenizer *tok, const char *text, size_t len,
 /* The raw piece of a token as stored in the vocabulary (U+2581 not replaced); the memory
  * belongs to the Tokenizer. Empty for an id out of range. */
 GgufStr tokenizer_piece(const Tokenizer *tok, int32_t id);
+/* The bytes a token stands for in text, not NUL-terminated: a NORMAL piece with U+2581 as
+ * a space (SentencePiece) or with each byte character as its byte (BPE), a BYTE piece's
+ * byte, any other piece as written. They may be part of a UTF-8 character only. Returns
+ * how many, or -1 for an id out of range or when they do not fit cap. */
+int tokenizer_token_bytes(const Tokenizer *tok, int32_t id, char *out, size_t cap);
 
 /* Incremental decoding for streaming: feed ids one by one, get back only complete UTF-8
  * characters (bytes of a character split across byte-fallback tokens are held until the

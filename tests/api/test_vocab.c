@@ -68,6 +68,57 @@ static void test_prompts_parse_special_tokens(void **state) {
     for (int i = 0; i < m; i++) assert_true(plain[i] != tokenizer_bos(tok) && plain[i] != tokenizer_eos(tok));
 }
 
+/* Logprob token texts over a byte-level BPE vocabulary (built here: the 256 byte
+ * characters, "Ġhi", an emoji's first two bytes "ðŁ"): byte characters as their bytes, a
+ * part of a character as bytes:, control bytes as bytes:. */
+static void test_bpe_token_texts(void **state) {
+    (void)state;
+    const char *tokens[258];
+    char chars[256][3];
+    for (int b = 0; b < 256; b++) {
+        memset(chars[b], 0, 3);
+        int cp = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae) ? b
+                 : 0x100 + (b <= 0x20 ? b : b <= 0xa0 ? 33 + b - 0x7f : 67);
+        if (cp < 0x80) chars[b][0] = (char)cp;
+        else { chars[b][0] = (char)(0xc0 | cp >> 6); chars[b][1] = (char)(0x80 | (cp & 0x3f)); }
+        tokens[b] = chars[b];
+    }
+    tokens[256] = "\xc4\xa0hi";
+    tokens[257] = "\xc3\xb0\xc5\x81"; /* bytes F0 9F: the start of a 4-byte character */
+    GgufWriter *w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, 258);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, 0);
+    void *mem;
+    size_t size;
+    char err[256];
+    assert_int_equal(gguf_writer_to_memory(w, &mem, &size, err, sizeof err), 0);
+    gguf_writer_free(w);
+    GgufFile *f;
+    Tokenizer *bt;
+    assert_int_equal(gguf_open_memory(mem, size, &f, err, sizeof err), 0);
+    assert_int_equal(tokenizer_load(f, &bt, err, sizeof err), 0);
+    ApiVocab v;
+    api_vocab_from_tokenizer(&v, bt);
+    char buf[64];
+    bool control;
+    assert_int_equal(v.token_text(v.arg, 256, buf, sizeof buf, &control), 3);
+    assert_string_equal(buf, " hi");
+    assert_false(control);
+    v.token_text(v.arg, 257, buf, sizeof buf, &control);
+    assert_string_equal(buf, "bytes:\\xf0\\x9f");
+    v.token_text(v.arg, 'a', buf, sizeof buf, &control);
+    assert_string_equal(buf, "a");
+    v.token_text(v.arg, '\n', buf, sizeof buf, &control);
+    assert_string_equal(buf, "\n");
+    v.token_text(v.arg, 0x01, buf, sizeof buf, &control);
+    assert_string_equal(buf, "bytes:\\x01");
+    tokenizer_free(bt);
+    gguf_close(f);
+    free(mem);
+}
+
 static void test_wrapper_basics(void **state) {
     (void)state;
     if (!tok) return;
@@ -236,6 +287,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wrapper_basics),
         cmocka_unit_test(test_prompts_parse_special_tokens),
+        cmocka_unit_test(test_bpe_token_texts),
         cmocka_unit_test(test_request_round_trip),
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_echo_text_offsets),

@@ -250,6 +250,26 @@ static void test_special_tokens_in_text(void **state)
     loaded_vocab_free(&v);
 }
 
+/* A token's bytes: byte characters back to bytes (one may be part of a character), other
+ * pieces as written. */
+static void test_token_bytes(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"\xc4\xa0hi", "<|eot_id|>"};
+    LoadedVocab v;
+    load_bpe_vocab("llama-bpe", extra, 2, NULL, 0, &v);
+    char out[16];
+    assert_int_equal(tokenizer_token_bytes(v.tok, 256, out, sizeof out), 3);
+    assert_memory_equal(out, " hi", 3);
+    assert_int_equal(tokenizer_token_bytes(v.tok, 0xe6, out, sizeof out), 1);
+    assert_int_equal((unsigned char)out[0], 0xe6);
+    assert_int_equal(tokenizer_token_bytes(v.tok, 257, out, sizeof out), 10);
+    assert_memory_equal(out, "<|eot_id|>", 10);
+    assert_int_equal(tokenizer_token_bytes(v.tok, 257, out, 9), -1); /* does not fit */
+    assert_int_equal(tokenizer_token_bytes(v.tok, 258, out, sizeof out), -1);
+    loaded_vocab_free(&v);
+}
+
 /* Absent keys take llama.cpp's BPE defaults: BOS and EOS id 11, no unknown piece, BOS
  * added for Llama 3 only. */
 static void test_bpe_defaults(void **state)
@@ -284,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_llama3_takes_whole_words),
         cmocka_unit_test(test_bpe_defaults),
         cmocka_unit_test(test_special_tokens_in_text),
+        cmocka_unit_test(test_token_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
