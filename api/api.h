@@ -107,6 +107,12 @@ typedef struct {
      * form); control tokens as their piece ("<s>").
      * Returns the length, or -1. *is_control tells whether it adds nothing to the text. */
     int (*token_text)(void *arg, int32_t id, char *out, size_t cap, bool *is_control);
+    /* Optional (NULL: offsets are found by decoding): where each token encode gives for the
+     * text starts in it, as byte offsets (tokenizer_token_starts); the count, or -1. Echo
+     * with logprobs places a text prompt's tokens by it: a special token written in the
+     * prompt, or whitespace it swallowed, is text that decoding does not give back. */
+    int (*token_starts)(void *arg, const char *text, size_t len, bool add_bos, size_t *starts,
+                        int max_out);
 } ApiVocab;
 
 /* The tokenizer must outlive the vocab. */

@@ -212,6 +212,29 @@ static size_t prompt_token_offset(const ApiCompletion *c, const ApiPrompt *pr, i
     return at < cap ? at : cap;
 }
 
+/* A text prompt's token offsets in characters from where the vocabulary says each token
+ * starts (capped at cap), into at[n_tokens]; false when it cannot say (then decoding
+ * places them). */
+static bool prompt_offsets_from_starts(const ApiCompletion *c, const ApiPrompt *pr, size_t cap,
+                                       size_t *at) {
+    const ApiVocab *v = c->vocab;
+    if (pr->given_as_tokens || !pr->text || !v->token_starts) return false;
+    size_t len = strlen(pr->text), *starts = malloc((size_t)pr->n_tokens * sizeof *starts);
+    if (!starts) return false;
+    bool ok = v->token_starts(v->arg, pr->text, len, v->add_bos, starts, pr->n_tokens) == pr->n_tokens;
+    size_t byte = 0, chars = 0;
+    for (int32_t i = 0; ok && i < pr->n_tokens; i++) {
+        size_t to = starts[i] < len ? starts[i] : len;
+        if (to > byte) {
+            chars += api_utf8_chars(pr->text + byte, to - byte);
+            byte = to;
+        }
+        at[i] = chars < cap ? chars : cap;
+    }
+    free(starts);
+    return ok;
+}
+
 /* The prompt part of an echoed choice's logprobs. PROMPT events are right-aligned on the
  * prompt: n_prompt - 1 of them cover positions 1.., n_prompt of them cover 0.. (and
  * position 0 is reported null either way: nothing precedes it). */
@@ -221,7 +244,8 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
     json_t *lp = logprobs_new();
     if (!lp) return NULL;
     int32_t first_event_pos = pr->n_tokens - ps->n_lp;
-    size_t offset = 0;
+    size_t offset = 0, *starts = malloc(((size_t)pr->n_tokens + 1) * sizeof *starts);
+    bool from_starts = starts && prompt_offsets_from_starts(c, pr, ps->echo_chars, starts);
     for (int32_t i = 0; i < pr->n_tokens; i++) {
         bool control = false;
         json_t *text = token_text_json(c->vocab, pr->tokens[i], &control);
@@ -234,9 +258,10 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
             top = top_dict(c->vocab, pr->tokens[i], e->logprob, e->n_top, e->top_ids,
                            e->top_logprobs);
         }
-        offset = prompt_token_offset(c, pr, i, offset, ps->echo_chars);
+        offset = from_starts ? starts[i] : prompt_token_offset(c, pr, i, offset, ps->echo_chars);
         logprobs_push(lp, text, has, value, top, offset);
     }
+    free(starts);
     return lp;
 }
 

@@ -44,27 +44,40 @@ static bool displayable(const char *s, size_t n) {
     return api_utf8_valid(s, n);
 }
 
-static int vocab_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
-    const Tokenizer *tok = arg;
-    *is_control = false;
-    if (id < 0 || id >= tokenizer_n_vocab(tok) || cap < 16) return -1;
-    TokenType type = tokenizer_token_type(tok, id);
-    *is_control = type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_UNKNOWN ||
-                  type == TOKEN_TYPE_UNUSED || type == TOKEN_TYPE_UNDEFINED;
-    char bytes[1024];
-    int n = tokenizer_token_bytes(tok, id, bytes, sizeof bytes);
-    if (n < 0) return -1;
-    if (displayable(bytes, (size_t)n)) { /* cut at cap, on a character boundary */
-        size_t k = (size_t)n < cap - 1 ? (size_t)n : cap - 1;
-        while (k > 0 && k < (size_t)n && ((unsigned char)bytes[k] & 0xC0) == 0x80) k--;
+/* The display form of a token's n bytes into out (cap >= 64, NUL-terminated). */
+static int token_display(const char *bytes, size_t n, char *out, size_t cap) {
+    if (displayable(bytes, n)) { /* cut at cap, on a character boundary */
+        size_t k = n < cap - 1 ? n : cap - 1;
+        while (k > 0 && k < n && ((unsigned char)bytes[k] & 0xC0) == 0x80) k--;
         memcpy(out, bytes, k);
         out[k] = '\0';
         return (int)k;
     }
     size_t o = (size_t)snprintf(out, cap, "bytes:");
-    for (int i = 0; i < n && o + 4 < cap; i++)
+    for (size_t i = 0; i < n && o + 4 < cap; i++)
         o += (size_t)snprintf(out + o, cap - o, "\\x%02x", (unsigned char)bytes[i]);
     return (int)o;
+}
+
+static int vocab_token_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
+    const Tokenizer *tok = arg;
+    *is_control = false;
+    if (id < 0 || id >= tokenizer_n_vocab(tok) || cap < 64) return -1;
+    TokenType type = tokenizer_token_type(tok, id);
+    *is_control = type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_UNKNOWN ||
+                  type == TOKEN_TYPE_UNUSED || type == TOKEN_TYPE_UNDEFINED;
+    size_t piece_len = tokenizer_piece(tok, id).len; /* a token's bytes are never more */
+    char *bytes = malloc(piece_len + 1);
+    if (!bytes) return -1;
+    int n = tokenizer_token_bytes(tok, id, bytes, piece_len + 1);
+    int written = n < 0 ? -1 : token_display(bytes, (size_t)n, out, cap);
+    free(bytes);
+    return written;
+}
+
+static int vocab_token_starts(void *arg, const char *text, size_t len, bool add_bos, size_t *starts,
+                              int max_out) {
+    return tokenizer_token_starts((const Tokenizer *)arg, text, len, add_bos, starts, max_out);
 }
 
 void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok) {
@@ -74,4 +87,5 @@ void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok) {
     v->encode = vocab_encode;
     v->decode = vocab_decode;
     v->token_text = vocab_token_text;
+    v->token_starts = vocab_token_starts;
 }

@@ -542,7 +542,9 @@ static bool name_is_phi3(const GgufFile *f)
 }
 
 /* llama.cpp's by-name adjustments: EOG/FIM marker pieces become CONTROL, and for Phi-3
- * models special pieces swallow the whitespace after them (RSTRIP). */
+ * models every special piece (user-defined, control or unknown, "</s>" too) but "<unk>",
+ * "<s>" and "<|endoftext|>" swallows the whitespace after it (RSTRIP). Only cut-out pieces
+ * can swallow: control ones only when special tokens are parsed. */
 static void apply_name_rules(Tokenizer *t, const GgufFile *f)
 {
     mark_by_name(t, EOG_PIECES, sizeof EOG_PIECES / sizeof *EOG_PIECES, true);
@@ -550,8 +552,13 @@ static void apply_name_rules(Tokenizer *t, const GgufFile *f)
     t->flags[t->eos] |= TOKEN_FLAG_EOG;
     if (name_is_phi3(f)) {
         static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
-        for (int32_t id = 0; id < t->n_vocab; id++)
-            if (t->types[id] == TOKEN_TYPE_USER_DEFINED) t->flags[id] |= TOKEN_FLAG_RSTRIP;
+        for (int32_t id = 0; id < t->n_vocab; id++) {
+            TokenType type = (TokenType)t->types[id];
+            if (type == TOKEN_TYPE_USER_DEFINED || type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_UNKNOWN)
+                t->flags[id] |= TOKEN_FLAG_RSTRIP;
+        }
+        int32_t eos_piece = vocab_find(t, "</s>", 4);
+        if (eos_piece >= 0) t->flags[eos_piece] |= TOKEN_FLAG_RSTRIP;
         for (size_t i = 0; i < 3; i++) {
             int32_t id = vocab_find(t, keep[i], strlen(keep[i]));
             if (id >= 0) t->flags[id] &= (uint8_t)~TOKEN_FLAG_RSTRIP;
@@ -595,6 +602,8 @@ static int collect_cut(Tokenizer *t, bool special, int32_t **list, int32_t *n)
         if (cut && t->pieces[id].len > 0) (*list)[(*n)++] = id;
     }
     qsort_r(*list, (size_t)*n, sizeof **list, cmp_cut_piece, t);
+    int32_t *fit = realloc(*list, ((size_t)*n + 1) * sizeof **list); /* few of n_vocab */
+    if (fit) *list = fit;
     return 0;
 }
 
@@ -739,6 +748,12 @@ typedef struct {
     size_t heap_len, heap_cap;
     int32_t *ids; /* output */
     size_t n_ids, ids_cap;
+    /* With want_starts, each id's first byte in the input (starts, beside ids): src maps
+     * every byte of text to the input byte it came from, and at is the next id's start. */
+    bool want_starts;
+    size_t *starts, starts_cap;
+    uint32_t *src;
+    size_t src_cap, at;
     bool oom;
 } Encoder;
 
@@ -757,11 +772,33 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
 static void emit(Encoder *e, int32_t id)
 {
     if (e->oom) return;
-    if (!grow((void **)&e->ids, &e->ids_cap, e->n_ids + 1, sizeof *e->ids)) {
+    if (!grow((void **)&e->ids, &e->ids_cap, e->n_ids + 1, sizeof *e->ids) ||
+        (e->want_starts && !grow((void **)&e->starts, &e->starts_cap, e->n_ids + 1, sizeof *e->starts))) {
         e->oom = true;
         return;
     }
+    if (e->want_starts) e->starts[e->n_ids] = e->at;
     e->ids[e->n_ids++] = id;
+}
+
+/* Room for text and its source map (want_starts) of n bytes. */
+static bool grow_text(Encoder *e, size_t n)
+{
+    return grow((void **)&e->text, &e->text_cap, n, 1) &&
+           (!e->want_starts || grow((void **)&e->src, &e->src_cap, n, sizeof *e->src));
+}
+
+/* Bytes [w, w + n) of text came from input byte from. */
+static void set_src(Encoder *e, size_t w, size_t n, size_t from)
+{
+    if (!e->want_starts) return;
+    for (size_t i = 0; i < n; i++) e->src[w + i] = (uint32_t)from;
+}
+
+/* The next id starts where byte w of text came from. */
+static void at_text(Encoder *e, size_t w)
+{
+    if (e->want_starts) e->at = e->src[w];
 }
 
 /* Heap order: higher score first; equal scores, the leftmost pair first. */
@@ -843,16 +880,17 @@ static uint32_t utf8_len_from_lead(unsigned char c)
 static void emit_symbol(const Tokenizer *t, Encoder *e, const Symbol *s)
 {
     int32_t id = vocab_find(t, e->text + s->off, s->n);
+    at_text(e, s->off);
     if (id >= 0) {
         emit(e, id);
         return;
     }
-    if (t->bpe) { /* llama.cpp: each byte that is a piece by itself, the others dropped */
-        for (uint32_t i = 0; i < s->n; i++)
-            if ((id = vocab_find(t, e->text + s->off + i, 1)) >= 0) emit(e, id);
-        return;
-    }
     for (uint32_t i = 0; i < s->n; i++) {
+        at_text(e, s->off + i);
+        if (t->bpe) { /* llama.cpp: each byte that is a piece by itself, the others dropped */
+            if ((id = vocab_find(t, e->text + s->off + i, 1)) >= 0) emit(e, id);
+            continue;
+        }
         int32_t b = t->byte_token[(unsigned char)e->text[s->off + i]];
         emit(e, b >= 0 ? b : t->unk);
     }
@@ -890,29 +928,32 @@ static void merge_symbols(const Tokenizer *t, Encoder *e, int32_t first, int32_t
     }
 }
 
-/* Tokenise one stretch of raw text (no user-defined pieces inside). */
+/* Tokenise one stretch of raw text (no user-defined pieces inside), input bytes
+ * [base, base + len). */
 static void encode_stretch(const Tokenizer *t, Encoder *e, const char *raw, size_t len,
-                           bool space_prefix)
+                           size_t base, bool space_prefix)
 {
     /* 1. Escape: ' ' -> U+2581, with the optional leading one. */
     size_t n_spaces = space_prefix ? 1 : 0;
     for (size_t i = 0; i < len; i++) n_spaces += raw[i] == ' ';
     size_t text_len = len + n_spaces * (SPACE_MARK_LEN - 1) + (space_prefix ? 1 : 0);
-    if (!grow((void **)&e->text, &e->text_cap, text_len, 1) ||
-        !grow((void **)&e->syms, &e->syms_cap, text_len, sizeof *e->syms)) {
+    if (!grow_text(e, text_len) || !grow((void **)&e->syms, &e->syms_cap, text_len, sizeof *e->syms)) {
         e->oom = true;
         return;
     }
     size_t w = 0;
     if (space_prefix) {
         memcpy(e->text, SPACE_MARK, SPACE_MARK_LEN);
+        set_src(e, 0, SPACE_MARK_LEN, base);
         w = SPACE_MARK_LEN;
     }
     for (size_t i = 0; i < len; i++) {
         if (raw[i] == ' ') {
             memcpy(e->text + w, SPACE_MARK, SPACE_MARK_LEN);
+            set_src(e, w, SPACE_MARK_LEN, base + i);
             w += SPACE_MARK_LEN;
         } else {
+            set_src(e, w, 1, base + i);
             e->text[w++] = raw[i];
         }
     }
@@ -947,12 +988,13 @@ static void encode_stretch(const Tokenizer *t, Encoder *e, const char *raw, size
     }
 }
 
-/* One pre-tokenizer word of a BPE stretch: its code points as UTF-8, each byte then as
- * its byte-map character, one symbol per byte; merged, and emitted. */
-static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps, size_t n)
+/* One pre-tokenizer word of a BPE stretch: its code points as UTF-8 (code point i read
+ * from input byte cp_at[i]), each byte then as its byte-map character, one symbol per
+ * byte; merged, and emitted. */
+static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps,
+                            const size_t *cp_at, size_t n)
 {
-    if (!grow((void **)&e->text, &e->text_cap, 8 * n, 1) ||
-        !grow((void **)&e->syms, &e->syms_cap, 4 * n, sizeof *e->syms)) {
+    if (!grow_text(e, 8 * n) || !grow((void **)&e->syms, &e->syms_cap, 4 * n, sizeof *e->syms)) {
         e->oom = true;
         return;
     }
@@ -965,6 +1007,7 @@ static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps,
             Symbol *s = &e->syms[n_syms];
             s->off = (uint32_t)w;
             s->n = (uint32_t)bpe_byte_char((uint8_t)utf8[j], e->text + w);
+            set_src(e, w, s->n, cp_at[i]);
             s->prev = n_syms - 1;
             s->next = n_syms + 1;
             w += s->n;
@@ -976,6 +1019,7 @@ static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps,
      * ("ignore_merges"; llama.cpp does the same for that pre-tokenizer). */
     int32_t whole = t->pre == BPE_PRE_LLAMA3 ? vocab_find(t, e->text, w) : -1;
     if (whole >= 0) {
+        at_text(e, 0);
         emit(e, whole);
         return;
     }
@@ -983,24 +1027,32 @@ static void encode_bpe_word(const Tokenizer *t, Encoder *e, const uint32_t *cps,
     for (int32_t k = 0; k >= 0; k = e->syms[k].next) emit_symbol(t, e, &e->syms[k]);
 }
 
-/* Tokenise one stretch of raw text with byte-level BPE: code points, words, merges. */
-static void encode_stretch_bpe(const Tokenizer *t, Encoder *e, const char *raw, size_t len)
+/* Tokenise one stretch of raw text with byte-level BPE (input bytes [base, base + len)):
+ * code points, words, merges. */
+static void encode_stretch_bpe(const Tokenizer *t, Encoder *e, const char *raw, size_t len,
+                               size_t base)
 {
-    uint32_t *cps = malloc((len ? len : 1) * sizeof *cps);
-    size_t *ends = malloc((len ? len : 1) * sizeof *ends);
-    if (!cps || !ends) {
+    size_t cap = len ? len : 1;
+    uint32_t *cps = malloc(cap * sizeof *cps);
+    size_t *cp_at = malloc(cap * sizeof *cp_at), *ends = malloc(cap * sizeof *ends);
+    if (!cps || !cp_at || !ends) {
         e->oom = true;
     } else {
-        size_t n = bpe_utf8_to_cps(raw, len, cps);
+        size_t n = 0;
+        for (size_t i = 0; i < len; n++) {
+            cp_at[n] = base + i;
+            i += (size_t)bpe_utf8_next(raw + i, len - i, &cps[n]);
+        }
         size_t words = bpe_split_words(t->pre, cps, n, ends);
         for (size_t i = 0, start = 0; i < words && !e->oom; start = ends[i++])
-            encode_bpe_word(t, e, cps + start, ends[i] - start);
+            encode_bpe_word(t, e, cps + start, cp_at + start, ends[i] - start);
     }
     free(cps);
+    free(cp_at);
     free(ends);
 }
 
-/* A stretch of the input: raw text [off, off + len), or one user-defined piece. */
+/* A stretch of the input [off, off + len): raw text, or one cut-out piece. */
 typedef struct {
     int32_t id; /* -1 for raw text */
     size_t off, len;
@@ -1028,7 +1080,7 @@ static bool cut_piece(const Tokenizer *t, int32_t id, const char *text, const Fr
     for (size_t i = 0; i < in->n; i++) {
         Fragment fr = in->v[i];
         if (fr.id >= 0) {
-            if (!fragments_add(out, fr.id, 0, 0)) return false;
+            if (!fragments_add(out, fr.id, fr.off, fr.len)) return false;
             continue;
         }
         size_t off = fr.off, end = fr.off + fr.len;
@@ -1037,7 +1089,7 @@ static bool cut_piece(const Tokenizer *t, int32_t id, const char *text, const Fr
             if (!m) break;
             size_t at = (size_t)(m - text);
             if (at > off && !fragments_add(out, -1, off, at - off)) return false;
-            if (!fragments_add(out, id, 0, 0)) return false;
+            if (!fragments_add(out, id, at, plen)) return false;
             off = at + plen;
             if (t->flags[id] & TOKEN_FLAG_RSTRIP)
                 while (off < end && isspace((unsigned char)text[off])) off++;
@@ -1068,25 +1120,28 @@ static bool split_fragments(const Tokenizer *t, const char *text, size_t len, bo
     return ok;
 }
 
+/* The ids (out) or, when starts is given instead, each id's first input byte. */
 static int encode(const Tokenizer *t, const char *text, size_t len, bool add_bos, bool special,
-                  int32_t *out, int max_out)
+                  int32_t *out, size_t *starts, int max_out)
 {
     if (len > MAX_TEXT_BYTES || (len > 0 && !text)) return -1;
-    Encoder e = {0};
+    Encoder e = {.want_starts = starts != NULL};
     FragmentList frags = {0};
     if (add_bos) emit(&e, t->bos);
     if (len > 0 && !split_fragments(t, text, len, special, &frags)) e.oom = true;
     /* A space prefix goes on the first stretch and on every stretch after a cut piece. */
     bool after_special = true;
     for (size_t i = 0; i < frags.n && !e.oom; i++) {
-        if (frags.v[i].id >= 0) {
-            emit(&e, frags.v[i].id);
+        const Fragment *fr = &frags.v[i];
+        if (fr->id >= 0) {
+            e.at = fr->off;
+            emit(&e, fr->id);
             after_special = true;
         } else {
             if (t->bpe)
-                encode_stretch_bpe(t, &e, text + frags.v[i].off, frags.v[i].len);
+                encode_stretch_bpe(t, &e, text + fr->off, fr->len, fr->off);
             else
-                encode_stretch(t, &e, text + frags.v[i].off, frags.v[i].len,
+                encode_stretch(t, &e, text + fr->off, fr->len, fr->off,
                                t->add_space_prefix && after_special);
             after_special = false;
         }
@@ -1096,8 +1151,11 @@ static int encode(const Tokenizer *t, const char *text, size_t len, bool add_bos
         result = (int)e.n_ids;
         size_t n_copy = max_out > 0 ? (size_t)max_out : 0;
         if (n_copy > e.n_ids) n_copy = e.n_ids;
-        if (n_copy) memcpy(out, e.ids, n_copy * sizeof *out);
+        if (n_copy && starts) memcpy(starts, e.starts, n_copy * sizeof *starts);
+        else if (n_copy) memcpy(out, e.ids, n_copy * sizeof *out);
     }
+    free(e.starts);
+    free(e.src);
     free(e.text);
     free(e.syms);
     free(e.heap);
@@ -1109,13 +1167,19 @@ static int encode(const Tokenizer *t, const char *text, size_t len, bool add_bos
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_bos,
                      int32_t *out, int max_out)
 {
-    return encode(t, text, len, add_bos, false, out, max_out);
+    return encode(t, text, len, add_bos, false, out, NULL, max_out);
 }
 
 int tokenizer_encode_special(const Tokenizer *t, const char *text, size_t len, bool add_bos,
                              int32_t *out, int max_out)
 {
-    return encode(t, text, len, add_bos, true, out, max_out);
+    return encode(t, text, len, add_bos, true, out, NULL, max_out);
+}
+
+int tokenizer_token_starts(const Tokenizer *t, const char *text, size_t len, bool add_bos,
+                           size_t *starts, int max_out)
+{
+    return encode(t, text, len, add_bos, true, NULL, starts, max_out);
 }
 
 /* ---- decoding -------------------------------------------------------------------------- */

@@ -73,6 +73,13 @@ int tokenizer_encode(const Tokenizer *tok, const char *text, size_t len, bool ad
  * (A BOS in the text comes on top of the one add_bos adds, as in llama.cpp.) */
 int tokenizer_encode_special(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
                              int32_t *out, int max_out);
+/* Where each token of tokenizer_encode_special's result starts in text, as a byte offset:
+ * BOS and a SentencePiece space prefix at the start of their stretch, a cut-out piece at
+ * its first byte, a merged piece at its first character, a byte-fallback token at its
+ * byte; whitespace a special piece swallowed (Phi-3) belongs to no token. Same count
+ * contract as the encoders; the offsets never decrease. */
+int tokenizer_token_starts(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
+                           size_t *starts, int max_out);
 
 /* The raw piece of a token as stored in the vocabulary (U+2581 not replaced); the memory
  * belongs to the Tokenizer. Empty for an id out of range. */

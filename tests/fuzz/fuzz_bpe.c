@@ -13,7 +13,9 @@
  *   - for texts up to 256 bytes, the ids equal a naive reference: per word (from
  *     bpe_split_words), Llama 3's whole-word rule, then repeatedly the adjacent pair whose
  *     rule comes first in the list (leftmost on ties), found by scanning every rule;
- *   - decoding gives valid UTF-8, and the text itself when the text was valid UTF-8.
+ *   - decoding gives valid UTF-8, and the text itself when the text was valid UTF-8;
+ *   - tokenizer_token_starts gives one start per id of tokenizer_encode_special, never
+ *     decreasing, each inside the text (or 0).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +221,16 @@ static void check_text(const BpeVocab *b, const char *text, size_t len, bool add
         FZ_CHECK((size_t)got == len && memcmp(out, text, len) == 0, "valid text does not decode back");
     free(out);
     free(ids);
+    int n_special = tokenizer_encode_special(tok, text, len, add_bos, NULL, 0);
+    size_t *starts = malloc(((size_t)n_special + 1) * sizeof *starts);
+    if (!starts) abort();
+    FZ_CHECK(tokenizer_token_starts(tok, text, len, add_bos, starts, n_special) == n_special,
+             "token_starts count differs from encode_special's %d", n_special);
+    for (int i = 0; i < n_special; i++) {
+        FZ_CHECK(starts[i] < len || starts[i] == 0, "start %zu past the text (%zu)", starts[i], len);
+        FZ_CHECK(i == 0 || starts[i] >= starts[i - 1], "starts decrease at %d", i);
+    }
+    free(starts);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -125,6 +125,25 @@ static void test_gpt2_decodes_back(void **state)
     loaded_vocab_free(&v);
 }
 
+/* Phi-3's chat template with special-token parsing: every marker but <unk>, <s> and
+ * <|endoftext|> swallows the whitespace after it (ids as llama.cpp's llama_tokenize
+ * with parse_special gives them), and the tokens' starts skip what was swallowed. */
+static void test_phi3_template_special(void **state)
+{
+    (void)state;
+    LoadedVocab v;
+    if (!load_shared_vocab("vocab/ggml-vocab-phi-3.gguf", "test_phi3_template_special", &v)) return;
+    const char *text = "<|user|>\nhi<|end|>\n<|assistant|>\n";
+    int32_t ids[16];
+    size_t starts[16];
+    int n = tokenizer_encode_special(v.tok, text, strlen(text), false, ids, 16);
+    assert_int_equal(n, 4);
+    assert_memory_equal(ids, ((int32_t[]){32010, 7251, 32007, 32001}), 4 * sizeof(int32_t));
+    assert_int_equal(tokenizer_token_starts(v.tok, text, strlen(text), false, starts, 16), 4);
+    assert_memory_equal(starts, ((size_t[]){0, 9, 11, 19}), 4 * sizeof(size_t));
+    loaded_vocab_free(&v);
+}
+
 static void check_refused(const char *rel, const char *model_name, const char *who)
 {
     char *path = shared_model_path(rel, who);
@@ -813,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_vectors_gpt2),
         cmocka_unit_test(test_gpt2_decodes_back),
         cmocka_unit_test(test_refuses_bert_and_other_pretokenizers),
+        cmocka_unit_test(test_phi3_template_special),
         cmocka_unit_test(test_other_spm_vocab_loads),
         cmocka_unit_test(test_stories_prompt),
         cmocka_unit_test(test_matches_naive_reference),

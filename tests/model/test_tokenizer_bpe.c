@@ -247,6 +247,12 @@ static void test_special_tokens_in_text(void **state)
     n = tokenizer_encode(v.tok, "a<|eot_id|>b", 12, false, ids, 32);
     assert_true(n > 3);
     for (int i = 0; i < n; i++) assert_true(ids[i] != 256);
+    /* where each token starts: BOS at 0, the control piece at its first byte; " é" is one
+     * word of three byte characters (no merges): the space, then both bytes of "é" at it */
+    size_t starts[32];
+    const char *text = "a<|eot_id|> \xc3\xa9";
+    assert_int_equal(tokenizer_token_starts(v.tok, text, strlen(text), true, starts, 32), 6);
+    assert_memory_equal(starts, ((size_t[]){0, 0, 1, 11, 12, 12}), 6 * sizeof(size_t));
     loaded_vocab_free(&v);
 }
 
