@@ -161,9 +161,22 @@ void server_log_event(LogLevel level, const char *event, json_t *fields, const c
 
 /* ---- start-up ------------------------------------------------------------------------------ */
 
+/* A file quantised on disk (Q4_K_M, Q8_0, ...) widened to F32 takes several times its
+ * size in memory and reads that much per decode step: say how to keep it small. */
+static void log_weight_hint(const ModelConfig *m, double weight_mib)
+{
+    if (ggml_type_block_elems(m->weight_type) <= 1 || m->packed_matrices_f16 ||
+        m->packed_matrices_bf16 || m->packed_matrices_i8)
+        return;
+    server_log(LOG_INFO, "weights are quantised (%s) on disk and held as F32 here (%.1f MiB): "
+               "--weight-type int8 holds the matrices at one byte a weight instead of four, "
+               "and decodes faster", ggml_type_name(m->weight_type), weight_mib);
+}
+
 /* What was loaded and how much KV memory it got: two lines in text, one "startup" event in
- * JSON. full_ctx_seqs is how many sequences of the whole context length fit in the cache
- * at once (the KV memory's bound; --max-seqs may be lower). */
+ * JSON (and a hint when quantised weights were widened). full_ctx_seqs is how many
+ * sequences of the whole context length fit in the cache at once (the KV memory's bound;
+ * --max-seqs may be lower). */
 void server_log_startup(const Server *s, double load_s)
 {
     const ModelConfig *m = model_config(s->model);
@@ -192,6 +205,7 @@ void server_log_startup(const Server *s, double load_s)
     if (log_format == LOG_FORMAT_TEXT) {
         server_log(LOG_INFO, "%s", model_msg);
         server_log(LOG_INFO, "%s", kv_msg);
+        log_weight_hint(m, weight_mib);
         return;
     }
     json_t *f = json_object();
@@ -225,6 +239,7 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "threads", json_integer(s->cfg->threads));
     }
     server_log_event(LOG_INFO, "startup", f, "%s; %s", model_msg, kv_msg);
+    log_weight_hint(m, weight_mib);
 }
 
 /* ---- the request line ------------------------------------------------------------------------ */

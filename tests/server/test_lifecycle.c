@@ -162,6 +162,7 @@ static void test_env_and_startup_log(void **state)
             fprintf(stderr, "start-up log lacks '%s':\n%s\n", says[i], log);
         assert_non_null(strstr(log, says[i]));
     }
+    assert_null(strstr(log, "--weight-type int8")); /* F32 on disk: no hint */
     free(log);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 
@@ -173,6 +174,36 @@ static void test_env_and_startup_log(void **state)
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
     unsetenv("PAGEDSERVE_MODEL_NAME");
     unsetenv("PAGEDSERVE_BLOCK_SIZE");
+}
+
+/* A model quantised on disk (Q8_0 here) and widened to F32 gets a start-up hint about
+ * --weight-type int8; loaded that way, it does not. */
+static void test_quantised_weights_hint(void **state)
+{
+    (void)state;
+    static ServerProc sp;
+    char model[64], bin[1024];
+    snprintf(model, sizeof model, "/tmp/pagedserve-q8-%d.gguf", (int)getpid());
+    snprintf(bin, sizeof bin, "%s/mkmodel", test_bin_dir());
+    const char *mk[] = {bin, "--demo", "--type", "q8_0", "-o", model, NULL};
+    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
+    assert_int_equal(server_proc_start(&sp, args, 30.0), 0);
+    char *log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "weights q8_0 on disk"));
+    assert_non_null(strstr(log, "quantised (q8_0) on disk and held as F32"));
+    assert_non_null(strstr(log, "--weight-type int8"));
+    free(log);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+    const char *as_int8[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", "--weight-type",
+                             "int8", NULL};
+    assert_int_equal(server_proc_start(&sp, as_int8, 30.0), 0);
+    log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "matrices int8"));
+    assert_null(strstr(log, "held as F32"));
+    free(log);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+    unlink(model);
 }
 
 /* POST a completion body: 400 invalid_request_error whose error.<field> is want. */
@@ -511,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_bad_model),
         cmocka_unit_test(test_env_and_startup_log),
+        cmocka_unit_test(test_quantised_weights_hint),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_abandoned_request_frees_slot),
