@@ -247,8 +247,8 @@ static int check_model(const GgufFile *f, bool *bpe, BpePre *pre, char *err, siz
         str_printable(pre_name, name, sizeof name);
         model_errorf(err, err_len, "tokenizer: byte-level BPE with pre-tokenizer \"%s\" "
                 "(tokenizer.ggml.pre) is not supported; supported are SentencePiece \"llama\" "
-                "vocabularies and byte-level BPE with pre-tokenizer \"llama-bpe\" (Llama 3) or "
-                "\"gpt-2\"", name);
+                "vocabularies and byte-level BPE with pre-tokenizer \"llama-bpe\" (Llama 3), "
+                "\"smollm\", \"starcoder\", \"refact\" or \"gpt-2\"", name);
         return -1;
     }
     return 0;

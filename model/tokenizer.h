@@ -5,8 +5,8 @@
  * text is split into UTF-8 characters, then adjacent pieces are merged greedily by the
  * highest vocabulary score; characters with no token fall back to <0xNN> byte tokens (or
  * UNK). Decoding turns U+2581 back into spaces and byte tokens back into bytes.
- * Byte-level BPE (Llama 3, GPT-2): a pre-tokenizer cuts the text into words (the
- * "llama-bpe" and "gpt-2" ones of tokenizer_bpe.h; others are refused by name), every
+ * Byte-level BPE (Llama 3, SmolLM, GPT-2): a pre-tokenizer cuts the text into words (the
+ * "llama-bpe", "smollm" and "gpt-2" ones of tokenizer_bpe.h; others are refused by name), every
  * byte of a word becomes its GPT-2 byte character, and adjacent pieces are merged by the
  * merge rule of lowest rank (tokenizer.ggml.merges). Decoding maps the characters back to
  * bytes. Other tokenizer models (WordPiece, Unigram, ...) are refused with a clear message.

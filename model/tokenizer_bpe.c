@@ -17,7 +17,8 @@ int bpe_pre_from_name(GgufStr name, BpePre *out)
 {
     static const struct { const char *name; BpePre pre; } known[] = {
         {"gpt-2", BPE_PRE_GPT2}, {"llama-bpe", BPE_PRE_LLAMA3}, {"llama3", BPE_PRE_LLAMA3},
-        {"llama-v3", BPE_PRE_LLAMA3},
+        {"llama-v3", BPE_PRE_LLAMA3}, {"smollm", BPE_PRE_DIGITS}, {"starcoder", BPE_PRE_DIGITS},
+        {"refact", BPE_PRE_DIGITS},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (name.len == strlen(known[i].name) && memcmp(name.ptr, known[i].name, name.len) == 0) {
@@ -168,15 +169,29 @@ static size_t llama3_word(const Text *t, size_t i)
     return space_run(t, i);
 }
 
-size_t bpe_split_words(BpePre pre, const uint32_t *cps, size_t n, size_t *ends)
+/* Words of cps[from, to) by one expression, their ends (absolute) appended at ends. */
+static size_t split_stretch(BpePre pre, const uint32_t *cps, size_t from, size_t to, size_t *ends)
 {
-    Text t = {cps, n};
+    Text t = {cps + from, to - from}; /* the stretch ends where the expression sees the end */
     size_t words = 0;
-    for (size_t i = 0; i < n;) {
+    for (size_t i = 0; i < t.n;) {
         size_t end = pre == BPE_PRE_LLAMA3 ? llama3_word(&t, i) : gpt2_word(&t, i);
         if (end <= i) end = i + 1; /* cannot happen (every character is in some class) */
-        ends[words++] = end;
+        ends[words++] = from + end;
         i = end;
+    }
+    return words;
+}
+
+size_t bpe_split_words(BpePre pre, const uint32_t *cps, size_t n, size_t *ends)
+{
+    if (pre != BPE_PRE_DIGITS) return split_stretch(pre, cps, 0, n, ends);
+    size_t words = 0, from = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && unicode_class(cps[i]) != UCLASS_NUMBER) continue;
+        words += split_stretch(BPE_PRE_GPT2, cps, from, i, ends + words);
+        if (i < n) ends[words++] = i + 1; /* the number character alone */
+        from = i + 1;
     }
     return words;
 }

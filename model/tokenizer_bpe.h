@@ -13,6 +13,8 @@
 /* Pre-tokenizers by the regular expression they implement (tokenizer.ggml.pre names them). */
 typedef enum {
     BPE_PRE_GPT2,   /* "gpt-2": 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    BPE_PRE_DIGITS, /* "smollm", "starcoder", "refact": first every \p{N} alone, then GPT-2's
+                     * expression on each stretch between them */
     BPE_PRE_LLAMA3, /* "llama-bpe" (Llama 3): (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
                      * \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
 } BpePre;

@@ -1,8 +1,8 @@
 /* fuzz_bpe — byte-level BPE (model/tokenizer.h with a "gpt2" vocabulary, tokenizer_bpe.h)
  * on arbitrary text.
  *
- * Input: byte 0 picks the pre-tokenizer (Llama 3 or GPT-2) and add_bos; the rest is the
- * text. The vocabulary is built once per pre-tokenizer: the 256 byte characters, then the
+ * Input: byte 0 picks the pre-tokenizer (Llama 3, GPT-2 or SmolLM's) and add_bos; the
+ * rest is the text. The vocabulary is built once per pre-tokenizer: the 256 byte characters, then the
  * results of a fixed list of merge rules (ASCII words and digits, spaces, a two-byte
  * character, and one rule whose result is no piece).
  *
@@ -44,7 +44,7 @@ typedef struct {
     int32_t rule_left[N_RULES], rule_right[N_RULES], rule_result[N_RULES]; /* -1: dead */
 } BpeVocab;
 
-static BpeVocab vocabs[2];
+static BpeVocab vocabs[3];
 static bool built;
 
 /* The byte-character spelling of bytes s[0..n). */
@@ -88,7 +88,8 @@ static void build(BpeVocab *b, BpePre pre) {
     b->pieces[b->n++] = strdup("<|end|>"); /* a control piece, never produced by text */
     GgufWriter *w = gguf_writer_new();
     gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre == BPE_PRE_LLAMA3 ? "llama-bpe" : "gpt-2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre == BPE_PRE_LLAMA3 ? "llama-bpe"
+                                                 : pre == BPE_PRE_DIGITS ? "smollm" : "gpt-2");
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)b->pieces, (uint64_t)b->n);
     int32_t *types = malloc((size_t)b->n * sizeof *types);
     if (!types) abort();
@@ -237,10 +238,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!built) {
         build(&vocabs[0], BPE_PRE_LLAMA3);
         build(&vocabs[1], BPE_PRE_GPT2);
+        build(&vocabs[2], BPE_PRE_DIGITS);
         built = true;
     }
     if (size == 0) return 0;
-    const BpeVocab *b = &vocabs[data[0] & 1];
+    /* bit 0: GPT-2, else bit 2: SmolLM's, else Llama 3; bit 1: add_bos */
+    const BpeVocab *b = &vocabs[data[0] & 1 ? 1 : data[0] & 4 ? 2 : 0];
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     check_words(b->pre, text, len);

@@ -89,6 +89,15 @@ static void test_vectors_gpt2(void **state)
     loaded_vocab_free(&v);
 }
 
+/* SmolLM's pre-tokenizer ("smollm"), shared by StarCoder and Refact: numbers one
+ * character at a time, GPT-2's expression between them. */
+static void test_vectors_starcoder_and_refact(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-starcoder.gguf", "test_vectors_starcoder");
+    check_vectors("vocab/ggml-vocab-refact.gguf", "test_vectors_refact");
+}
+
 /* Byte-level BPE loses nothing: every vector text (valid UTF-8) decodes back to itself,
  * also when fed one id at a time through a Detokenizer that was asked to strip a leading
  * space (BPE has no space prefix to strip). */
@@ -831,6 +840,7 @@ int main(void)
         cmocka_unit_test(test_vectors_phi3),
         cmocka_unit_test(test_vectors_gpt2),
         cmocka_unit_test(test_gpt2_decodes_back),
+        cmocka_unit_test(test_vectors_starcoder_and_refact),
         cmocka_unit_test(test_refuses_bert_and_other_pretokenizers),
         cmocka_unit_test(test_phi3_template_special),
         cmocka_unit_test(test_other_spm_vocab_loads),

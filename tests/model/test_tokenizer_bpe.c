@@ -1,4 +1,4 @@
-/* test_tokenizer_bpe — byte-level BPE without shared files: the two pre-tokenizers on
+/* test_tokenizer_bpe — byte-level BPE without shared files: the three pre-tokenizers on
  * texts whose words the regular expressions in tokenizer_bpe.h give (worked out by hand),
  * the byte map, code points from invalid UTF-8, and merges by rank over in-memory
  * vocabularies (Llama 3's whole-word rule included). The GPT-2 vocabulary's llama.cpp
@@ -50,10 +50,11 @@ static char *words_of(BpePre pre, const char *text)
 
 static void expect_words(BpePre pre, const char *text, const char *want)
 {
+    static const char *const names[] = {[BPE_PRE_GPT2] = "gpt-2", [BPE_PRE_DIGITS] = "smollm",
+                                        [BPE_PRE_LLAMA3] = "llama3"};
     char *got = words_of(pre, text);
     if (strcmp(got, want) != 0)
-        fail_msg("%s words of '%s': '%s', expected '%s'", pre == BPE_PRE_GPT2 ? "gpt-2" : "llama3",
-                 text, got, want);
+        fail_msg("%s words of '%s': '%s', expected '%s'", names[pre], text, got, want);
     free(got);
 }
 
@@ -69,6 +70,18 @@ static void test_gpt2_words(void **state)
     expect_words(BPE_PRE_GPT2, "a\n\nb", "a|\n|\n|b");
     expect_words(BPE_PRE_GPT2, " ...hi", " ...|hi");
     expect_words(BPE_PRE_GPT2, "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", "caf\xc3\xa9| \xe6\x97\xa5\xe6\x9c\xac");
+}
+
+/* Numbers first, one character each (a space before one cannot join it), then GPT-2's
+ * expression on each stretch between, which ends where the stretch does. */
+static void test_smollm_words(void **state)
+{
+    (void)state;
+    expect_words(BPE_PRE_DIGITS, "abc 123 x", "abc| |1|2|3| x");
+    expect_words(BPE_PRE_DIGITS, "a  1", "a|  |1");  /* the run ends the stretch: whole */
+    expect_words(BPE_PRE_DIGITS, "x2y", "x|2|y");
+    expect_words(BPE_PRE_DIGITS, "it's 4U", "it|'s| |4|U");
+    expect_words(BPE_PRE_DIGITS, "\xd9\xa3!", "\xd9\xa3|!"); /* Arabic-Indic three is \p{N} */
 }
 
 static void test_llama3_words(void **state)
@@ -303,6 +316,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_words),
         cmocka_unit_test(test_llama3_words),
+        cmocka_unit_test(test_smollm_words),
         cmocka_unit_test(test_byte_map),
         cmocka_unit_test(test_invalid_utf8_reads_as_replacement),
         cmocka_unit_test(test_unicode_classes),
