@@ -1232,36 +1232,53 @@ static void utf8_push(Detokenizer *d, Sink *s, unsigned char c)
     }
 }
 
-/* Feed the bytes of one token's text, dropping one leading space if still asked to. */
-static void push_text(Detokenizer *d, Sink *s, const char *p, size_t n, bool unescape)
+/* The next unit of a piece's text from p[i] (n bytes in all): returns how many bytes of
+ * the piece it takes and sets *out / *len to the bytes it stands for. In a NORMAL piece
+ * (normal) SentencePiece's U+2581 stands for ' ' and a BPE byte character for its byte
+ * (one outside the byte map, which no GPT-2-style vocabulary has, for itself); any
+ * other byte stands for itself. */
+static size_t piece_unit(const Tokenizer *t, bool normal, const char *p, size_t n, size_t i,
+                         char *one, const char **out, size_t *len)
 {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)p[i++];
-        if (unescape && c == 0xe2 && n - i >= 2 && memcmp(p + i - 1, SPACE_MARK, SPACE_MARK_LEN) == 0) {
-            c = ' ';
-            i += SPACE_MARK_LEN - 1;
-        }
-        if (d->strip_leading) { /* only ever the first byte of the text */
-            d->strip_leading = false;
-            if (c == ' ') continue;
-        }
-        utf8_push(d, s, c);
+    size_t k = 1;
+    int b = -1;
+    if (normal && t->bpe) {
+        uint32_t cp;
+        k = (size_t)bpe_utf8_next(p + i, n - i, &cp);
+        b = bpe_char_byte(cp);
+    } else if (normal && n - i >= SPACE_MARK_LEN && memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
+        k = SPACE_MARK_LEN;
+        b = ' ';
     }
+    if (b >= 0) {
+        *one = (char)b;
+        *out = one;
+        *len = 1;
+    } else {
+        *out = p + i;
+        *len = k;
+    }
+    return k;
 }
 
-/* A BPE piece's bytes: each character the byte it stands for (one outside the byte map,
- * which no GPT-2-style vocabulary has, as its own UTF-8). */
-static void push_bpe_text(Detokenizer *d, Sink *s, const char *p, size_t n)
+/* Feed the bytes one token's text stands for (piece_unit), dropping one leading space
+ * if still asked to. */
+static void push_text(const Tokenizer *t, Detokenizer *d, Sink *s, const char *p, size_t n,
+                      bool normal)
 {
     for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = bpe_utf8_next(p + i, n - i, &cp);
-        int b = bpe_char_byte(cp);
-        if (b >= 0)
-            utf8_push(d, s, (unsigned char)b);
-        else
-            for (int j = 0; j < k; j++) utf8_push(d, s, (unsigned char)p[i + (size_t)j]);
-        i += (size_t)k;
+        char one;
+        const char *bytes;
+        size_t len;
+        i += piece_unit(t, normal, p, n, i, &one, &bytes, &len);
+        for (size_t j = 0; j < len; j++) {
+            unsigned char c = (unsigned char)bytes[j];
+            if (d->strip_leading) { /* only ever the first byte of the text */
+                d->strip_leading = false;
+                if (c == ' ') continue;
+            }
+            utf8_push(d, s, c);
+        }
     }
 }
 
@@ -1276,26 +1293,14 @@ int tokenizer_token_bytes(const Tokenizer *t, int32_t id, char *out, size_t cap)
         out[0] = (char)t->byte_of[id];
         return 1;
     }
-    for (size_t i = 0; i < n; w++) {
-        if (w >= cap) return -1;
-        uint32_t cp;
-        int k = 1, b = -1;
-        if (type == TOKEN_TYPE_NORMAL && t->bpe) {
-            k = bpe_utf8_next(p + i, n - i, &cp);
-            b = bpe_char_byte(cp);
-        } else if (type == TOKEN_TYPE_NORMAL && n - i >= SPACE_MARK_LEN &&
-                   memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
-            k = SPACE_MARK_LEN;
-            b = ' ';
-        }
-        if (b < 0) { /* the piece's own bytes */
-            if (w + (size_t)k > cap) return -1;
-            memcpy(out + w, p + i, (size_t)k);
-            w += (size_t)k - 1;
-        } else {
-            out[w] = (char)b;
-        }
-        i += (size_t)k;
+    for (size_t i = 0; i < n;) {
+        char one;
+        const char *bytes;
+        size_t len;
+        i += piece_unit(t, type == TOKEN_TYPE_NORMAL, p, n, i, &one, &bytes, &len);
+        if (len > cap - w) return -1;
+        memcpy(out + w, bytes, len);
+        w += len;
     }
     return w > INT_MAX ? -1 : (int)w;
 }
@@ -1308,17 +1313,14 @@ static void detok_feed_sink(const Tokenizer *t, Detokenizer *d, int32_t id, Sink
     if (t->bpe) d->strip_leading = false; /* no space prefix to take back */
     switch ((TokenType)t->types[id]) {
     case TOKEN_TYPE_NORMAL:
-        if (t->bpe)
-            push_bpe_text(d, s, p, n);
-        else
-            push_text(d, s, p, n, true);
+        push_text(t, d, s, p, n, true);
         break;
     case TOKEN_TYPE_USER_DEFINED:
-        push_text(d, s, p, n, false);
+        push_text(t, d, s, p, n, false);
         break;
     case TOKEN_TYPE_BYTE: {
         char b = (char)t->byte_of[id];
-        push_text(d, s, &b, 1, false);
+        push_text(t, d, s, &b, 1, false);
         break;
     }
     default: /* CONTROL, UNKNOWN, UNUSED, UNDEFINED: no text */
