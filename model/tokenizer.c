@@ -44,9 +44,10 @@ typedef struct {
     uint32_t len;
 } Piece;
 
-/* A BPE merge rule: pieces left + right -> piece merged, at priority rank (lower first). */
+/* A BPE merge rule: pieces left + right merge, at priority rank (lower first); what they
+ * merge into is the concatenation of their text, a piece (load_merges checks). */
 typedef struct {
-    int32_t left, right, merged, rank;
+    int32_t left, right, rank;
 } Merge;
 
 struct Tokenizer {
@@ -317,11 +318,11 @@ static int load_merges(Tokenizer *t, const GgufFile *f, char *err, size_t err_le
         memcpy(both, rule.ptr, ln);
         memcpy(both + ln, sp + 1, rn);
         int32_t left = vocab_find(t, rule.ptr, ln), right = vocab_find(t, sp + 1, rn);
-        int32_t merged = vocab_find(t, both, ln + rn);
-        if (left < 0 || right < 0 || merged < 0 || merge_find(t, left, right)) continue;
+        bool merged_is_piece = vocab_find(t, both, ln + rn) >= 0;
+        if (left < 0 || right < 0 || !merged_is_piece || merge_find(t, left, right)) continue;
         uint64_t i = merge_hash(left, right) & t->merge_mask;
         while (t->merges[i].left >= 0) i = (i + 1) & t->merge_mask;
-        t->merges[i] = (Merge){left, right, merged, (int32_t)r};
+        t->merges[i] = (Merge){left, right, (int32_t)r};
     }
     free(both);
     return 0;

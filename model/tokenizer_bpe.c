@@ -213,14 +213,10 @@ static uint32_t byte_cp(uint8_t b)
 
 int bpe_byte_char(uint8_t b, char out[2])
 {
-    uint32_t cp = byte_cp(b);
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xc0 | cp >> 6);
-    out[1] = (char)(0x80 | (cp & 0x3f));
-    return 2;
+    char utf8[4]; /* byte characters lie below U+0144: one or two bytes */
+    int k = bpe_utf8_put(byte_cp(b), utf8);
+    memcpy(out, utf8, (size_t)k);
+    return k;
 }
 
 int bpe_char_byte(uint32_t cp)

@@ -129,13 +129,7 @@ static void ref_word(const BpeVocab *b, const uint32_t *cps, size_t n, int32_t *
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
         char utf8[4];
-        uint32_t c = cps[i];
-        int k = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-        if (k == 1) utf8[0] = (char)c;
-        else {
-            for (int j = k - 1; j > 0; j--, c >>= 6) utf8[j] = (char)(0x80 | (c & 0x3f));
-            utf8[0] = (char)((0xf00 >> k) | c);
-        }
+        int k = bpe_utf8_put(cps[i], utf8);
         for (int j = 0; j < k; j++) {
             sym[n_sym++] = (uint8_t)utf8[j]; /* byte character b is id b */
             w += (size_t)bpe_byte_char((uint8_t)utf8[j], whole + w);
