@@ -234,6 +234,52 @@ static inline void stream_send(HttpConn *c, const char *body)
 
 /* ---- /metrics -------------------------------------------------------------------------------- */
 
+
+/* Greedy completions of prompt (max_tokens n, temperature 0) from the server on port,
+ * non-streamed and streamed, must both equal what `generate -m model_path --no-echo`
+ * prints for it (generate's own final newline dropped). model_id is the served name. */
+static inline void check_greedy_equals_generate(int port, const char *model_path,
+                                                const char *model_id, const char *prompt, int n)
+{
+    char bin[1024], ns[16];
+    snprintf(bin, sizeof bin, "%s/generate", test_bin_dir());
+    snprintf(ns, sizeof ns, "%d", n);
+    const char *argv[] = {bin, "-m", model_path, "-p", prompt, "-n", ns, "--no-echo", NULL};
+    char *want = NULL;
+    assert_int_equal(proc_run(argv, &want, NULL, 60.0), 0);
+    size_t len = strlen(want);
+    if (len > 0 && want[len - 1] == '\n')
+        want[len - 1] = '\0';
+
+    json_t *req = json_pack("{s:s, s:s, s:i, s:f}", "model", model_id, "prompt", prompt,
+                            "max_tokens", n, "temperature", 0.0);
+    char *body = json_dumps(req, 0);
+    int status = 0;
+    json_t *j = post_json(port, "/v1/completions", body, &status);
+    assert_int_equal(status, 200);
+    const char *got =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    if (strcmp(got, want) != 0)
+        fprintf(stderr, "prompt '%s':\n server:   '%s'\n generate: '%s'\n", prompt, got, want);
+    assert_string_equal(got, want);
+    json_decref(j);
+
+    json_object_set_new(req, "stream", json_true());
+    free(body);
+    body = json_dumps(req, 0);
+    HttpConn c;
+    assert_int_equal(http_conn_open(&c, port, 0, T_IO), 0);
+    stream_send(&c, body);
+    StreamResult s;
+    assert_int_equal(read_stream(&c, &s), 0);
+    assert_string_equal(s.text[0] ? s.text[0] : "", want);
+    stream_result_free(&s);
+    http_conn_close(&c);
+    free(body);
+    json_decref(req);
+    free(want);
+}
+
 /* The value of the first sample whose name (with labels, if given) starts the line. NAN if
  * absent. */
 static inline double metric_value(int port, const char *series)

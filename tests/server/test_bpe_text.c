@@ -45,51 +45,9 @@ static int teardown(void **state)
     return rc == 0 ? 0 : -1;
 }
 
-/* generate's continuation (its own final newline dropped). */
-static char *generate_text(const char *prompt, int n)
-{
-    char bin[1024], ns[16];
-    snprintf(bin, sizeof bin, "%s/generate", test_bin_dir());
-    snprintf(ns, sizeof ns, "%d", n);
-    const char *argv[] = {bin, "-m", model, "-p", prompt, "-n", ns, "--no-echo", NULL};
-    char *out = NULL;
-    assert_int_equal(proc_run(argv, &out, NULL, 60.0), 0);
-    size_t len = strlen(out);
-    if (len > 0 && out[len - 1] == '\n')
-        out[len - 1] = '\0';
-    return out;
-}
-
 static void check_prompt(const char *prompt, int n)
 {
-    char *want = generate_text(prompt, n);
-    json_t *req = json_pack("{s:s, s:s, s:i, s:f}", "model", "bpe", "prompt", prompt,
-                            "max_tokens", n, "temperature", 0.0);
-    char *body = json_dumps(req, 0);
-    int status = 0;
-    json_t *j = post_json(srv.port, "/v1/completions", body, &status);
-    assert_int_equal(status, 200);
-    const char *got =
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-    if (strcmp(got, want) != 0)
-        fprintf(stderr, "prompt '%s':\n server:   '%s'\n generate: '%s'\n", prompt, got, want);
-    assert_string_equal(got, want);
-    json_decref(j);
-
-    json_object_set_new(req, "stream", json_true());
-    free(body);
-    body = json_dumps(req, 0);
-    HttpConn c;
-    assert_int_equal(http_conn_open(&c, srv.port, 0, T_IO), 0);
-    stream_send(&c, body);
-    StreamResult s;
-    assert_int_equal(read_stream(&c, &s), 0);
-    assert_string_equal(s.text[0] ? s.text[0] : "", want);
-    stream_result_free(&s);
-    http_conn_close(&c);
-    free(body);
-    json_decref(req);
-    free(want);
+    check_greedy_equals_generate(srv.port, model, "bpe", prompt, n);
 }
 
 static void test_greedy_equals_generate(void **state)
