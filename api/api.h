@@ -135,7 +135,11 @@ typedef struct {
     int32_t max_tokens;     /* default 16 (also when null) */
     int32_t n;              /* choices per prompt, default 1 */
     SamplerParams sampling; /* temperature 1, top_p 1, top_k 0 (-1 given -> 0), min_p 0,
-                             * penalties 0 / repetition 1 when absent */
+                             * penalties 0 / repetition 1 when absent; its logit_bias
+                             * borrows this request's */
+    LogitBias *logit_bias;  /* n_logit_bias owned entries of "logit_bias" (ids unchecked
+                             * until api_request_tokenize) */
+    int32_t n_logit_bias;
     uint64_t seed;          /* the given seed (cast), or a random one when absent/null */
     bool has_seed;
     char **stop;            /* n_stop owned strings (non-empty) */
@@ -154,16 +158,17 @@ typedef struct {
  * served_model: the model id this server answers to; a different "model" gives 404
  * (code "model_not_found"); NULL accepts any. Errors: 413 body too large; 400 invalid JSON,
  * not an object, a missing/ill-typed/out-of-range field, an unsupported field (best_of != 1,
- * non-null non-empty suffix, non-empty logit_bias, any unknown field) -- message and
+ * non-null non-empty suffix, any unknown field) -- message and
  * e->param name the field. Returns 0 and a request to free with api_request_free, or -1. */
 int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
                       const char *served_model, ApiRequest **out, ApiError *e);
 void api_request_free(ApiRequest *r);
 
 /* Tokenise every string prompt (BOS first when v->add_bos), decode every token-id prompt
- * (for echo), and check: ids in [0, n_vocab); each prompt <= lim->max_prompt_tokens (when
- * > 0); prompt + max_tokens <= ctx_len (400, code "context_length_exceeded", message with
- * the context length, the total and both parts, as OpenAI words it). 0 or -1. */
+ * (for echo), and check: ids (prompt and logit_bias) in [0, n_vocab); each prompt
+ * <= lim->max_prompt_tokens (when > 0); prompt + max_tokens <= ctx_len (400, code
+ * "context_length_exceeded", message with the context length, the total and both parts,
+ * as OpenAI words it). 0 or -1. */
 int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
                          const ApiLimits *lim, ApiError *e);
 

@@ -3,6 +3,7 @@
  * Every rule gives a 400 whose message and param name the field, so a client can fix its
  * request without reading our source. Unknown fields are refused rather than ignored: a
  * silently dropped sampling option would give wrong output with no hint why. */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ void api_request_free(ApiRequest *r) {
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->cache_salt);
+    free(r->logit_bias);
     free(r);
 }
 
@@ -182,15 +184,6 @@ static int check_unsupported(const json_t *root, ApiError *e) {
         if (json_string_length(v) > 0) {
             api_error_set(e, 400, "suffix", "unsupported_parameter",
                           "'suffix' is not supported");
-            return -1;
-        }
-    }
-    v = json_object_get(root, "logit_bias");
-    if (v && !json_is_null(v)) {
-        if (!json_is_object(v)) return bad(e, "logit_bias", "an object", v);
-        if (json_object_size(v) > 0) {
-            api_error_set(e, 400, "logit_bias", "unsupported_parameter",
-                          "'logit_bias' is not supported");
             return -1;
         }
     }
@@ -462,6 +455,63 @@ static int read_sampling(const json_t *root, ApiRequest *r, ApiError *e) {
     return 0;
 }
 
+/* "123" (a token id: digits, no sign, no leading zero) -> 0, else -1. */
+static int parse_token_key(const char *key, int32_t *out) {
+    if (!isdigit((unsigned char)key[0]) || (key[0] == '0' && key[1])) return -1;
+    int64_t x = 0;
+    for (const char *c = key; *c; c++) {
+        if (!isdigit((unsigned char)*c)) return -1;
+        x = x * 10 + (*c - '0');
+        if (x > INT32_MAX) return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+/* OpenAI's logit_bias: {"<token id>": bias in [-100, 100], ...}. The ids are checked
+ * against the vocabulary by api_request_tokenize. */
+static int read_logit_bias(const json_t *root, ApiRequest *r, ApiError *e) {
+    const json_t *obj = json_object_get(root, "logit_bias");
+    if (!obj || json_is_null(obj)) return 0;
+    if (!json_is_object(obj)) return bad(e, "logit_bias", "an object", obj);
+    size_t n = json_object_size(obj);
+    if (n == 0) return 0;
+    r->logit_bias = calloc(n, sizeof *r->logit_bias);
+    if (!r->logit_bias) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        LogitBias *b = &r->logit_bias[r->n_logit_bias];
+        if (parse_token_key(key, &b->token) != 0) {
+            api_error_set(e, 400, "logit_bias", "invalid_value",
+                          "'logit_bias' keys must be token ids (\"0\", \"1234\"), got \"%.64s\"",
+                          key);
+            return -1;
+        }
+        if (!json_is_number(v)) {
+            api_error_set(e, 400, "logit_bias", "invalid_type",
+                          "'logit_bias' values must be numbers in [-100, 100], got %s for "
+                          "token %s", json_kind(v), key);
+            return -1;
+        }
+        double x = json_number_value(v);
+        if (!(x >= -100.0 && x <= 100.0)) {
+            api_error_set(e, 400, "logit_bias", "invalid_value",
+                          "'logit_bias' values must be numbers in [-100, 100], got %g for "
+                          "token %s", x, key);
+            return -1;
+        }
+        b->bias = (float)x;
+        r->n_logit_bias++;
+    }
+    r->sampling.logit_bias = r->logit_bias; /* borrowed: freed with r */
+    r->sampling.n_logit_bias = r->n_logit_bias;
+    return 0;
+}
+
 static void request_defaults(ApiRequest *r) {
     r->max_tokens = 16;
     r->n = 1;
@@ -482,6 +532,7 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
         read_model(root, served_model, r, e) != 0 || read_prompt(root, lim, r, e) != 0 ||
         read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
         read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
+        read_logit_bias(root, r, e) != 0 ||
         read_stop(root, lim, r, e) != 0 || read_seed(root, r, e) != 0 ||
         read_logprobs(root, lim, r, e) != 0 || read_bool(root, "echo", &r->echo, e) != 0 ||
         read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||

@@ -82,8 +82,21 @@ static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
     return 0;
 }
 
+static int check_logit_bias(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
+    for (int32_t i = 0; i < r->n_logit_bias; i++) {
+        if (r->logit_bias[i].token >= v->n_vocab) {
+            api_error_set(e, 400, "logit_bias", "invalid_value",
+                          "Token id %d in 'logit_bias' is out of the vocabulary (ids are 0 .. %d)",
+                          (int)r->logit_bias[i].token, (int)v->n_vocab - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
                          const ApiLimits *lim, ApiError *e) {
+    if (check_logit_bias(r, v, e) != 0) return -1;
     for (int32_t i = 0; i < r->n_prompts; i++) {
         if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
         if (check_lengths(r, &r->prompts[i], i, ctx_len, lim, e) != 0) return -1;

@@ -90,6 +90,8 @@ void sampler_params_default(SamplerParams *p) {
     p->repetition_penalty = 1.0f;
     p->presence_penalty = 0.0f;
     p->frequency_penalty = 0.0f;
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
 }
 
 Sampler *sampler_new(int32_t n_vocab) {
@@ -245,7 +247,14 @@ static int is_greedy(const SamplerParams *p) {
 }
 
 int sampler_is_plain_greedy(const SamplerParams *p) {
-    return is_greedy(p) && !penalties_on(p);
+    return is_greedy(p) && !penalties_on(p) && p->n_logit_bias <= 0;
+}
+
+void sampler_apply_logit_bias(const SamplerParams *p, float *logits, int32_t n_vocab) {
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = p->logit_bias[i].token;
+        if (t >= 0 && t < n_vocab) logits[t] += p->logit_bias[i].bias;
+    }
 }
 
 void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
@@ -557,6 +566,7 @@ static Left sampler_prepare(Sampler *s, const SamplerParams *p, float *logits,
                             const int32_t *history, int32_t n_history) {
     int32_t V = s->n_vocab;
     Left left = {LEFT_ONE, 0, 0, 0.0};
+    sampler_apply_logit_bias(p, logits, V);
     sampler_apply_penalties(s, p, logits, history, n_history);
     if (is_greedy(p)) {
         left.token = sampler_argmax(logits, V);

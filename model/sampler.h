@@ -1,7 +1,8 @@
 /* sampler — turning one row of logits into the next token.
  *
- * Order of operations: penalties (repetition, presence, frequency, over the tokens seen so
- * far), then temperature; temperature 0 is greedy (argmax, ties to the lowest id). Then
+ * Order of operations: logit bias (OpenAI's logit_bias: fixed amounts added to chosen
+ * tokens), penalties (repetition, presence, frequency, over the tokens seen so far), then
+ * temperature; temperature 0 is greedy (argmax, ties to the lowest id). Then
  * top-k, top-p (nucleus) and min-p filter the candidates, and one draw from the request's
  * own RNG picks among them. The RNG belongs to the request, so what a request samples does
  * not depend on which other requests share its batch.
@@ -12,6 +13,11 @@
 #include <stdint.h>
 
 typedef struct {
+    int32_t token;
+    float bias; /* added to the token's logit */
+} LogitBias;
+
+typedef struct {
     float temperature;        /* 0 = greedy */
     int32_t top_k;            /* 0 = off */
     float top_p;              /* 1 = off */
@@ -19,9 +25,12 @@ typedef struct {
     float repetition_penalty; /* 1 = off; >1 divides positive logits, multiplies negative */
     float presence_penalty;   /* 0 = off; subtracted once per distinct seen token */
     float frequency_penalty;  /* 0 = off; subtracted per occurrence */
+    const LogitBias *logit_bias; /* n_logit_bias entries, borrowed: whoever owns these
+                                  * parameters keeps the array alive (NULL/0 = off) */
+    int32_t n_logit_bias;
 } SamplerParams;
 
-void sampler_params_default(SamplerParams *p); /* greedy, every filter off */
+void sampler_params_default(SamplerParams *p); /* greedy, every filter off, no bias */
 
 typedef struct {
     uint64_t s[4];
@@ -48,6 +57,9 @@ int32_t sampler_n_vocab(const Sampler *s); /* added */
 int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logits,
                        const int32_t *history, int32_t n_history);
 /* Details of sampler_sample:
+ * - the logit bias comes first, so penalties scale and subtract from biased logits (as
+ *   llama.cpp orders them); a bias of -100 makes a token all but impossible, +100 all but
+ *   certain, as OpenAI documents, but it is an addition, not a mask.
  * - penalties apply to every distinct token of history (ids outside [0, n_vocab) are
  *   ignored): repetition first (logit > 0 ? logit / r : logit * r; r <= 0 counts as off),
  *   then logit -= frequency * count + presence. history is counted in O(n_history).
@@ -58,11 +70,13 @@ int32_t sampler_sample(Sampler *s, const SamplerParams *p, Rng *rng, float *logi
  *   all the mass); if no logit is above -inf the result is the argmax rule: token 0. */
 
 /* Added, the pieces of sampler_sample, for callers and tests: */
+/* logits[token] += bias for every entry; tokens outside [0, n_vocab) are skipped. */
+void sampler_apply_logit_bias(const SamplerParams *p, float *logits, int32_t n_vocab);
 void sampler_apply_penalties(Sampler *s, const SamplerParams *p, float *logits,
                              const int32_t *history, int32_t n_history);
 int32_t sampler_argmax(const float *logits, int32_t n); /* NaN = -inf; ties: lowest id */
 /* Added: whether sampler_sample with these parameters is the argmax of the logits as they
- * are (greedy, no penalty: nothing modifies them), so that a caller can run sampler_argmax
+ * are (greedy, no bias, no penalty: nothing modifies them), so that a caller can run sampler_argmax
  * on a row in place instead of on a copy. */
 int sampler_is_plain_greedy(const SamplerParams *p);
 /* Added: what sampler_sample would draw from, without drawing. Does everything

@@ -2,11 +2,31 @@
  * request and copies everything it keeps (the caller's buffers may change right after),
  * engine_cancel queues a cancel. Both only touch the inbox, under the engine's mutex.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "scheduler/engine_internal.h"
+
+static int check_logit_bias(const Engine *e, const SamplerParams *p, char *err, size_t err_len)
+{
+    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias)) {
+        engine_set_err(err, err_len, "bad logit bias list");
+        return -1;
+    }
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const LogitBias *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= e->ops.n_vocab || !isfinite(b->bias)) {
+            engine_set_err(err, err_len,
+                           "logit bias %d (token %d, bias %g): the token must be in the "
+                           "vocabulary (%d) and the bias finite",
+                           i, b->token, (double)b->bias, e->ops.n_vocab);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static int check_request(const Engine *e, const EngineRequest *q, char *err, size_t err_len)
 {
@@ -60,6 +80,21 @@ static int check_request(const Engine *e, const EngineRequest *q, char *err, siz
                               "0 < top_p <= 1, 0 <= min_p <= 1, repetition_penalty > 0)");
         return -1;
     }
+    return check_logit_bias(e, p, err, err_len);
+}
+
+/* Gives r its own copy of the caller's bias list. */
+static int copy_logit_bias(Request *r, const SamplerParams *given)
+{
+    if (given->n_logit_bias == 0)
+        return 0;
+    size_t bytes = (size_t)given->n_logit_bias * sizeof *given->logit_bias;
+    LogitBias *own = malloc(bytes);
+    if (!own)
+        return -1;
+    memcpy(own, given->logit_bias, bytes);
+    r->sampling.logit_bias = own;
+    r->sampling.n_logit_bias = given->n_logit_bias;
     return 0;
 }
 
@@ -75,6 +110,8 @@ static Request *request_copy(const EngineRequest *q)
     r->n = q->n;
     r->n_open = q->n;
     r->sampling = q->sampling;
+    r->sampling.logit_bias = NULL; /* the caller's; copied below */
+    r->sampling.n_logit_bias = 0;
     r->seed = q->seed;
     r->ignore_eos = q->ignore_eos;
     r->logprobs = q->logprobs;
@@ -89,6 +126,10 @@ static Request *request_copy(const EngineRequest *q)
         return NULL;
     }
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
+    if (copy_logit_bias(r, &q->sampling) != 0) {
+        request_free(r);
+        return NULL;
+    }
     for (int32_t i = 0; i < q->n_stop; i++) {
         if (q->stop[i][0] == '\0')
             continue; /* an empty stop string would match before any text: ignored */

@@ -230,8 +230,20 @@ static void test_bad_values(void **state) {
         {"\"best_of\":\"x\"", 400, "best_of"},
         {"\"suffix\":\"abc\"", 400, "suffix"},
         {"\"suffix\":5", 400, "suffix"},
-        {"\"logit_bias\":{\"1\":5}", 400, "logit_bias"},
         {"\"logit_bias\":5", 400, "logit_bias"},
+        {"\"logit_bias\":[[1,5]]", 400, "logit_bias"},
+        {"\"logit_bias\":{\"abc\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"-1\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"01\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1.0\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"4294967296\":5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":100.5}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":-101}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":\"5\"}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":true}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":null}", 400, "logit_bias"},
+        {"\"logit_bias\":{\"1\":5,\"1\":6}", 400, NULL}, /* duplicate key: invalid JSON */
         {"\"foo\":1", 400, "foo"},
         {"\"functions\":[]", 400, "functions"},
         {"\"Model\":\"m\"", 400, "Model"},
@@ -459,6 +471,43 @@ static void test_context_length(void **state) {
     api_request_free(r);
 }
 
+/* OpenAI's logit_bias: token-id keys, numbers in [-100, 100]; the engine request borrows
+ * the parsed list; ids past the vocabulary are refused when tokenising. */
+static void test_logit_bias(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":"
+                             "{\"0\":-100,\"258\":100,\"7\":0.5}}");
+    assert_int_equal(r->n_logit_bias, 3);
+    float sum[259] = {0};
+    for (int32_t i = 0; i < r->n_logit_bias; i++) sum[r->logit_bias[i].token] += r->logit_bias[i].bias;
+    assert_float_equal(sum[0], -100.0f, 0.0f);
+    assert_float_equal(sum[258], 100.0f, 0.0f);
+    assert_float_equal(sum[7], 0.5f, 0.0f);
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0); /* 258: the last id */
+    EngineRequest er;
+    api_request_engine(r, 0, NULL, &er);
+    assert_ptr_equal(er.sampling.logit_bias, r->logit_bias);
+    assert_int_equal(er.sampling.n_logit_bias, 3);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{\"5\":1,\"259\":1}}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "logit_bias");
+    assert_non_null(strstr(e.message, "259"));
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{}}");
+    assert_int_equal(r->n_logit_bias, 0);
+    assert_int_equal(r->sampling.n_logit_bias, 0);
+    api_request_free(r);
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400,
+                 "logit_bias", "[-100, 100]");
+}
+
 static void test_engine_request(void **state) {
     (void)state;
     ApiVocab v = fake_vocab();
@@ -530,6 +579,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_token_prompts),
         cmocka_unit_test(test_context_length),
         cmocka_unit_test(test_engine_request),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

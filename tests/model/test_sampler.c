@@ -906,6 +906,67 @@ static void test_non_finite_logits(void **state) {
     sampler_free(s);
 }
 
+/* ---- logit bias ------------------------------------------------------------------------ */
+
+static void test_logit_bias_moves_greedy_choice(void **state) {
+    (void)state;
+    float l[4] = {1.0f, 3.0f, 2.5f, 0.0f}, work[4];
+    const LogitBias bias[3] = {{2, 1.0f}, {-1, 50.0f}, {4, 50.0f}}; /* two ids outside */
+    Sampler *s = sampler_new(4);
+    Rng r;
+    rng_seed(&r, 5);
+    SamplerParams p = params_t(0.0f);
+    assert_true(sampler_is_plain_greedy(&p));
+    p.logit_bias = bias;
+    p.n_logit_bias = 3;
+    assert_false(sampler_is_plain_greedy(&p)); /* the row must be copied and biased */
+    memcpy(work, l, sizeof l);
+    assert_int_equal(sampler_sample(s, &p, &r, work, NULL, 0), 2); /* 3.5 beats 3 */
+    assert_float_equal(work[2], 3.5f, 0.0f);
+    assert_float_equal(work[0], 1.0f, 0.0f); /* the others untouched */
+    assert_float_equal(work[3], 0.0f, 0.0f);
+    const LogitBias ban = {1, -100.0f};
+    p.logit_bias = &ban;
+    p.n_logit_bias = 1;
+    memcpy(work, l, sizeof l);
+    assert_int_equal(sampler_sample(s, &p, &r, work, NULL, 0), 2); /* the argmax banned */
+    sampler_free(s);
+}
+
+/* Sampled, the bias shifts the softmax: softmax(l + b). */
+static void test_logit_bias_distribution(void **state) {
+    (void)state;
+    float l[4] = {0.0f, 0.0f, 1.0f, -1.0f};
+    const LogitBias bias[2] = {{1, (float)M_LN2}, {2, -1.0f}};
+    double e[4], z = 0.0;
+    float biased[4] = {0.0f, (float)M_LN2, 0.0f, -1.0f};
+    for (int i = 0; i < 4; i++) z += exp(biased[i]);
+    for (int i = 0; i < 4; i++) e[i] = exp(biased[i]) / z;
+    SamplerParams p = params_t(1.0f);
+    p.logit_bias = bias;
+    p.n_logit_bias = 2;
+    check_distribution(l, 4, &p, e, 23);
+}
+
+/* The bias comes before the penalties (as llama.cpp orders them): a repetition penalty
+ * divides the biased logit, (4 + 4) / 2 = 4 < 5, where bias-after would give 4 / 2 + 4 = 6. */
+static void test_logit_bias_before_penalties(void **state) {
+    (void)state;
+    float l[2] = {4.0f, 5.0f};
+    const LogitBias bias = {0, 4.0f};
+    const int32_t history[1] = {0};
+    Sampler *s = sampler_new(2);
+    Rng r;
+    rng_seed(&r, 6);
+    SamplerParams p = params_t(0.0f);
+    p.repetition_penalty = 2.0f;
+    p.logit_bias = &bias;
+    p.n_logit_bias = 1;
+    assert_int_equal(sampler_sample(s, &p, &r, l, history, 1), 1);
+    assert_float_equal(l[0], 4.0f, 0.0f);
+    sampler_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rng_reference_values),
@@ -939,6 +1000,9 @@ int main(void) {
         cmocka_unit_test(test_vocab_of_one),
         cmocka_unit_test(test_equal_logits),
         cmocka_unit_test(test_non_finite_logits),
+        cmocka_unit_test(test_logit_bias_moves_greedy_choice),
+        cmocka_unit_test(test_logit_bias_distribution),
+        cmocka_unit_test(test_logit_bias_before_penalties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

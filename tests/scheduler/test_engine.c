@@ -868,6 +868,34 @@ static void test_eos_and_ignore_eos(void **state)
     h_fake_free(f);
 }
 
+/* The bias list is the engine's own copy (the caller's may change after engine_submit) and
+ * moves the greedy choice: token 9 outbids every successor. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    Harness *h = calloc(1, sizeof *h);
+    int32_t p[2] = {30, 2};
+    LogitBias bias[2] = {{9, 2 * FAKE_BUMP}, {3, -2 * FAKE_BUMP}};
+    EngineRequest q = h_request(p, 2, 4);
+    q.sampling.logit_bias = bias;
+    q.sampling.n_logit_bias = 2;
+    uint64_t id = h_submit(e, &q);
+    bias[0].bias = -1000.0f; /* too late to matter */
+    h_run(h, e, f, 100);
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->n_tokens, 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(c->tokens[i], 9);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* ---- cancellation ----------------------------------------------------------------------- */
 
 static void test_cancel_everywhere(void **state)
@@ -1029,6 +1057,16 @@ static void test_submit_validation(void **state)
     q = h_request(p, 8, 4);
     q.sampling.temperature = -1;
     expect_refused(e, &q, "sampling");
+    LogitBias bias = {64, 1.0f}; /* n_vocab is 64 */
+    q = h_request(p, 8, 4);
+    q.sampling.logit_bias = &bias;
+    q.sampling.n_logit_bias = 1;
+    expect_refused(e, &q, "vocabulary");
+    bias.token = 63;
+    bias.bias = NAN;
+    expect_refused(e, &q, "finite");
+    q.sampling.n_logit_bias = -1;
+    expect_refused(e, &q, "logit bias");
     q = h_request(p, 8, 24); /* exactly the context: accepted */
     assert_true(h_submit(e, &q) > 0);
     engine_destroy(e);
@@ -1196,6 +1234,7 @@ int main(void)
         cmocka_unit_test(test_logprobs_and_prompt_logprobs),
         cmocka_unit_test(test_max_tokens_zero),
         cmocka_unit_test(test_eos_and_ignore_eos),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_cancel_everywhere),
         cmocka_unit_test(test_stop_with_work_in_flight),
         cmocka_unit_test(test_submit_validation),

@@ -1,6 +1,6 @@
 // openai_client.mjs — drive a running pagedserve with the official OpenAI Node client and
 // check what the client hands its users: completions (plain, streamed with usage, n = 2,
-// logprobs, echo, stop), errors mapped to the client's error classes, the model list, and
+// logprobs, logit_bias, echo, stop), errors mapped to the client's error classes, the model list, and
 // API keys. Run by tests/server/test_conformance.c, which starts the servers:
 //
 //   node openai_client.mjs --openai-dir DIR --port N --model ID [--auth-port N --api-key KEY]
@@ -301,6 +301,23 @@ await runCase("completions.create: logprobs = 2", async () => {
   checkEqual(s.logprobs[0]?.text_offset, lp.text_offset, "logprobs stream: text_offset");
   check(s.logprobs[0].token_logprobs.every((v, i) => Math.abs(v - lp.token_logprobs[i]) < 1e-5),
         "logprobs stream: token_logprobs", [s.logprobs[0].token_logprobs, lp.token_logprobs]);
+});
+
+// logit_bias as the client sends it ({"<id>": bias}): +100 makes one token every token, and
+// the stream agrees.
+await runCase("completions.create: logit_bias", async () => {
+  const r0 = await fetch(`${ROOT}/tokenize`, { method: "POST",
+                                               body: JSON.stringify({ prompt: "apple" }) });
+  const ids = (await r0.json()).tokens;
+  const id = ids[ids.length - 1];
+  const P = { ...GREEDY, max_tokens: 4, logprobs: 0, logit_bias: { [id]: 100 } };
+  const r = await client.completions.create(P);
+  checkCompletion(r, 1, "logit_bias");
+  const toks = r.choices[0].logprobs.tokens;
+  checkEqual(toks.length, 4, "logit_bias: four tokens");
+  check(toks.every((t) => t === toks[0]), "logit_bias: the favoured token every time", toks);
+  const s = await collectStream(P, "logit_bias stream");
+  checkEqual(s.text[0], r.choices[0].text, "logit_bias stream: text");
 });
 
 // text_offset[i] is where token i starts in text: a token that is plain text (no bytes:

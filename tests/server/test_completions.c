@@ -1,6 +1,6 @@
 /* End to end completions on a random-weight model held with F16 weight matrices: non-streamed and streamed (every SSE
  * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
- * usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
+ * logit_bias; usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
  * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
  * blocks come back. */
 #include "tests/server/server_test.h"
@@ -256,6 +256,70 @@ static void test_logprobs(void **state)
     json_decref(j);
 }
 
+#define GREEDY "\"temperature\":0"
+
+/* The i-th generated token's text, from logprobs. */
+static const char *lp_token(json_t *j, size_t i)
+{
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    return json_string_value(json_array_get(json_object_get(lp, "tokens"), i));
+}
+
+/* logit_bias {"x":bx,"y":by}, ignore_eos, logprobs 0, and the given sampling fields. */
+static json_t *biased(int x, double bx, int y, double by, int max_tokens, const char *sampling)
+{
+    char fields[256];
+    snprintf(fields, sizeof fields,
+             "\"max_tokens\":%d,%s,\"ignore_eos\":true,\"logprobs\":0,"
+             "\"logit_bias\":{\"%d\":%g,\"%d\":%g}",
+             max_tokens, sampling, x, bx, y, by);
+    return complete("Numbers", fields);
+}
+
+/* logit_bias reaches the sampler, greedy and sampled: +100 forces a token; between two
+ * forced tokens the raw logits decide, and taking 50 off the winner hands it to the other.
+ * An id outside the vocabulary is a 400 naming the field. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *t = post_json(srv.port, "/tokenize", "{\"prompt\":\"apple banana\"}", &status);
+    json_t *ids = json_object_get(t, "tokens");
+    size_t n_ids = json_array_size(ids);
+    assert_true(n_ids >= 3);
+    int x = (int)json_integer_value(json_array_get(ids, n_ids - 1));
+    int y = (int)json_integer_value(json_array_get(ids, n_ids - 2));
+    json_decref(t);
+    assert_int_not_equal(x, y);
+
+    json_t *fx = biased(x, 100, y, 0, 4, GREEDY);
+    json_t *fy = biased(x, 0, y, 100, 4, "\"temperature\":1,\"seed\":3");
+    for (size_t i = 1; i < 4; i++) {
+        assert_string_equal(lp_token(fx, i), lp_token(fx, 0));
+        assert_string_equal(lp_token(fy, i), lp_token(fy, 0));
+    }
+    assert_string_not_equal(lp_token(fx, 0), lp_token(fy, 0));
+
+    json_t *both = biased(x, 100, y, 100, 1, GREEDY);
+    bool x_won = strcmp(lp_token(both, 0), lp_token(fx, 0)) == 0;
+    assert_true(x_won || strcmp(lp_token(both, 0), lp_token(fy, 0)) == 0);
+    json_t *handed = biased(x, x_won ? 50 : 100, y, x_won ? 100 : 50, 1, GREEDY);
+    assert_string_equal(lp_token(handed, 0), lp_token(x_won ? fy : fx, 0));
+    json_decref(fx);
+    json_decref(fy);
+    json_decref(both);
+    json_decref(handed);
+
+    json_t *err = post_json(srv.port, "/v1/completions",
+                            "{\"model\":\"random\",\"prompt\":\"x\",\"logit_bias\":"
+                            "{\"2000000000\":1}}",
+                            &status);
+    assert_int_equal(status, 400);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "param")),
+                        "logit_bias");
+    json_decref(err);
+}
+
 static void test_echo(void **state)
 {
     (void)state;
@@ -447,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_echo),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),
