@@ -118,6 +118,43 @@ typedef struct {
 /* The tokenizer must outlive the vocab. */
 void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok);
 
+/* ---- chat templates (chat_template.c) ------------------------------------------------------- */
+
+/* The chat formats we write ourselves (GGUF templates are Jinja; we recognise, not run, them). */
+typedef enum {
+    API_CHAT_NONE = 0, /* no template we know: /v1/chat/completions answers 400 */
+    API_CHAT_CHATML,   /* <|im_start|>role\n...<|im_end|> */
+    API_CHAT_LLAMA2,   /* [INST] <<SYS>> ... <</SYS>> ... [/INST] */
+    API_CHAT_MISTRAL,  /* [INST] ... [/INST] without a system block */
+    API_CHAT_LLAMA3,   /* <|start_header_id|>role<|end_header_id|> ... <|eot_id|> */
+    API_CHAT_PHI3,     /* <|user|>\n...<|end|> */
+    API_CHAT_ZEPHYR,   /* <|user|>\n...</s> */
+    API_CHAT_GEMMA,    /* <start_of_turn>user ... <end_of_turn> */
+} ApiChatFormat;
+
+/* The format a GGUF's tokenizer.chat_template is written in, by its marker strings (NULL or
+ * unrecognised: NONE). */
+ApiChatFormat api_chat_format_detect(const char *jinja);
+ApiChatFormat api_chat_format_by_name(const char *name); /* "chatml" ...; NONE if unknown */
+const char *api_chat_format_name(ApiChatFormat f);        /* "none" for NONE */
+
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} ApiChatMessage;
+
+typedef struct {
+    const char *bos, *eos; /* the model's BOS and EOS texts ("<s>", "</s>") */
+} ApiChatTokens;
+
+/* The prompt text of n messages in format f, ending where the assistant's reply starts
+ * (the model's BOS is left to tokenising). Roles other than the three, a system message
+ * after the first (formats without a system turn fold the first into the first user
+ * turn), or turns that do not alternate user/assistant where the format's template
+ * requires it: 400 naming "messages". malloc'd; NULL and e on error. */
+char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
+                      ApiError *e);
+
 /* ---- completion requests ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -132,7 +169,12 @@ typedef struct {
     char *model;
     ApiPrompt *prompts;
     int32_t n_prompts;
-    int32_t max_tokens;     /* default 16 (also when null) */
+    int32_t max_tokens;     /* default 16 (also when null); chat: see max_tokens_given */
+    bool max_tokens_given;  /* false (chat without max_tokens): api_request_tokenize makes
+                             * it what the context leaves, at most max_tokens_cap, and the
+                             * server may lower it to what the KV cache holds */
+    bool chat;              /* a /v1/chat/completions request (one prompt: the rendered
+                             * messages; the response is chat.completion shaped) */
     int32_t n;              /* choices per prompt, default 1 */
     SamplerParams sampling; /* temperature 1, top_p 1, top_k 0 (-1 given -> 0), min_p 0,
                              * penalties 0 / repetition 1 when absent; its logit_bias
@@ -163,6 +205,15 @@ typedef struct {
 int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
                       const char *served_model, ApiRequest **out, ApiError *e);
 void api_request_free(ApiRequest *r);
+
+/* POST /v1/chat/completions: the same request, from "messages" rendered in format fmt
+ * (API_CHAT_NONE: every request gets 400 "chat_template_missing"), with chat's fields:
+ * max_completion_tokens (or max_tokens; absent: the rest of the context), logprobs true +
+ * top_logprobs (-> logprobs = top_logprobs), response_format only {"type": "text"}; no
+ * prompt, echo, best_of or suffix. tok: the BOS/EOS texts the formats write. */
+int api_chat_request_parse(const char *body, size_t len, const ApiLimits *lim,
+                           const char *served_model, ApiChatFormat fmt,
+                           const ApiChatTokens *tok, ApiRequest **out, ApiError *e);
 
 /* Tokenise every string prompt (BOS first when v->add_bos), decode every token-id prompt
  * (for echo), and check: ids (prompt and logit_bias) in [0, n_vocab); each prompt

@@ -43,7 +43,7 @@ struct ApiCompletion {
     const ApiRequest *req;
     const ApiVocab *vocab;
     ApiMetrics *metrics;
-    char id[40];
+    char id[48];
     char *model;
     int64_t created;
     double arrival;
@@ -57,7 +57,7 @@ struct ApiCompletion {
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
-static void make_id(char *out, size_t cap) {
+static void make_id(char *out, size_t cap, const char *prefix) {
     unsigned char raw[16];
     if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
         struct timespec ts;
@@ -68,7 +68,7 @@ static void make_id(char *out, size_t cap) {
             raw[i] = (unsigned char)(x >> 56);
         }
     }
-    size_t o = (size_t)snprintf(out, cap, "cmpl-");
+    size_t o = (size_t)snprintf(out, cap, "%s", prefix);
     for (size_t i = 0; i < sizeof raw && o + 2 < cap; i++, o += 2)
         snprintf(out + o, cap - o, "%02x", raw[i]);
 }
@@ -83,7 +83,7 @@ ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
     c->arrival = now;
     c->created = (int64_t)time(NULL);
     c->status = 200;
-    make_id(c->id, sizeof c->id);
+    make_id(c->id, sizeof c->id, r->chat ? "chatcmpl-" : "cmpl-");
     c->model = strdup(model_name ? model_name : r->model);
     c->n_choices = r->n_prompts * r->n;
     c->prompts = calloc((size_t)r->n_prompts, sizeof *c->prompts);
@@ -132,9 +132,13 @@ const char *api_finish_reason_str(FinishReason f) {
 
 /* ---- logprobs objects ---------------------------------------------------------------------- */
 
-static json_t *logprobs_new(void) {
+static json_t *logprobs_new(bool chat) {
     json_t *lp = json_object();
     if (!lp) return NULL;
+    if (chat) { /* {"content": [{token, logprob, bytes, top_logprobs}, ...]} */
+        json_object_set_new(lp, "content", json_array());
+        return lp;
+    }
     json_object_set_new(lp, "tokens", json_array());
     json_object_set_new(lp, "token_logprobs", json_array());
     json_object_set_new(lp, "top_logprobs", json_array());
@@ -188,8 +192,43 @@ static void logprobs_push(json_t *lp, json_t *token_text, bool has_logprob, json
     }
 }
 
+/* OpenAI's "bytes" of a token text: its UTF-8, or the bytes a "bytes:\xNN..." text names. */
+static json_t *token_bytes_json(const char *s) {
+    json_t *a = json_array();
+    if (strncmp(s, "bytes:", 6) == 0) {
+        for (const char *p = s + 6; p[0] == '\\' && p[1] == 'x' && p[2] && p[3]; p += 4) {
+            char hex[3] = {p[2], p[3], 0};
+            json_array_append_new(a, json_integer(strtol(hex, NULL, 16)));
+        }
+        return a;
+    }
+    for (; *s; s++) json_array_append_new(a, json_integer((unsigned char)*s));
+    return a;
+}
+
+static json_t *chat_logprob(const ApiVocab *v, int32_t id, float logprob) {
+    json_t *o = json_object(), *text = token_text_json(v, id, NULL);
+    const char *t = json_string_value(text);
+    json_object_set_new(o, "bytes", token_bytes_json(t ? t : ""));
+    json_object_set_new(o, "token", text);
+    json_object_set_new(o, "logprob", api_json_logprob(logprob));
+    return o;
+}
+
+static void chat_logprobs_push(const ApiVocab *v, json_t *lp, const EngineEvent *ev) {
+    json_t *item = chat_logprob(v, ev->token, ev->logprob), *top = json_array();
+    for (int32_t i = 0; i < ev->n_top && i < ENGINE_MAX_TOP_LOGPROBS; i++)
+        json_array_append_new(top, chat_logprob(v, ev->top_ids[i], ev->top_logprobs[i]));
+    json_object_set_new(item, "top_logprobs", top);
+    json_array_append_new(json_object_get(lp, "content"), item);
+}
+
 static void logprobs_push_event(const ApiVocab *v, json_t *lp, const EngineEvent *ev,
                                 size_t offset) {
+    if (json_object_get(lp, "content")) {
+        chat_logprobs_push(v, lp, ev);
+        return;
+    }
     logprobs_push(lp, token_text_json(v, ev->token, NULL), true, api_json_logprob(ev->logprob),
                   top_dict(v, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_logprobs),
                   offset);
@@ -241,7 +280,7 @@ static bool prompt_offsets_from_starts(const ApiCompletion *c, const ApiPrompt *
 static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
     const ApiPrompt *pr = &c->req->prompts[p];
     const PromptState *ps = &c->prompts[p];
-    json_t *lp = logprobs_new();
+    json_t *lp = logprobs_new(false);
     if (!lp) return NULL;
     int32_t first_event_pos = pr->n_tokens - ps->n_lp;
     size_t offset = 0, *starts = malloc(((size_t)pr->n_tokens + 1) * sizeof *starts);
@@ -270,16 +309,32 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
 static json_t *envelope(const ApiCompletion *c, json_t *choices) {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(c->id));
-    json_object_set_new(o, "object", json_string("text_completion"));
+    const char *object = !c->req->chat     ? "text_completion"
+                         : c->req->stream ? "chat.completion.chunk"
+                                          : "chat.completion";
+    json_object_set_new(o, "object", json_string(object));
     json_object_set_new(o, "created", json_integer(c->created));
     json_object_set_new(o, "model", api_json_string(c->model, strlen(c->model)));
     json_object_set_new(o, "choices", choices);
     return o;
 }
 
-static json_t *choice_json(int32_t index, json_t *text, json_t *logprobs, FinishReason fin) {
+/* A chat choice carries its text as message (whole) or delta (streamed): the role in a
+ * stream's first chunk, content when there is text, nothing in the closing chunk. */
+static json_t *chat_message(const ApiCompletion *c, json_t *text, bool role) {
+    json_t *m = json_object();
+    bool empty = json_string_length(text) == 0;
+    if (role || !c->req->stream) json_object_set_new(m, "role", json_string("assistant"));
+    if (!c->req->stream || role || !empty) json_object_set(m, "content", text);
+    json_decref(text);
+    return m;
+}
+
+static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text,
+                           json_t *logprobs, FinishReason fin, bool role) {
     json_t *ch = json_object();
-    json_object_set_new(ch, "text", text);
+    if (!c->req->chat) json_object_set_new(ch, "text", text);
+    else json_object_set_new(ch, c->req->stream ? "delta" : "message", chat_message(c, text, role));
     json_object_set_new(ch, "index", json_integer(index));
     json_object_set_new(ch, "logprobs", logprobs ? logprobs : json_null());
     const char *reason = api_finish_reason_str(fin);
@@ -325,7 +380,8 @@ static int emit(ApiBuf *out, json_t *root) {
 static int emit_chunk(const ApiCompletion *c, int32_t index, const char *text, size_t len,
                       json_t *logprobs, FinishReason fin, ApiBuf *out) {
     json_t *choices = json_array();
-    json_array_append_new(choices, choice_json(index, api_json_string(text, len), logprobs, fin));
+    json_array_append_new(choices, choice_json(c, index, api_json_string(text, len), logprobs,
+                                               fin, false));
     json_t *root = envelope(c, choices);
     if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
     return emit(out, root);
@@ -336,6 +392,14 @@ static int stream_start_choice(ApiCompletion *c, int32_t p, int32_t k, ApiBuf *o
     Choice *ch = &c->choices[p * c->req->n + k];
     if (ch->started) return 0;
     ch->started = true;
+    if (c->req->chat) { /* the first delta names the role */
+        json_t *choices = json_array();
+        json_array_append_new(choices, choice_json(c, p * c->req->n + k, json_string(""), NULL,
+                                                   FINISH_NONE, true));
+        json_t *root = envelope(c, choices);
+        if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+        return emit(out, root);
+    }
     if (!c->req->echo) return 0;
     const char *text = c->req->prompts[p].text ? c->req->prompts[p].text : "";
     json_t *lp = c->req->logprobs >= 0 ? prompt_logprobs(c, p) : NULL;
@@ -353,8 +417,10 @@ static int write_body(ApiCompletion *c, ApiBuf *out) {
             if (r->echo && r->prompts[p].text) api_buf_append_str(&text, r->prompts[p].text);
             if (ch->text.len) api_buf_append(&text, ch->text.data, ch->text.len);
             json_t *lp = NULL;
-            if (r->logprobs >= 0) {
-                lp = r->echo ? prompt_logprobs(c, p) : logprobs_new();
+            if (r->logprobs >= 0 && r->chat) {
+                lp = ch->logprobs ? json_incref(ch->logprobs) : logprobs_new(true);
+            } else if (r->logprobs >= 0) {
+                lp = r->echo ? prompt_logprobs(c, p) : logprobs_new(false);
                 static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
                                                    "text_offset"};
                 for (int i = 0; i < 4 && lp && ch->logprobs; i++)
@@ -362,9 +428,9 @@ static int write_body(ApiCompletion *c, ApiBuf *out) {
                                       json_object_get(ch->logprobs, keys[i]));
             }
             json_array_append_new(choices,
-                                  choice_json(p * r->n + k,
+                                  choice_json(c, p * r->n + k,
                                               api_json_string(text.data ? text.data : "", text.len),
-                                              lp, ch->finish));
+                                              lp, ch->finish, false));
             api_buf_free(&text);
         }
     }
@@ -435,7 +501,7 @@ static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double n
         if (len == 0 && c->req->logprobs < 0) return 0; /* held-back text: nothing to say */
         json_t *lp = NULL;
         if (c->req->logprobs >= 0) {
-            lp = logprobs_new();
+            lp = logprobs_new(c->req->chat);
             if (!lp) return -1;
             logprobs_push_event(c->vocab, lp, ev, offset);
         }
@@ -443,7 +509,7 @@ static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double n
     }
     if (api_buf_append(&ch->text, text, len) != 0) return -1;
     if (c->req->logprobs >= 0) {
-        if (!ch->logprobs && !(ch->logprobs = logprobs_new())) return -1;
+        if (!ch->logprobs && !(ch->logprobs = logprobs_new(c->req->chat))) return -1;
         logprobs_push_event(c->vocab, ch->logprobs, ev, offset);
     }
     return 0;

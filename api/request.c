@@ -150,7 +150,16 @@ static const char *const known_fields[] = {
     "logit_bias", NULL,
 };
 
-static int check_unknown_fields(const json_t *root, ApiError *e) {
+/* Chat Completions: messages instead of prompt, logprobs a boolean with top_logprobs. */
+static const char *const chat_known_fields[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logprobs", "top_logprobs", "ignore_eos", "user", "stream",
+    "stream_options", "cache_salt", "logit_bias", "response_format", NULL,
+};
+
+static int check_unknown_fields(const json_t *root, const char *const *known_fields,
+                                ApiError *e) {
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)root, key, v) {
@@ -526,16 +535,11 @@ static void request_defaults(ApiRequest *r) {
     r->sampling.frequency_penalty = 0.0f;
 }
 
-static int read_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
-                       ApiRequest *r, ApiError *e) {
-    if (check_unknown_fields(root, e) != 0 || check_unsupported(root, e) != 0 ||
-        read_model(root, served_model, r, e) != 0 || read_prompt(root, lim, r, e) != 0 ||
-        read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
-        read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
-        read_logit_bias(root, r, e) != 0 ||
-        read_stop(root, lim, r, e) != 0 || read_seed(root, r, e) != 0 ||
-        read_logprobs(root, lim, r, e) != 0 || read_bool(root, "echo", &r->echo, e) != 0 ||
-        read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||
+/* The fields both APIs share, after the API's own (prompt or messages, max_tokens). */
+static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, ApiError *e) {
+    if (read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
+        read_logit_bias(root, r, e) != 0 || read_stop(root, lim, r, e) != 0 ||
+        read_seed(root, r, e) != 0 || read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||
         read_stream(root, r, e) != 0)
         return -1;
     char *user = NULL; /* checked for type, then ignored */
@@ -546,8 +550,186 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
     return 0;
 }
 
-int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
-                      const char *served_model, ApiRequest **out, ApiError *e) {
+static int read_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
+                       ApiRequest *r, ApiError *e) {
+    r->max_tokens_given = true; /* 16 when absent, OpenAI's default for completions */
+    return check_unknown_fields(root, known_fields, e) != 0 ||
+                   check_unsupported(root, e) != 0 ||
+                   read_model(root, served_model, r, e) != 0 ||
+                   read_prompt(root, lim, r, e) != 0 ||
+                   read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
+                   read_common(root, lim, r, e) != 0 ||
+                   read_logprobs(root, lim, r, e) != 0 ||
+                   read_bool(root, "echo", &r->echo, e) != 0
+               ? -1
+               : 0;
+}
+
+/* ---- chat: messages, max_completion_tokens, logprobs + top_logprobs ------------------------- */
+
+/* A message's content: a string, null (an assistant turn), or text parts
+ * [{"type":"text","text":...}] joined with newlines (vLLM's rule). *owned is set when the
+ * text had to be put together. */
+static int message_content(const json_t *c, size_t i, const char **text, char **owned,
+                           ApiError *e) {
+    *owned = NULL;
+    if (!c || json_is_null(c)) return *text = "", 0;
+    if (json_is_string(c)) return *text = json_string_value(c), 0;
+    if (!json_is_array(c)) goto bad_form;
+    ApiBuf b;
+    api_buf_init(&b);
+    for (size_t k = 0; k < json_array_size(c); k++) {
+        const json_t *part = json_array_get(c, k);
+        const json_t *type = json_object_get(part, "type");
+        const json_t *t = json_object_get(part, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(t)) {
+            api_buf_free(&b);
+            goto bad_form;
+        }
+        if ((k > 0 && api_buf_append_str(&b, "\n") != 0) ||
+            api_buf_append(&b, json_string_value(t), json_string_length(t)) != 0) {
+            api_buf_free(&b);
+            api_error_set(e, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+    }
+    size_t len;
+    *owned = api_buf_take(&b, &len);
+    *text = *owned ? *owned : "";
+    return 0;
+bad_form:
+    api_error_set(e, 400, "messages", "invalid_value",
+                  "messages[%zu].content must be a string or an array of text parts "
+                  "({\"type\": \"text\", \"text\": ...}); only text is supported", i);
+    return -1;
+}
+
+/* messages[i]: {"role", "content", "name"?}; "developer" is OpenAI's newer "system". */
+static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **owned,
+                        ApiError *e) {
+    const json_t *role = json_object_get(m, "role");
+    if (!json_is_object(m) || !json_is_string(role)) {
+        api_error_set(e, 400, "messages", "invalid_value",
+                      "messages[%zu] must be an object with a string 'role'", i);
+        return -1;
+    }
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)m, key, v) {
+        if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "name")) {
+            api_error_set(e, 400, "messages", "unsupported_parameter",
+                          "messages[%zu].%.64s is not supported (tools and function calls "
+                          "are not)", i, key);
+            return -1;
+        }
+    }
+    const char *r = json_string_value(role);
+    out->role = strcmp(r, "developer") == 0 ? "system" : r;
+    return message_content(json_object_get(m, "content"), i, &out->content, owned, e);
+}
+
+/* The messages rendered in the server's chat format become the request's one prompt. */
+static int read_messages(const json_t *root, const ApiLimits *lim, ApiChatFormat fmt,
+                         const ApiChatTokens *tok, ApiRequest *r, ApiError *e) {
+    const json_t *v = json_object_get(root, "messages");
+    if (!v || json_is_null(v)) {
+        api_error_set(e, 400, "messages", "missing_required_parameter",
+                      "'messages' is required");
+        return -1;
+    }
+    if (!json_is_array(v)) return bad(e, "messages", "an array of messages", v);
+    size_t n = json_array_size(v);
+    ApiChatMessage *msgs = calloc(n ? n : 1, sizeof *msgs);
+    char **owned = calloc(n ? n : 1, sizeof *owned);
+    int rc = msgs && owned ? 0 : -1;
+    if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = read_message(json_array_get(v, i), i, &msgs[i], &owned[i], e);
+    char *text = NULL;
+    if (rc == 0 && (text = api_chat_render(fmt, msgs, (int)n, tok, e)) == NULL) rc = -1;
+    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    if (rc != 0) return -1;
+    if (alloc_prompts(r, 1, lim, e) != 0) {
+        free(text);
+        return -1;
+    }
+    r->n_prompts = 1;
+    r->prompts[0].text = text;
+    return 0;
+}
+
+static int read_chat_logprobs(const json_t *root, const ApiLimits *lim, ApiRequest *r,
+                              ApiError *e) {
+    bool on = false;
+    int32_t top = -1;
+    if (read_bool(root, "logprobs", &on, e) != 0 ||
+        read_int(root, "top_logprobs", 0, lim->max_logprobs, &top, e) != 0)
+        return -1;
+    if (top >= 0 && !on) {
+        api_error_set(e, 400, "top_logprobs", "invalid_value",
+                      "'top_logprobs' needs 'logprobs' set to true");
+        return -1;
+    }
+    r->logprobs = on ? (top < 0 ? 0 : top) : -1;
+    return 0;
+}
+
+static int read_response_format(const json_t *root, ApiError *e) {
+    const json_t *v = json_object_get(root, "response_format");
+    if (!v || json_is_null(v)) return 0;
+    const json_t *type = json_object_get(v, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "text") == 0) return 0;
+    api_error_set(e, 400, "response_format", "unsupported_parameter",
+                  "'response_format' may only be {\"type\": \"text\"}: structured output is "
+                  "not supported");
+    return -1;
+}
+
+/* Without max_tokens a reply may run to the end of the context (OpenAI's and vLLM's chat
+ * default); api_request_tokenize and the server settle the number. */
+static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiRequest *r,
+                                ApiError *e) {
+    const char *field = json_object_get(root, "max_completion_tokens") &&
+                                !json_is_null(json_object_get(root, "max_completion_tokens"))
+                            ? "max_completion_tokens"
+                            : "max_tokens";
+    const json_t *v = json_object_get(root, field);
+    r->max_tokens_given = v && !json_is_null(v);
+    if (!r->max_tokens_given) r->max_tokens = lim->max_tokens_cap;
+    return read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
+                   read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e) != 0
+               ? -1
+               : 0;
+}
+
+static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
+                            ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
+                            ApiError *e) {
+    r->chat = true;
+    return check_unknown_fields(root, chat_known_fields, e) != 0 ||
+                   read_model(root, served_model, r, e) != 0 ||
+                   read_chat_max_tokens(root, lim, r, e) != 0 ||
+                   read_common(root, lim, r, e) != 0 ||
+                   read_chat_logprobs(root, lim, r, e) != 0 ||
+                   read_response_format(root, e) != 0 ||
+                   read_messages(root, lim, fmt, tok, r, e) != 0
+               ? -1
+               : 0;
+}
+
+/* ---- entry points ---------------------------------------------------------------------------- */
+
+typedef struct {
+    bool chat;
+    ApiChatFormat fmt;
+    const ApiChatTokens *tok;
+} Kind;
+
+static int parse(const char *body, size_t len, const ApiLimits *lim, const char *served_model,
+                 Kind kind, ApiRequest **out, ApiError *e) {
     *out = NULL;
     if (len > lim->max_body_bytes) {
         api_error_set(e, 413, NULL, "request_too_large",
@@ -575,7 +757,8 @@ int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
         return -1;
     }
     request_defaults(r);
-    int rc = read_fields(root, lim, served_model, r, e);
+    int rc = kind.chat ? read_chat_fields(root, lim, served_model, kind.fmt, kind.tok, r, e)
+                       : read_fields(root, lim, served_model, r, e);
     json_decref(root);
     if (rc != 0) {
         api_request_free(r);
@@ -583,4 +766,18 @@ int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
     }
     *out = r;
     return 0;
+}
+
+int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
+                      const char *served_model, ApiRequest **out, ApiError *e) {
+    Kind kind = {false, API_CHAT_NONE, NULL};
+    return parse(body, len, lim, served_model, kind, out, e);
+}
+
+int api_chat_request_parse(const char *body, size_t len, const ApiLimits *lim,
+                           const char *served_model, ApiChatFormat fmt,
+                           const ApiChatTokens *tok, ApiRequest **out, ApiError *e) {
+    static const ApiChatTokens none = {"", ""};
+    Kind kind = {true, fmt, tok ? tok : &none};
+    return parse(body, len, lim, served_model, kind, out, e);
 }

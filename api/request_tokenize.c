@@ -99,6 +99,9 @@ int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
     if (check_logit_bias(r, v, e) != 0) return -1;
     for (int32_t i = 0; i < r->n_prompts; i++) {
         if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
+        int64_t room = (int64_t)ctx_len - r->prompts[i].n_tokens;
+        if (!r->max_tokens_given && room >= 1 && room < r->max_tokens)
+            r->max_tokens = (int32_t)room; /* chat without max_tokens: what the context leaves */
         if (check_lengths(r, &r->prompts[i], i, ctx_len, lim, e) != 0) return -1;
     }
     r->tokenized = true;

@@ -51,6 +51,7 @@ typedef struct {
 } Merge;
 
 struct Tokenizer {
+    char *chat_template; /* tokenizer.chat_template (Jinja), NUL-terminated; NULL if absent */
     int32_t n_vocab;
     char *arena;        /* every piece, back to back (not NUL-separated) */
     Piece *pieces;      /* [n_vocab] */
@@ -673,6 +674,12 @@ int tokenizer_load(const GgufFile *f, Tokenizer **out, char *err, size_t err_len
     }
     t->detok_max_bytes = compute_detok_bound(t);
     t->words_independent = !pieces_cross_word_starts(t);
+    GgufStr tmpl;
+    if (gguf_get_str(f, "tokenizer.chat_template", &tmpl) == 0 &&
+        !(t->chat_template = strndup(tmpl.ptr, (size_t)tmpl.len))) {
+        model_errorf(err, err_len, "tokenizer: out of memory");
+        goto fail;
+    }
     *out = t;
     return 0;
 fail:
@@ -683,6 +690,7 @@ fail:
 void tokenizer_free(Tokenizer *t)
 {
     if (!t) return;
+    free(t->chat_template);
     free(t->arena);
     free(t->pieces);
     free(t->scores);
@@ -701,6 +709,7 @@ int32_t tokenizer_bos(const Tokenizer *t) { return t->bos; }
 int32_t tokenizer_eos(const Tokenizer *t) { return t->eos; }
 int32_t tokenizer_unk(const Tokenizer *t) { return t->unk; }
 bool tokenizer_add_bos(const Tokenizer *t) { return t->add_bos; }
+const char *tokenizer_chat_template(const Tokenizer *t) { return t->chat_template; }
 size_t tokenizer_detok_max_bytes(const Tokenizer *t) { return t->detok_max_bytes; }
 
 TokenType tokenizer_token_type(const Tokenizer *t, int32_t id)

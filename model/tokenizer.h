@@ -36,6 +36,8 @@ int32_t tokenizer_eos(const Tokenizer *tok);
 /* tokenizer.ggml.add_bos_token; absent: true for SentencePiece and Llama 3's BPE, false
  * for other BPE vocabularies (llama.cpp's defaults, as for the ids). */
 bool tokenizer_add_bos(const Tokenizer *tok);
+/* The file's tokenizer.chat_template (Jinja text), or NULL when it has none. */
+const char *tokenizer_chat_template(const Tokenizer *tok);
 int32_t tokenizer_unk(const Tokenizer *tok); /* -1 when there is none (BPE without the key) */
 
 /* tokenizer.ggml.token_type values (SentencePiece piece types). */

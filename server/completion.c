@@ -191,10 +191,17 @@ static enum MHD_Result stream_begin(ServerReq *r)
 
 /* A prompt that could not fit in the whole KV cache even alone would only fail later in the
  * engine (as a 500); refuse it now, with numbers. Counted as the engine counts: the last
- * sampled token needs no slot. */
+ * sampled token needs no slot. A chat request that set no max_tokens gets what the cache
+ * holds instead. */
 static int check_kv_fit(ServerReq *r, const EngineStats *st, ApiError *e)
 {
     int64_t block = r->srv->cfg->engine.block_size;
+    int64_t slots = (int64_t)st->blocks_total * block;
+    if (!r->req->max_tokens_given && r->req->n_prompts == 1) {
+        int64_t room = slots - r->req->prompts[0].n_tokens + 1;
+        if (room >= 1 && room < r->req->max_tokens)
+            r->req->max_tokens = (int32_t)room;
+    }
     for (int32_t p = 0; p < r->req->n_prompts; p++) {
         int64_t positions = (int64_t)r->req->prompts[p].n_tokens +
                             (r->req->max_tokens > 0 ? r->req->max_tokens - 1 : 0);
@@ -266,7 +273,11 @@ enum MHD_Result completion_start(ServerReq *r)
     if (s->draining)
         return send_error(r, 503, NULL, "The server is shutting down");
     const char *body = r->body.data ? r->body.data : "";
-    if (api_request_parse(body, r->body.len, &c->limits, c->model_name, &r->req, &e) != 0)
+    int rc = r->route == ROUTE_CHAT_COMPLETIONS
+                 ? api_chat_request_parse(body, r->body.len, &c->limits, c->model_name,
+                                          s->chat_format, &s->chat_tokens, &r->req, &e)
+                 : api_request_parse(body, r->body.len, &c->limits, c->model_name, &r->req, &e);
+    if (rc != 0)
         return server_send_error(r, &e);
     if (r->req->n > c->engine.max_seqs) { /* a request's n choices run at once */
         api_error_set(&e, 400, "n", NULL, "n = %d: this server runs at most %d sequences at once",
@@ -304,6 +315,38 @@ enum MHD_Result completion_start(ServerReq *r)
     r->phase = PHASE_WAITING;
     req_suspend(r);
     return MHD_YES;
+}
+
+/* ---- chat ------------------------------------------------------------------------------------- */
+
+static void piece_text(const Tokenizer *t, int32_t id, char *out, size_t cap)
+{
+    GgufStr p = tokenizer_piece(t, id);
+    size_t n = (size_t)p.len < cap - 1 ? (size_t)p.len : cap - 1;
+    memcpy(out, p.ptr, n);
+    out[n] = '\0';
+}
+
+void server_chat_setup(Server *s)
+{
+    const Tokenizer *t = model_tokenizer(s->model);
+    const char *want = s->cfg->chat_template, *jinja = tokenizer_chat_template(t);
+    bool automatic = want == NULL || strcmp(want, "auto") == 0;
+    s->chat_format = automatic ? api_chat_format_detect(jinja) : api_chat_format_by_name(want);
+    piece_text(t, tokenizer_bos(t), s->chat_bos, sizeof s->chat_bos);
+    piece_text(t, tokenizer_eos(t), s->chat_eos, sizeof s->chat_eos);
+    s->chat_tokens.bos = s->chat_bos;
+    s->chat_tokens.eos = s->chat_eos;
+    const char *name = api_chat_format_name(s->chat_format);
+    if (s->chat_format != API_CHAT_NONE)
+        server_log(LOG_INFO, "chat template: %s (%s)", name,
+                   automatic ? "recognised in the file" : "--chat-template");
+    else if (!automatic)
+        server_log(LOG_INFO, "chat template: none (--chat-template): /v1/chat/completions "
+                   "answers 400");
+    else
+        server_log(LOG_INFO, "chat template: %s: /v1/chat/completions answers 400 (see "
+                   "--chat-template)", jinja ? "the file's is not one we know" : "the file has none");
 }
 
 /* MHD calls the access handler again after a waiting request was resumed. */

@@ -45,6 +45,9 @@ static const Flag flags[] = {
      "TCP port to listen on (0: any free port, logged at start)"},
     {"model-name", 0, FLAG_STRING, FIELD(model_name), 0, 0, "NAME", "file name without .gguf",
      "model id clients must send and /v1/models lists"},
+    {"chat-template", 0, FLAG_STRING, FIELD(chat_template), 0, 0, "NAME", "auto",
+     "format of /v1/chat/completions prompts: auto (recognise the file's template), none, "
+     "chatml, llama2, mistral, llama3, phi3, zephyr or gemma"},
     {"weight-type", 0, FLAG_SPECIAL, 0, 0, 0, "auto|f32|f16|bf16|int8", "auto",
      "weight matrices in memory: auto keeps F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy)"},
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
@@ -408,6 +411,13 @@ static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_l
     }
     if (c->model_name == NULL && (c->model_name = default_model_name(c->model_path)) == NULL)
         return set_err(err, err_len, "out of memory"), -1;
+    if (c->chat_template && strcmp(c->chat_template, "auto") != 0 &&
+        strcmp(c->chat_template, "none") != 0 &&
+        api_chat_format_by_name(c->chat_template) == API_CHAT_NONE) {
+        set_err(err, err_len, "--chat-template: '%s' is not auto, none, chatml, llama2, "
+                "mistral, llama3, phi3, zephyr or gemma", c->chat_template);
+        return -1;
+    }
     if (pend->api_key && add_key(c, pend->api_key, strlen(pend->api_key)) != 0)
         return set_err(err, err_len, "out of memory"), -1;
     if (pend->api_key_file && read_key_file(c, pend->api_key_file, err, err_len) != 0)
@@ -483,6 +493,7 @@ void server_config_free(ServerConfig *c)
     free(c->model_path);
     free(c->host);
     free(c->model_name);
+    free(c->chat_template);
     for (int i = 0; i < c->n_api_keys; i++)
         free(c->api_keys[i]);
     free(c->api_keys);

@@ -32,6 +32,7 @@ static Route route_of(const char *url)
         Route route;
     } table[] = {
         {"/v1/completions", ROUTE_COMPLETIONS}, {"/v1/models", ROUTE_MODELS},
+        {"/v1/chat/completions", ROUTE_CHAT_COMPLETIONS},
         {"/tokenize", ROUTE_TOKENIZE},          {"/detokenize", ROUTE_DETOKENIZE},
         {"/health", ROUTE_HEALTH},              {"/ready", ROUTE_READY},
         {"/metrics", ROUTE_METRICS},
@@ -47,7 +48,8 @@ static Route route_of(const char *url)
 
 static bool route_takes_post(Route r)
 {
-    return r == ROUTE_COMPLETIONS || r == ROUTE_TOKENIZE || r == ROUTE_DETOKENIZE;
+    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT_COMPLETIONS || r == ROUTE_TOKENIZE ||
+           r == ROUTE_DETOKENIZE;
 }
 
 static const char *route_allow(Route r)
@@ -314,7 +316,7 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
                       "Missing or incorrect API key: send the header "
                       "'Authorization: Bearer <key>'");
         r->has_early_error = true;
-    } else if (s->draining && r->route == ROUTE_COMPLETIONS) {
+    } else if (s->draining && route_generates(r->route)) {
         api_error_set(e, 503, NULL, NULL, "The server is shutting down");
         r->has_early_error = true;
     }
@@ -378,6 +380,7 @@ static enum MHD_Result req_dispatch(ServerReq *r, const char *url)
     }
     switch (r->route) {
     case ROUTE_COMPLETIONS:
+    case ROUTE_CHAT_COMPLETIONS:
         return completion_start(r);
     case ROUTE_MODELS:
         return handle_models(r);

@@ -273,7 +273,7 @@ void server_log_request(const ServerReq *r, const char *note)
     snprintf(status, sizeof status, r->status ? "%d" : "-", r->status);
     json_t *f = log_format == LOG_FORMAT_JSON ? json_object() : NULL;
     if (f != NULL) {
-        const ApiRequest *q = r->route == ROUTE_COMPLETIONS ? r->req : NULL;
+        const ApiRequest *q = route_generates(r->route) ? r->req : NULL;
         int32_t n_choices = q ? q->n_prompts * q->n : 0;
         int64_t prompt_tokens = 0, completion_tokens = 0;
         for (int32_t p = 0; q && q->tokenized && p < q->n_prompts; p++)

@@ -318,6 +318,7 @@ static int server_open(Server *s)
         return -1;
     }
     server_log_startup(s, load_s);
+    server_chat_setup(s); /* logs its own line, after the startup event */
     return 0;
 }
 

@@ -55,6 +55,8 @@ typedef struct {
     char *host;              /* --host, 127.0.0.1 */
     int port;                /* --port, 8080; 0 = any free port (logged) */
     char *model_name;        /* --model-name; NULL = model file's base name without .gguf */
+    char *chat_template;     /* --chat-template: a format name, "none", or NULL/"auto" (the
+                              * file's tokenizer.chat_template, recognised) */
     ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8: matrices in memory */
 
     EngineConfig engine;     /* --kv-cache-mb --kv-dtype --block-size --max-seqs

@@ -36,6 +36,7 @@ void live_table_del(LiveTable *t, uint64_t serial);
 typedef enum {
     ROUTE_NOT_FOUND = 0,
     ROUTE_COMPLETIONS,
+    ROUTE_CHAT_COMPLETIONS,
     ROUTE_MODELS,
     ROUTE_MODEL,
     ROUTE_TOKENIZE,
@@ -44,6 +45,12 @@ typedef enum {
     ROUTE_READY,
     ROUTE_METRICS,
 } Route;
+
+/* The routes that run the engine: completions and chat completions. */
+static inline bool route_generates(Route r)
+{
+    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT_COMPLETIONS;
+}
 
 typedef enum {
     PHASE_RECEIVING, /* the body is arriving */
@@ -117,6 +124,9 @@ struct Server {
     Model *model;
     Engine *engine;
     ApiVocab vocab;
+    ApiChatFormat chat_format;   /* how /v1/chat/completions writes prompts */
+    char chat_bos[64], chat_eos[64];
+    ApiChatTokens chat_tokens;   /* points at chat_bos / chat_eos */
     ApiMetrics metrics;
     int32_t ctx_len;
     int64_t created;             /* unix seconds at start, the model object's "created" */
@@ -171,6 +181,9 @@ void server_log_request(const ServerReq *r, const char *note);
 
 /* completion.c */
 enum MHD_Result completion_start(ServerReq *r);
+/* The chat format (--chat-template, or the file's template recognised) and the BOS/EOS
+ * texts it writes; logs what /v1/chat/completions will do. */
+void server_chat_setup(Server *s);
 enum MHD_Result completion_resumed(ServerReq *r);
 void completion_on_event(Server *s, EngineEvent *ev);
 /* End a completion early (timeout, drain): cancel its engine work, let api write the error

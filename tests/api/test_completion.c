@@ -1,5 +1,5 @@
-/* api: ApiCompletion fed synthetic EngineEvents -> text_completion bodies and SSE chunks,
- * parsed back with jansson and checked field by field. */
+/* api: ApiCompletion fed synthetic EngineEvents -> text_completion and chat.completion
+ * bodies and SSE chunks, parsed back with jansson and checked field by field. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,14 +127,18 @@ static void assert_near(double a, double b) {
 }
 
 /* The fields every text_completion object and chunk share. */
-static void check_envelope(const json_t *o, const ApiCompletion *c) {
+static void check_envelope_of(const json_t *o, const ApiCompletion *c, const char *object) {
     assert_string_equal(jstr(o, "id"), api_completion_id(c));
-    assert_string_equal(jstr(o, "object"), "text_completion");
+    assert_string_equal(jstr(o, "object"), object);
     assert_string_equal(jstr(o, "model"), "m");
     json_int_t created = jint(o, "created");
     time_t now = time(NULL);
     assert_true(created <= now && created >= now - 60);
     assert_true(json_is_array(json_object_get(o, "choices")));
+}
+
+static void check_envelope(const json_t *o, const ApiCompletion *c) {
+    check_envelope_of(o, c, "text_completion");
 }
 
 static void check_usage(const json_t *o, int prompt, int completion, int cached) {
@@ -665,6 +669,120 @@ static void test_latency_metrics(void **state) {
     api_request_free(r);
 }
 
+/* ---- chat ---------------------------------------------------------------------------------- */
+
+static ApiRequest *chat_request(const char *fields) {
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}", fields);
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiRequest *r = NULL;
+    ApiError e;
+    if (api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_CHATML, NULL, &r, &e) != 0)
+        fail_msg("parse: %s", e.message);
+    if (api_request_tokenize(r, &fake_vocab_bytes, 1000, &l, &e) != 0) fail_msg("tokenize: %s", e.message);
+    return r;
+}
+
+/* {"token", "logprob", "bytes"} of one chat logprob entry. */
+static void check_chat_logprob(const json_t *o, const char *token, float logprob) {
+    assert_string_equal(jstr(o, "token"), token);
+    assert_near(json_number_value(json_object_get(o, "logprob")), logprob);
+    const json_t *bytes = json_object_get(o, "bytes");
+    assert_int_equal(json_array_size(bytes), strlen(token));
+    for (size_t i = 0; i < strlen(token); i++)
+        assert_int_equal(json_integer_value(json_array_get(bytes, i)), (unsigned char)token[i]);
+}
+
+/* The whole reply is choices[i].message {"role": "assistant", "content"}; logprobs are
+ * {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}. */
+static void test_chat_body(void **state) {
+    (void)state;
+    ApiRequest *r = chat_request(",\"logprobs\":true,\"top_logprobs\":2");
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    assert_memory_equal(api_completion_id(c), "chatcmpl-", 9);
+    ApiBuf out;
+    api_buf_init(&out);
+    const int32_t ids[2] = {T('O'), T('A')};
+    const float lps[2] = {-0.5f, -1.5f};
+    EngineEvent t1 = ev_token(0, T('O'), "O", -0.5f);
+    set_tops(&t1, 2, ids, lps);
+    feed(c, 0, t1, &out);
+    feed(c, 0, ev_token(0, T('k'), "k", -0.25f), &out);
+    assert_int_equal(out.len, 0);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", r->prompts[0].n_tokens, 3, 0), &out);
+    json_t *o = parse_json(out.data, out.len);
+    check_envelope_of(o, c, "chat.completion");
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    assert_null(json_object_get(ch, "text"));
+    json_t *msg = json_object_get(ch, "message");
+    assert_string_equal(jstr(msg, "role"), "assistant");
+    assert_string_equal(jstr(msg, "content"), "Ok");
+    assert_string_equal(jstr(ch, "finish_reason"), "stop");
+    json_t *content = json_object_get(json_object_get(ch, "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 2);
+    check_chat_logprob(json_array_get(content, 0), "O", -0.5f);
+    json_t *top = json_object_get(json_array_get(content, 0), "top_logprobs");
+    assert_int_equal(json_array_size(top), 2);
+    check_chat_logprob(json_array_get(top, 1), "A", -1.5f);
+    check_chat_logprob(json_array_get(content, 1), "k", -0.25f);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 1), "top_logprobs")), 0);
+    check_usage(o, r->prompts[0].n_tokens, 3, 0);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* Streamed: each choice opens with a delta naming the role, text comes as content deltas,
+ * the finish chunk's delta is empty; then the usage chunk and [DONE]. */
+static void test_chat_stream(void **state) {
+    (void)state;
+    ApiRequest *r = chat_request(",\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(1, T('a'), "a", 0), &out);
+    feed(c, 0, ev_token(0, T('b'), "b", 0), &out);
+    feed(c, 0, ev_finish(1, FINISH_LENGTH, "", 3, 1, 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "!", 3, 2, 0), &out);
+    Frames f;
+    frames_parse(&out, &f);
+    static const struct {
+        int index;
+        const char *role, *content, *finish;
+    } want[] = {
+        {1, "assistant", "", NULL}, {1, NULL, "a", NULL}, {0, "assistant", "", NULL},
+        {0, NULL, "b", NULL},       {1, NULL, NULL, "length"}, {0, NULL, "!", "stop"},
+    };
+    assert_int_equal(f.n, 8);
+    for (int i = 0; i < 6; i++) {
+        json_t *o = frame_json(&f, i);
+        check_envelope_of(o, c, "chat.completion.chunk");
+        assert_true(json_is_null(json_object_get(o, "usage")));
+        json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+        json_t *delta = json_object_get(ch, "delta");
+        assert_int_equal(jint(ch, "index"), want[i].index);
+        if (want[i].role) assert_string_equal(jstr(delta, "role"), want[i].role);
+        else assert_null(json_object_get(delta, "role"));
+        if (want[i].content) assert_string_equal(jstr(delta, "content"), want[i].content);
+        else assert_int_equal(json_object_size(delta), 0);
+        if (want[i].finish) assert_string_equal(jstr(ch, "finish_reason"), want[i].finish);
+        else assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+        json_decref(o);
+    }
+    json_t *o = frame_json(&f, 6);
+    assert_int_equal(json_array_size(json_object_get(o, "choices")), 0);
+    check_usage(o, r->prompts[0].n_tokens, 3, 0);
+    json_decref(o);
+    assert_string_equal(f.data[7], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_body_single),
@@ -680,6 +798,8 @@ int main(void) {
         cmocka_unit_test(test_engine_error),
         cmocka_unit_test(test_fail),
         cmocka_unit_test(test_latency_metrics),
+        cmocka_unit_test(test_chat_body),
+        cmocka_unit_test(test_chat_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -563,6 +563,115 @@ static void test_random_seed(void **state) {
     api_request_free(b);
 }
 
+/* ---- chat requests ------------------------------------------------------------------------- */
+
+static int chat_parse(const char *body, ApiChatFormat fmt, ApiRequest **r, ApiError *e) {
+    ApiLimits l = limits();
+    memset(e, 0, sizeof *e);
+    static const ApiChatTokens tok = {"<s>", "</s>"};
+    return api_chat_request_parse(body, strlen(body), &l, "m", fmt, &tok, r, e);
+}
+
+static ApiRequest *chat_ok(const char *body) {
+    ApiRequest *r = NULL;
+    ApiError e;
+    if (chat_parse(body, API_CHAT_CHATML, &r, &e) != 0) fail_msg("%s: %s", body, e.message);
+    assert_true(r->chat);
+    return r;
+}
+
+static void chat_error(const char *body, ApiChatFormat fmt, const char *param, const char *words) {
+    ApiRequest *r = NULL;
+    ApiError e;
+    if (chat_parse(body, fmt, &r, &e) == 0) fail_msg("accepted: %s", body);
+    assert_null(r);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, param);
+    if (!strstr(e.message, words)) fail_msg("'%s' lacks '%s'", e.message, words);
+}
+
+/* messages become the one prompt, in the server's format; chat's own fields map onto the
+ * request (max_completion_tokens, logprobs + top_logprobs); without a max_tokens the reply
+ * may use what the context leaves. */
+static void test_chat_request(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    ApiRequest *r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":"
+                            "\"Be brief.\"},{\"role\":\"user\",\"name\":\"ann\",\"content\":[{\"type\":"
+                            "\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+                            "{\"role\":\"assistant\",\"content\":null}],\"seed\":3,\"n\":2}");
+    assert_int_equal(r->n_prompts, 1);
+    assert_string_equal(r->prompts[0].text,
+                        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n"
+                        "<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n");
+    assert_int_equal(r->n, 2);
+    assert_int_equal(r->logprobs, -1);
+    assert_false(r->echo);
+    assert_false(r->max_tokens_given);
+    assert_int_equal(api_request_tokenize(r, &v, 1000, &l, &e), 0);
+    assert_int_equal(r->max_tokens, 1000 - r->prompts[0].n_tokens);
+    api_request_free(r);
+
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"max_tokens\":5,\"max_completion_tokens\":7,\"logprobs\":true,\"top_logprobs\":3,"
+                "\"response_format\":{\"type\":\"text\"}}");
+    assert_true(r->max_tokens_given);
+    assert_int_equal(r->max_tokens, 7);
+    assert_int_equal(r->logprobs, 3);
+    assert_int_equal(api_request_tokenize(r, &v, 1000, &l, &e), 0);
+    assert_int_equal(r->max_tokens, 7);
+    api_request_free(r);
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"max_tokens\":5,\"logprobs\":true}");
+    assert_int_equal(r->max_tokens, 5);
+    assert_int_equal(r->logprobs, 0);
+    api_request_free(r);
+    /* a prompt that fills the context leaves no room: the usual context error */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+    assert_int_equal(api_request_tokenize(r, &v, 10, &l, &e), -1);
+    assert_string_equal(e.code, "context_length_exceeded");
+    api_request_free(r);
+}
+
+static void test_chat_request_errors(void **state) {
+    (void)state;
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+    chat_error("{\"model\":\"m\"}", API_CHAT_CHATML, "messages", "required");
+    chat_error("{\"model\":\"m\",\"messages\":\"hi\"}", API_CHAT_CHATML, "messages", "array");
+    chat_error("{\"model\":\"m\",\"messages\":[]}", API_CHAT_CHATML, "messages", "empty");
+    chat_error("{\"model\":\"m\",\"messages\":[5]}", API_CHAT_CHATML, "messages", "role");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"content\":\"x\"}]}", API_CHAT_CHATML, "messages",
+               "role");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
+               API_CHAT_CHATML, "messages", "'tool'");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":\"\","
+               "\"tool_calls\":[]}]}", API_CHAT_CHATML, "messages", "tool_calls");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+               "\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", API_CHAT_CHATML, "messages",
+               "only text");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+               API_CHAT_CHATML, "messages", "content");
+    chat_error("{\"model\":\"m\"," MSGS ",\"prompt\":\"x\"}", API_CHAT_CHATML, "prompt",
+               "Unrecognized");
+    chat_error("{\"model\":\"m\"," MSGS ",\"echo\":true}", API_CHAT_CHATML, "echo", "Unrecognized");
+    chat_error("{\"model\":\"m\"," MSGS ",\"tools\":[]}", API_CHAT_CHATML, "tools", "Unrecognized");
+    chat_error("{\"model\":\"m\"," MSGS ",\"logprobs\":3}", API_CHAT_CHATML, "logprobs", "boolean");
+    chat_error("{\"model\":\"m\"," MSGS ",\"top_logprobs\":2}", API_CHAT_CHATML, "top_logprobs",
+               "logprobs");
+    chat_error("{\"model\":\"m\"," MSGS ",\"logprobs\":true,\"top_logprobs\":21}", API_CHAT_CHATML,
+               "top_logprobs", "21");
+    chat_error("{\"model\":\"m\"," MSGS ",\"max_completion_tokens\":-1}", API_CHAT_CHATML,
+               "max_completion_tokens", "-1");
+    chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\"}}",
+               API_CHAT_CHATML, "response_format", "structured");
+    chat_error("{\"model\":\"m\"," MSGS "}", API_CHAT_NONE, "messages", "--chat-template");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
+               "\"user\",\"content\":\"b\"}]}", API_CHAT_LLAMA2, "messages", "alternate");
+#undef MSGS
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -580,6 +689,8 @@ int main(void) {
         cmocka_unit_test(test_context_length),
         cmocka_unit_test(test_engine_request),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_chat_request),
+        cmocka_unit_test(test_chat_request_errors),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

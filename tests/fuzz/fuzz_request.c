@@ -1,6 +1,7 @@
 /* fuzz_request — api/api.h's request-body surfaces on arbitrary bytes, default limits:
- * api_request_parse (then api_request_tokenize, api_request_engine, an ApiCompletion's
- * life, api_request_free), api_tokenize_handle and api_detokenize_handle.
+ * api_request_parse and api_chat_request_parse (in the ChatML and Llama 2 formats; then
+ * api_request_tokenize, api_request_engine, an ApiCompletion's life, api_request_free),
+ * api_tokenize_handle and api_detokenize_handle.
  *
  * The input is the HTTP body itself (JSON seeds in corpus/fuzz_request). Each body goes
  * through two vocabularies: the fake byte-level ApiVocab and api_vocab_from_tokenizer over
@@ -122,17 +123,24 @@ static void check_tokenized(const ApiRequest *r, const ApiVocab *v, const ApiLim
     }
 }
 
+/* chat: API_CHAT_NONE for /v1/completions, else /v1/chat/completions in that format. */
 static void fuzz_completions(const char *body, size_t len, const ApiLimits *l,
-                             const char *served, const ApiVocab *v) {
+                             const char *served, const ApiVocab *v, ApiChatFormat chat) {
+    static const ApiChatTokens tok = {"<s>", "</s>"};
     ApiRequest *r = NULL;
     ApiError e;
     memset(&e, 0, sizeof e);
-    if (api_request_parse(body, len, l, served, &r, &e) != 0) {
+    int rc = chat != API_CHAT_NONE
+                 ? api_chat_request_parse(body, len, l, served, chat, &tok, &r, &e)
+                 : api_request_parse(body, len, l, served, &r, &e);
+    if (rc != 0) {
         FZ_CHECK(r == NULL, "failed parse left a request");
         check_error(&e, "api_request_parse");
         return;
     }
     FZ_CHECK(r != NULL, "parse returned 0 without a request");
+    FZ_CHECK(r->chat == (chat != API_CHAT_NONE) && (!r->chat || (r->n_prompts == 1 && !r->echo)),
+             "chat request shape");
     check_limits(r, l);
     if (served) FZ_CHECK(strcmp(r->model, served) == 0, "other model accepted");
     if (api_request_tokenize(r, v, CTX_LEN, l, &e) != 0) {
@@ -230,8 +238,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         .max_stop_len = 4};
     const char *body = (const char *)data;
     /* the byte-level vocabulary with any model name; the real one with a served model */
-    fuzz_completions(body, size, &l, NULL, &vocabs[0]);
-    fuzz_completions(body, size, &tight, "m", &vocabs[1]);
+    fuzz_completions(body, size, &l, NULL, &vocabs[0], API_CHAT_NONE);
+    fuzz_completions(body, size, &tight, "m", &vocabs[1], API_CHAT_NONE);
+    fuzz_completions(body, size, &l, NULL, &vocabs[0], API_CHAT_CHATML);
+    fuzz_completions(body, size, &tight, "m", &vocabs[1], API_CHAT_LLAMA2);
     fuzz_tokenize(body, size, &l, NULL, &vocabs[0]);
     fuzz_tokenize(body, size, &tight, "m", &vocabs[1]);
     fuzz_detokenize(body, size, &l, NULL, &vocabs[0]);

@@ -555,6 +555,17 @@ static void test_defaults_without_optional_keys(void **state)
     assert_int_equal(ids[3], 6);
     assert_int_equal(ids[4], 5);
     assert_int_equal(tokenizer_token_type(v.tok, 8), TOKEN_TYPE_NORMAL);
+    assert_null(tokenizer_chat_template(v.tok)); /* none in the file */
+    loaded_vocab_free(&v);
+
+    /* tokenizer.chat_template is kept as the file has it (the server recognises it) */
+    const char *jinja = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% endfor %}";
+    w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", texts, 9);
+    gguf_writer_set_str(w, "tokenizer.chat_template", jinja);
+    if (load_from_writer(w, &v, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_string_equal(tokenizer_chat_template(v.tok), jinja);
     loaded_vocab_free(&v);
 }
 

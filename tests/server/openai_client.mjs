@@ -1,6 +1,7 @@
 // openai_client.mjs — drive a running pagedserve with the official OpenAI Node client and
 // check what the client hands its users: completions (plain, streamed with usage, n = 2,
-// logprobs, logit_bias, echo, stop), errors mapped to the client's error classes, the model list, and
+// logprobs, logit_bias, echo, stop), chat completions (plain, streamed with n = 2 and
+// logprobs, errors), errors mapped to the client's error classes, the model list, and
 // API keys. Run by tests/server/test_conformance.c, which starts the servers:
 //
 //   node openai_client.mjs --openai-dir DIR --port N --model ID [--auth-port N --api-key KEY]
@@ -401,6 +402,89 @@ await runCase("completions.create: stop", async () => {
     checkEqual(s.text[0], want, `stop ${show(form)} stream: text`);
     checkEqual(s.finish[0], "stop", `stop ${show(form)} stream: finish_reason`);
   }
+});
+
+// ---- chat (the server runs with --chat-template chatml) --------------------------------------
+
+const CHAT = { model: MODEL, max_tokens: 16, temperature: 0,
+               messages: [{ role: "system", content: "Be brief." },
+                          { role: "user", content: PROMPT }] };
+const CHAT_PROMPT = `<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n${PROMPT}` +
+                    "<|im_end|>\n<|im_start|>assistant\n";
+let chatPlain = null;
+
+await runCase("chat.completions.create: plain = the completion of its rendered prompt", async () => {
+  const { data: r, response } = await client.chat.completions.create(CHAT).withResponse();
+  checkEqual(r.object, "chat.completion", "chat: object");
+  check(typeof r.id === "string" && r.id.startsWith("chatcmpl-"), "chat: id", r.id);
+  checkEqual(r.model, MODEL, "chat: model");
+  check(typeof r._request_id === "string" && r._request_id.length > 0, "chat: _request_id",
+        response.headers.get("x-request-id"));
+  checkEqual(r.choices.length, 1, "chat: one choice");
+  const c = r.choices[0];
+  checkEqual([c.index, c.message.role], [0, "assistant"], "chat: index and role");
+  check(typeof c.message.content === "string", "chat: content is a string", c.message);
+  check(FINISH.includes(c.finish_reason), "chat: finish_reason", c.finish_reason);
+  checkEqual(c.logprobs ?? null, null, "chat: no logprobs without asking");
+  checkUsage(r.usage, CHAT.max_tokens, "chat");
+  checkEqual(r.usage.prompt_tokens, await promptTokens(CHAT_PROMPT), "chat: prompt_tokens");
+  const t = await client.completions.create({ model: MODEL, prompt: CHAT_PROMPT,
+                                              max_tokens: CHAT.max_tokens, temperature: 0 });
+  checkEqual(c.message.content, t.choices[0].text, "chat: content = the prompt's completion");
+  chatPlain = r;
+});
+
+await runCase("chat.completions.create: streamed, n = 2, logprobs", async () => {
+  check(chatPlain, "needs the plain chat case's result");
+  const stream = await client.chat.completions.create({
+    ...CHAT, n: 2, logprobs: true, top_logprobs: 2, stream: true,
+    stream_options: { include_usage: true } });
+  const text = ["", ""], roles = [0, 0], finish = [], lps = [[], []], ids = new Set();
+  let usage = null;
+  for await (const chunk of stream) {
+    ids.add(chunk.id);
+    checkEqual(chunk.object, "chat.completion.chunk", "chat stream: object");
+    check(usage === null, "chat stream: the usage chunk is the last one", chunk);
+    if (chunk.usage) {
+      checkEqual(chunk.choices, [], "chat stream: the usage chunk has no choices");
+      usage = chunk.usage;
+      continue;
+    }
+    for (const c of chunk.choices) {
+      if (c.delta.role) roles[c.index]++;
+      text[c.index] += c.delta.content ?? "";
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+      lps[c.index].push(...(c.logprobs?.content ?? []));
+    }
+  }
+  check(ids.size === 1 && [...ids][0].startsWith("chatcmpl-"), "chat stream: one chatcmpl id", [...ids]);
+  checkEqual(roles, [1, 1], "chat stream: one role delta per choice");
+  const want = chatPlain.choices[0].message.content;
+  checkEqual(text, [want, want], "chat stream: greedy choices = the plain content");
+  checkEqual(finish, [chatPlain.choices[0].finish_reason, chatPlain.choices[0].finish_reason],
+             "chat stream: finish_reason");
+  checkEqual(usage?.completion_tokens, 2 * chatPlain.usage.completion_tokens, "chat stream: usage");
+  for (const [i, list] of lps.entries()) {
+    checkEqual(list.length, chatPlain.usage.completion_tokens, `chat logprobs ${i}: one per token`);
+    for (const e of list) {
+      check(typeof e.token === "string" && e.logprob <= 0 && Array.isArray(e.bytes),
+            `chat logprobs ${i}: token, logprob, bytes`, e);
+      check(e.top_logprobs.length === 2 &&
+            Math.abs(Math.max(...e.top_logprobs.map((t) => t.logprob)) - e.logprob) < 1e-5,
+            `chat logprobs ${i}: greedy token has the top log-probability`, e);
+    }
+  }
+});
+
+await runCase("chat errors: tools and bad roles are BadRequestError 400", async () => {
+  const e = await thrown("chat tools", () => client.chat.completions.create({
+    ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }));
+  check(e instanceof BadRequestError && e.param === "tools", "chat tools: 400 naming tools",
+        `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
+  const r = await thrown("chat tool role", () => client.chat.completions.create({
+    ...CHAT, messages: [{ role: "tool", content: "x", tool_call_id: "1" }] }));
+  check(r instanceof BadRequestError && r.param === "messages", "chat tool role: 400 naming messages",
+        `${r?.constructor?.name} ${r?.param}: ${r?.message}`);
 });
 
 await runCase("errors: unknown model is NotFoundError 404", async () => {

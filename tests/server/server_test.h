@@ -113,7 +113,8 @@ typedef struct {
     int n_frames;          /* data frames before [DONE] */
     bool done;             /* ended with data: [DONE] */
     char id[80];
-    char *text[MAX_CHOICES];   /* concatenated text per choice index */
+    char *text[MAX_CHOICES];   /* concatenated text (chat: delta content) per choice index */
+    int role_deltas[MAX_CHOICES]; /* chat: deltas that named a role */
     char finish[MAX_CHOICES][16];
     int n_choices;         /* highest index seen + 1 */
     json_t *usage;         /* the usage chunk's usage, if any */
@@ -206,8 +207,12 @@ static inline int read_stream(HttpConn *c, StreamResult *s)
             }
             if (idx + 1 > s->n_choices)
                 s->n_choices = idx + 1;
-            const char *t = json_string_value(json_object_get(ch, "text"));
+            json_t *delta = json_object_get(ch, "delta");
+            const char *t = json_string_value(json_object_get(delta ? delta : ch,
+                                                              delta ? "content" : "text"));
             append_text(&s->text[idx], t ? t : "");
+            if (delta && json_is_string(json_object_get(delta, "role")))
+                s->role_deltas[idx]++;
             const char *f = json_string_value(json_object_get(ch, "finish_reason"));
             if (f)
                 snprintf(s->finish[idx], sizeof s->finish[idx], "%s", f);
@@ -216,11 +221,10 @@ static inline int read_stream(HttpConn *c, StreamResult *s)
     }
 }
 
-/* Send a streamed completion on c and check the response head. */
-static inline void stream_send(HttpConn *c, const char *body)
+/* Send a streamed request for path on c and check the response head. */
+static inline void stream_send_to(HttpConn *c, const char *path, const char *body)
 {
-    assert_int_equal(http_conn_send(c, "POST", "/v1/completions", NULL, body, strlen(body), T_IO),
-                     0);
+    assert_int_equal(http_conn_send(c, "POST", path, NULL, body, strlen(body), T_IO), 0);
     HttpResponse head;
     assert_int_equal(http_conn_read_head(c, &head, T_IO), 0);
     if (head.status != 200)
@@ -230,6 +234,11 @@ static inline void stream_send(HttpConn *c, const char *body)
     assert_non_null(http_header(&head, "Content-Type", v, sizeof v));
     assert_string_equal(v, "text/event-stream");
     http_response_free(&head);
+}
+
+static inline void stream_send(HttpConn *c, const char *body)
+{
+    stream_send_to(c, "/v1/completions", body);
 }
 
 /* ---- /metrics -------------------------------------------------------------------------------- */

@@ -1,6 +1,7 @@
 /* End to end completions on a random-weight model held with F16 weight matrices: non-streamed and streamed (every SSE
  * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
- * logit_bias; usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
+ * logit_bias; chat completions (the rendered prompt's completion, streamed too, and the
+ * default length); usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
  * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
  * blocks come back. */
 #include "tests/server/server_test.h"
@@ -10,7 +11,8 @@ static ServerProc srv;
 static int setup(void **state)
 {
     (void)state;
-    const char *extra[] = {"--kv-dtype", "f32", "--weight-type", "f16", "--max-n", "16", NULL};
+    const char *extra[] = {"--kv-dtype", "f32", "--weight-type", "f16", "--max-n", "16",
+                           "--chat-template", "chatml", NULL};
     return start_random_server(&srv, extra);
 }
 
@@ -320,6 +322,90 @@ static void test_logit_bias(void **state)
     json_decref(err);
 }
 
+/* ---- chat ---------------------------------------------------------------------------------- */
+
+#define CHAT_MSGS "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":" \
+                  "\"user\",\"content\":\"Tell me a story\"}]"
+/* What this server (--chat-template chatml) makes of CHAT_MSGS. */
+#define CHAT_PROMPT "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTell me a " \
+                    "story<|im_end|>\n<|im_start|>assistant\n"
+
+static json_t *chat(const char *fields, int *status)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\":\"random\"," CHAT_MSGS "%s%s}", *fields ? "," : "",
+             fields);
+    return post_json(srv.port, "/v1/chat/completions", body, status);
+}
+
+static const char *chat_content(json_t *j, size_t i)
+{
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), i), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    return json_string_value(json_object_get(msg, "content"));
+}
+
+/* A chat is a completion of its rendered prompt: same greedy text, same usage; streamed,
+ * the deltas add up to the same text, each choice's first delta naming the role. */
+static void test_chat_is_completion_of_rendered_prompt(void **state)
+{
+    (void)state;
+    const char *opts = "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true";
+    int status = 0;
+    json_t *c = chat(opts, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(json_string_value(json_object_get(c, "object")), "chat.completion");
+    assert_true(strncmp(json_string_value(json_object_get(c, "id")), "chatcmpl-", 9) == 0);
+    json_t *t = complete(CHAT_PROMPT, opts);
+    assert_string_equal(chat_content(c, 0), choice_text(t, 0));
+    assert_int_equal(usage_field(c, "prompt_tokens"), usage_field(t, "prompt_tokens"));
+    assert_int_equal(usage_field(c, "prompt_tokens"), tokenize_count(srv.port, CHAT_PROMPT));
+    assert_int_equal(usage_field(c, "completion_tokens"), 12);
+
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\":\"random\"," CHAT_MSGS ",%s,\"n\":2,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}", opts);
+    HttpConn conn;
+    assert_int_equal(http_conn_open(&conn, srv.port, 0, T_IO), 0);
+    stream_send_to(&conn, "/v1/chat/completions", body);
+    StreamResult s;
+    assert_int_equal(read_stream(&conn, &s), 0);
+    http_conn_close(&conn);
+    assert_true(strncmp(s.id, "chatcmpl-", 9) == 0);
+    assert_int_equal(s.n_choices, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(s.text[i], choice_text(t, 0));
+        assert_int_equal(s.role_deltas[i], 1);
+        assert_string_equal(s.finish[i], "length");
+    }
+    assert_int_equal(json_integer_value(json_object_get(s.usage, "completion_tokens")), 24);
+    stream_result_free(&s);
+    json_decref(c);
+    json_decref(t);
+}
+
+/* Without max_tokens a reply may fill the context (512 tokens here). */
+static void test_chat_default_length(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *c = chat("\"temperature\":0,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":1",
+                     &status);
+    assert_int_equal(status, 200);
+    int prompt = usage_field(c, "prompt_tokens");
+    assert_int_equal(usage_field(c, "completion_tokens"), 512 - prompt);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    json_t *content = json_object_get(json_object_get(ch, "logprobs"), "content");
+    assert_int_equal((int)json_array_size(content), 512 - prompt);
+    json_t *first = json_array_get(content, 0);
+    assert_true(json_is_string(json_object_get(first, "token")));
+    assert_true(json_number_value(json_object_get(first, "logprob")) <= 0.0);
+    assert_true(json_is_array(json_object_get(first, "bytes")));
+    assert_int_equal(json_array_size(json_object_get(first, "top_logprobs")), 1);
+    json_decref(c);
+}
+
 static void test_echo(void **state)
 {
     (void)state;
@@ -512,6 +598,8 @@ int main(void)
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_echo),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
+        cmocka_unit_test(test_chat_default_length),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),

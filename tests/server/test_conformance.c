@@ -54,7 +54,8 @@ static double now_s(void)
 static int group_setup(void **state)
 {
     (void)state;
-    return start_random_server(&srv, NULL);
+    const char *extra[] = {"--chat-template", "chatml", NULL};
+    return start_random_server(&srv, extra);
 }
 
 static int group_teardown(void **state)

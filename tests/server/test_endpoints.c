@@ -79,7 +79,7 @@ static void test_not_found(void **state)
 {
     (void)state;
     expect_error(srv.port, "GET", "/v2/nothing", NULL, 404, "invalid_request_error");
-    expect_error(srv.port, "POST", "/v1/chat/completions", "{}", 404, "invalid_request_error");
+    expect_error(srv.port, "POST", "/v1/embeddings", "{}", 404, "invalid_request_error");
     expect_error(srv.port, "GET", "/", NULL, 404, "invalid_request_error");
     expect_error(srv.port, "GET", "/v1/models/", NULL, 404, "invalid_request_error");
 }
@@ -104,6 +104,7 @@ static void test_method_not_allowed(void **state)
 {
     (void)state;
     expect_405("GET", "/v1/completions", "POST");
+    expect_405("GET", "/v1/chat/completions", "POST");
     expect_405("PUT", "/tokenize", "POST");
     expect_405("POST", "/health", "GET, HEAD");
     expect_405("DELETE", "/v1/models", "GET, HEAD");
@@ -199,6 +200,27 @@ static void test_bad_requests(void **state)
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
                         "context_length_exceeded");
     json_decref(j);
+    assert_healthy();
+}
+
+/* The random model's file has no chat template and this server was given none: chat
+ * requests get a 400 that says how to fix it, and chat's own field checks still apply. */
+static void test_chat_without_template(void **state)
+{
+    (void)state;
+    const char *p = "/v1/chat/completions";
+    int status = 0;
+    json_t *j = post_json(srv.port, p, "{\"model\":\"random\",\"messages\":[{\"role\":"
+                                       "\"user\",\"content\":\"hi\"}]}", &status);
+    assert_int_equal(status, 400);
+    json_t *err = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(err, "code")), "chat_template_missing");
+    assert_non_null(strstr(json_string_value(json_object_get(err, "message")), "--chat-template"));
+    json_decref(j);
+    expect_error(srv.port, "POST", p, "{\"model\":\"random\",\"prompt\":\"x\"}", 400,
+                 "invalid_request_error");
+    expect_error(srv.port, "POST", p, "{\"model\":\"random\",\"messages\":[],\"n\":5}", 400,
+                 "invalid_request_error");
     assert_healthy();
 }
 
@@ -478,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_request_id),
         cmocka_unit_test(test_common_headers),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_chat_without_template),
         cmocka_unit_test(test_body_too_large_declared),
         cmocka_unit_test(test_body_too_large_chunked),
         cmocka_unit_test(test_body_far_too_large_chunked),

@@ -1,0 +1,246 @@
+/* chat_template — a chat's messages as the one prompt text its model was trained on.
+ *
+ * GGUF files carry their chat template as Jinja (tokenizer.chat_template). Rather than
+ * interpret Jinja, we recognise the handful of formats Llama-family models use by their
+ * marker strings (as llama.cpp's built-in fallback does) and write each one here, after
+ * the model cards' templates. The model's BOS is not written at the start: tokenising the
+ * prompt adds it when the vocabulary says so, as for any completion prompt. Control
+ * tokens are written as their text; prompts are tokenised with special tokens parsed, so
+ * "<|im_start|>" reaches the model as that token.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+
+static const char *const format_names[] = {
+    [API_CHAT_NONE] = "none",       [API_CHAT_CHATML] = "chatml",
+    [API_CHAT_LLAMA2] = "llama2",   [API_CHAT_MISTRAL] = "mistral",
+    [API_CHAT_LLAMA3] = "llama3",   [API_CHAT_PHI3] = "phi3",
+    [API_CHAT_ZEPHYR] = "zephyr",   [API_CHAT_GEMMA] = "gemma",
+};
+
+#define N_FORMATS ((int)(sizeof format_names / sizeof *format_names))
+
+const char *api_chat_format_name(ApiChatFormat f)
+{
+    return f >= 0 && (int)f < N_FORMATS ? format_names[f] : "none";
+}
+
+ApiChatFormat api_chat_format_by_name(const char *name)
+{
+    for (int i = 1; name && i < N_FORMATS; i++)
+        if (strcmp(name, format_names[i]) == 0) return (ApiChatFormat)i;
+    return API_CHAT_NONE;
+}
+
+ApiChatFormat api_chat_format_detect(const char *jinja)
+{
+    if (!jinja) return API_CHAT_NONE;
+    bool inst = strstr(jinja, "[INST]") != NULL;
+    if (strstr(jinja, "<|start_header_id|>")) return API_CHAT_LLAMA3;
+    if (strstr(jinja, "<|im_start|>")) return API_CHAT_CHATML;
+    if (strstr(jinja, "<start_of_turn>")) return API_CHAT_GEMMA;
+    if (strstr(jinja, "<|assistant|>") && strstr(jinja, "<|end|>")) return API_CHAT_PHI3;
+    if (strstr(jinja, "<|user|>")) return API_CHAT_ZEPHYR;
+    if (inst && strstr(jinja, "<<SYS>>")) return API_CHAT_LLAMA2;
+    if (inst) return API_CHAT_MISTRAL;
+    return API_CHAT_NONE;
+}
+
+/* ---- rendering ------------------------------------------------------------------------------ */
+
+typedef struct {
+    ApiBuf out;
+    bool failed; /* out of memory */
+} Text;
+
+static void put(Text *t, const char *s) {
+    if (api_buf_append_str(&t->out, s) != 0) t->failed = true;
+}
+
+static void put_n(Text *t, const char *s, size_t n) {
+    if (n > 0 && api_buf_append(&t->out, s, n) != 0) t->failed = true;
+}
+
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* s without leading and trailing whitespace (Jinja's trim, Python's strip). */
+static void put_trimmed(Text *t, const char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && is_space(*s)) s++, n--;
+    while (n > 0 && is_space(s[n - 1])) n--;
+    put_n(t, s, n);
+}
+
+static bool role_is(const ApiChatMessage *m, const char *role) {
+    return strcmp(m->role, role) == 0;
+}
+
+/* Formats without a system turn, and Llama 2's, which folds it into the first user turn,
+ * need user and assistant to alternate, starting with the user (their templates raise
+ * otherwise). first: index of the first non-system message. */
+static int check_alternation(const ApiChatMessage *m, int n, int first, ApiError *e) {
+    for (int i = first; i < n; i++) {
+        bool want_user = (i - first) % 2 == 0;
+        if (role_is(&m[i], want_user ? "user" : "assistant")) continue;
+        api_error_set(e, 400, "messages", "invalid_value",
+                      "'messages' roles must alternate user/assistant/user/... after an "
+                      "optional first system message for this model's chat format (%s); "
+                      "message %d is '%s'", role_is(&m[i], "system") ? "system" : "turns", i,
+                      m[i].role);
+        return -1;
+    }
+    return 0;
+}
+
+/* <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n */
+static void render_chatml(Text *t, const ApiChatMessage *m, int n) {
+    for (int i = 0; i < n; i++) {
+        put(t, "<|im_start|>");
+        put(t, m[i].role);
+        put(t, "\n");
+        put(t, m[i].content);
+        put(t, "<|im_end|>\n");
+    }
+    put(t, "<|im_start|>assistant\n");
+}
+
+/* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ... then the assistant's
+ * header. */
+static void render_llama3(Text *t, const ApiChatMessage *m, int n) {
+    for (int i = 0; i < n; i++) {
+        put(t, "<|start_header_id|>");
+        put(t, m[i].role);
+        put(t, "<|end_header_id|>\n\n");
+        put_trimmed(t, m[i].content);
+        put(t, "<|eot_id|>");
+    }
+    put(t, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* <|role|>\ncontent<end>\n ... <|assistant|>\n, where <end> is <|end|> (Phi-3) or the EOS
+ * text (Zephyr). */
+static void render_tagged(Text *t, const ApiChatMessage *m, int n, const char *end) {
+    for (int i = 0; i < n; i++) {
+        put(t, "<|");
+        put(t, m[i].role);
+        put(t, "|>\n");
+        put(t, m[i].content);
+        put(t, end);
+        put(t, "\n");
+    }
+    put(t, "<|assistant|>\n");
+}
+
+/* Llama 2: [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] user [/INST]
+ * (contents stripped). Mistral: the same turns without <<SYS>> and without the spaces
+ * around answers: [INST] user [/INST]answer</s>[INST] ...; a system message opens the first
+ * user turn, followed by a blank line. */
+static void render_inst(Text *t, const ApiChatMessage *m, int n, int first, bool llama2,
+                        const ApiChatTokens *tok) {
+    const char *system = first > 0 ? m[0].content : NULL;
+    for (int i = first; i < n; i++) {
+        if (role_is(&m[i], "assistant")) {
+            if (llama2) put(t, " ");
+            if (llama2) put_trimmed(t, m[i].content);
+            else put(t, m[i].content);
+            if (llama2) put(t, " ");
+            put(t, tok->eos);
+            continue;
+        }
+        if (i > first && llama2) put(t, tok->bos);
+        put(t, "[INST] ");
+        if (i == first && system && llama2) {
+            ApiBuf joined; /* strip() applies to the system block and the turn together */
+            api_buf_init(&joined);
+            bool ok = api_buf_append_str(&joined, "<<SYS>>\n") == 0 &&
+                      api_buf_append_str(&joined, system) == 0 &&
+                      api_buf_append_str(&joined, "\n<</SYS>>\n\n") == 0 &&
+                      api_buf_append_str(&joined, m[i].content) == 0;
+            if (ok) put_trimmed(t, joined.data);
+            else t->failed = true;
+            api_buf_free(&joined);
+        } else if (i == first && system) {
+            put(t, system);
+            put(t, "\n\n");
+            put(t, m[i].content);
+        } else if (llama2) {
+            put_trimmed(t, m[i].content);
+        } else {
+            put(t, m[i].content);
+        }
+        put(t, " [/INST]");
+    }
+}
+
+/* <start_of_turn>user\ncontent<end_of_turn>\n ... <start_of_turn>model\n; the assistant is
+ * "model"; a system message opens the first user turn, followed by a blank line. */
+static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
+    for (int i = first; i < n; i++) {
+        put(t, "<start_of_turn>");
+        put(t, role_is(&m[i], "assistant") ? "model" : "user");
+        put(t, "\n");
+        if (i == first && first > 0) {
+            put_trimmed(t, m[0].content);
+            put(t, "\n\n");
+        }
+        put_trimmed(t, m[i].content);
+        put(t, "<end_of_turn>\n");
+    }
+    put(t, "<start_of_turn>model\n");
+}
+
+char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
+                      ApiError *e)
+{
+    if (n < 1) {
+        api_error_set(e, 400, "messages", "invalid_value", "'messages' must not be empty");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        bool known = role_is(&m[i], "system") || role_is(&m[i], "user") ||
+                     role_is(&m[i], "assistant");
+        if (!known || (role_is(&m[i], "system") && i > 0 && f != API_CHAT_CHATML &&
+                       f != API_CHAT_LLAMA3 && f != API_CHAT_PHI3 && f != API_CHAT_ZEPHYR)) {
+            api_error_set(e, 400, "messages", "invalid_value",
+                          "message %d: role '%s' is not supported here (system first, then "
+                          "user and assistant)", i, m[i].role);
+            return NULL;
+        }
+    }
+    int first = role_is(&m[0], "system") ? 1 : 0;
+    bool alternates = f == API_CHAT_LLAMA2 || f == API_CHAT_MISTRAL || f == API_CHAT_GEMMA;
+    if (alternates && check_alternation(m, n, first, e) != 0) return NULL;
+    if (alternates && first == n) {
+        api_error_set(e, 400, "messages", "invalid_value",
+                      "'messages' needs a user message after the system message");
+        return NULL;
+    }
+    Text t = {{0}, false};
+    api_buf_init(&t.out);
+    switch (f) {
+    case API_CHAT_CHATML: render_chatml(&t, m, n); break;
+    case API_CHAT_LLAMA3: render_llama3(&t, m, n); break;
+    case API_CHAT_PHI3: render_tagged(&t, m, n, "<|end|>"); break;
+    case API_CHAT_ZEPHYR: render_tagged(&t, m, n, tok->eos); break;
+    case API_CHAT_LLAMA2: render_inst(&t, m, n, first, true, tok); break;
+    case API_CHAT_MISTRAL: render_inst(&t, m, n, first, false, tok); break;
+    case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
+    case API_CHAT_NONE:
+        api_error_set(e, 400, "messages", "chat_template_missing",
+                      "This model has no chat template the server knows: start it with "
+                      "--chat-template (chatml, llama2, mistral, llama3, phi3, zephyr, gemma), "
+                      "or send the formatted text to /v1/completions");
+        api_buf_free(&t.out);
+        return NULL;
+    }
+    size_t len;
+    char *s = t.failed ? NULL : api_buf_take(&t.out, &len);
+    api_buf_free(&t.out);
+    if (!s) api_error_set(e, 500, NULL, NULL, "out of memory");
+    return s;
+}

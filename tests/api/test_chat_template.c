@@ -1,0 +1,157 @@
+/* api: chat formats — recognising a GGUF's Jinja template by its markers, and each format's
+ * prompt for the same conversations, written out from the models' published templates
+ * (Llama 2 / Mistral / Llama 3 / Phi-3 / Zephyr / Gemma / ChatML), with the BOS left to
+ * the tokenizer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "api/api.h"
+
+static const ApiChatTokens tokens = {"<s>", "</s>"};
+
+/* system, user, assistant, user: the conversation every format is shown with. */
+static const ApiChatMessage chat4[] = {
+    {"system", "Be brief."},
+    {"user", "Hi! "},
+    {"assistant", " Hello."},
+    {"user", "\nWho are you?"},
+};
+
+static void expect_render(ApiChatFormat f, const ApiChatMessage *m, int n, const char *want) {
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    char *got = api_chat_render(f, m, n, &tokens, &e);
+    if (!got) fail_msg("%s: %s", api_chat_format_name(f), e.message);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void expect_refusal(ApiChatFormat f, const ApiChatMessage *m, int n, const char *code,
+                           const char *words) {
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    assert_null(api_chat_render(f, m, n, &tokens, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "messages");
+    assert_string_equal(e.code, code);
+    assert_non_null(strstr(e.message, words));
+}
+
+static void test_detect_and_names(void **state) {
+    (void)state;
+    static const struct {
+        const char *jinja;
+        ApiChatFormat f;
+    } cases[] = {
+        {"{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>", API_CHAT_LLAMA3},
+        {"{{'<|im_start|>' + message['role'] + '\\n'}}", API_CHAT_CHATML},
+        {"<start_of_turn>{{ role }}\\n", API_CHAT_GEMMA},
+        {"{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}{{ '<|assistant|>\\n' }}", API_CHAT_PHI3},
+        {"{{ '<|user|>\\n' + message['content'] + eos_token }}", API_CHAT_ZEPHYR},
+        {"{{ bos_token + '[INST] ' + '<<SYS>>\\n' }}", API_CHAT_LLAMA2},
+        {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", API_CHAT_MISTRAL},
+        {"{{ message['content'] }}", API_CHAT_NONE},
+        {NULL, API_CHAT_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(api_chat_format_detect(cases[i].jinja), cases[i].f);
+    for (int f = API_CHAT_CHATML; f <= API_CHAT_GEMMA; f++)
+        assert_int_equal(api_chat_format_by_name(api_chat_format_name((ApiChatFormat)f)), f);
+    assert_int_equal(api_chat_format_by_name("none"), API_CHAT_NONE);
+    assert_int_equal(api_chat_format_by_name("vicuna"), API_CHAT_NONE);
+    assert_string_equal(api_chat_format_name(API_CHAT_NONE), "none");
+}
+
+static void test_chatml(void **state) {
+    (void)state;
+    expect_render(API_CHAT_CHATML, chat4, 4,
+                  "<|im_start|>system\nBe brief.<|im_end|>\n"
+                  "<|im_start|>user\nHi! <|im_end|>\n"
+                  "<|im_start|>assistant\n Hello.<|im_end|>\n"
+                  "<|im_start|>user\n\nWho are you?<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+}
+
+static void test_llama3(void **state) {
+    (void)state;
+    expect_render(API_CHAT_LLAMA3, chat4, 4,
+                  "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nWho are you?<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void test_llama2(void **state) {
+    (void)state;
+    expect_render(API_CHAT_LLAMA2, chat4, 4,
+                  "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi! [/INST] Hello. </s>"
+                  "<s>[INST] Who are you? [/INST]");
+    expect_render(API_CHAT_LLAMA2, chat4 + 1, 1, "[INST] Hi! [/INST]");
+}
+
+static void test_mistral(void **state) {
+    (void)state;
+    expect_render(API_CHAT_MISTRAL, chat4, 4,
+                  "[INST] Be brief.\n\nHi!  [/INST] Hello.</s>[INST] \nWho are you? [/INST]");
+}
+
+static void test_phi3_and_zephyr(void **state) {
+    (void)state;
+    expect_render(API_CHAT_PHI3, chat4, 4,
+                  "<|system|>\nBe brief.<|end|>\n<|user|>\nHi! <|end|>\n"
+                  "<|assistant|>\n Hello.<|end|>\n<|user|>\n\nWho are you?<|end|>\n"
+                  "<|assistant|>\n");
+    expect_render(API_CHAT_ZEPHYR, chat4, 4,
+                  "<|system|>\nBe brief.</s>\n<|user|>\nHi! </s>\n"
+                  "<|assistant|>\n Hello.</s>\n<|user|>\n\nWho are you?</s>\n"
+                  "<|assistant|>\n");
+}
+
+static void test_gemma(void **state) {
+    (void)state;
+    expect_render(API_CHAT_GEMMA, chat4, 4,
+                  "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
+                  "<start_of_turn>model\nHello.<end_of_turn>\n"
+                  "<start_of_turn>user\nWho are you?<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    const ApiChatMessage tool[] = {{"user", "x"}, {"tool", "y"}};
+    const ApiChatMessage two_users[] = {{"user", "a"}, {"user", "b"}};
+    const ApiChatMessage late_system[] = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}};
+    const ApiChatMessage only_system[] = {{"system", "a"}};
+    expect_refusal(API_CHAT_CHATML, chat4, 0, "invalid_value", "empty");
+    expect_refusal(API_CHAT_CHATML, tool, 2, "invalid_value", "'tool'");
+    expect_refusal(API_CHAT_LLAMA2, two_users, 2, "invalid_value", "alternate");
+    expect_refusal(API_CHAT_GEMMA, chat4 + 2, 2, "invalid_value", "alternate");
+    expect_refusal(API_CHAT_MISTRAL, late_system, 3, "invalid_value", "'system'");
+    expect_refusal(API_CHAT_LLAMA2, only_system, 1, "invalid_value", "user message");
+    expect_refusal(API_CHAT_NONE, chat4, 4, "chat_template_missing", "--chat-template");
+    /* formats with a system turn take it anywhere, and need no alternation */
+    expect_render(API_CHAT_CHATML, late_system, 3,
+                  "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n"
+                  "<|im_start|>system\nc<|im_end|>\n<|im_start|>assistant\n");
+    expect_render(API_CHAT_LLAMA3, two_users, 2,
+                  "<|start_header_id|>user<|end_header_id|>\n\na<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nb<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_detect_and_names), cmocka_unit_test(test_chatml),
+        cmocka_unit_test(test_llama3),           cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_mistral),          cmocka_unit_test(test_phi3_and_zephyr),
+        cmocka_unit_test(test_gemma),            cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
