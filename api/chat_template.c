@@ -139,7 +139,9 @@ static void render_tagged(Text *t, const ApiChatMessage *m, int n, const char *e
 /* Llama 2: [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] user [/INST]
  * (contents stripped). Mistral: the same turns without <<SYS>> and without the spaces
  * around answers: [INST] user [/INST]answer</s>[INST] ...; a system message opens the first
- * user turn, followed by a blank line. */
+ * user turn, followed by a blank line (Mistral-7B-Instruct v0.2 / Mixtral's template; the
+ * later "v1" one adds a space before each [INST] and answer, v0.3 moves the system text to
+ * the last turn). */
 static void render_inst(Text *t, const ApiChatMessage *m, int n, int first, bool llama2,
                         const ApiChatTokens *tok) {
     const char *system = first > 0 ? m[0].content : NULL;
@@ -184,8 +186,8 @@ static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
         put(t, "<start_of_turn>");
         put(t, role_is(&m[i], "assistant") ? "model" : "user");
         put(t, "\n");
-        if (i == first && first > 0) {
-            put_trimmed(t, m[0].content);
+        if (i == first && first > 0) { /* Gemma 3's rule: the system text as it is */
+            put(t, m[0].content);
             put(t, "\n\n");
         }
         put_trimmed(t, m[i].content);

@@ -1,6 +1,7 @@
 /* api: chat formats — recognising a GGUF's Jinja template by its markers, and each format's
  * prompt for the same conversations, written out from the models' published templates
- * (Llama 2 / Mistral / Llama 3 / Phi-3 / Zephyr / Gemma / ChatML), with the BOS left to
+ * (Llama 2 / Mistral v0.2 / Llama 3 / Phi-3 / Zephyr / Gemma 3 / ChatML; checked once against
+ * jinja2 renderings of the published templates), with the BOS left to
  * the tokenizer. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,6 +122,10 @@ static void test_gemma(void **state) {
                   "<start_of_turn>model\nHello.<end_of_turn>\n"
                   "<start_of_turn>user\nWho are you?<end_of_turn>\n"
                   "<start_of_turn>model\n");
+    /* the system text goes in as it is, the turns trimmed (Gemma 3's template) */
+    const ApiChatMessage spaced[] = {{"system", " Be brief.\n"}, {"user", " Hi\n"}};
+    expect_render(API_CHAT_GEMMA, spaced, 2,
+                  "<start_of_turn>user\n Be brief.\n\n\nHi<end_of_turn>\n<start_of_turn>model\n");
 }
 
 static void test_refusals(void **state) {
