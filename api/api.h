@@ -173,6 +173,8 @@ typedef struct {
     bool max_tokens_given;  /* false (chat without max_tokens): api_request_tokenize makes
                              * it what the context leaves, at most max_tokens_cap, and the
                              * server may lower it to what the KV cache holds */
+    bool json_object;       /* response_format {"type": "json_object"}: the output is
+                             * held to a JSON object (EngineRequest.json_object) */
     bool chat;              /* a /v1/chat/completions request (one prompt: the rendered
                              * messages; the response is chat.completion shaped) */
     int32_t n;              /* choices per prompt, default 1 */
@@ -209,7 +211,8 @@ void api_request_free(ApiRequest *r);
 /* POST /v1/chat/completions: the same request, from "messages" rendered in format fmt
  * (API_CHAT_NONE: every request gets 400 "chat_template_missing"), with chat's fields:
  * max_completion_tokens (or max_tokens; absent: the rest of the context), logprobs true +
- * top_logprobs (-> logprobs = top_logprobs), response_format only {"type": "text"}; no
+ * top_logprobs (-> logprobs = top_logprobs), response_format text or json_object (also
+ * taken by /v1/completions, as vLLM does); no
  * prompt, echo, best_of or suffix. tok: the BOS/EOS texts the formats write. */
 int api_chat_request_parse(const char *body, size_t len, const ApiLimits *lim,
                            const char *served_model, ApiChatFormat fmt,

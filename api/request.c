@@ -147,7 +147,7 @@ static const char *const known_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo",
     "ignore_eos", "user", "stream", "stream_options", "cache_salt", "best_of", "suffix",
-    "logit_bias", NULL,
+    "logit_bias", "response_format", NULL,
 };
 
 /* Chat Completions: messages instead of prompt, logprobs a boolean with top_logprobs. */
@@ -535,6 +535,23 @@ static void request_defaults(ApiRequest *r) {
     r->sampling.frequency_penalty = 0.0f;
 }
 
+/* {"type": "text"} or {"type": "json_object"}; JSON schemas are not supported. */
+static int read_response_format(const json_t *root, ApiRequest *r, ApiError *e) {
+    const json_t *v = json_object_get(root, "response_format");
+    if (!v || json_is_null(v)) return 0;
+    const json_t *type = json_object_get(v, "type");
+    const char *t = json_is_object(v) && json_is_string(type) ? json_string_value(type) : "";
+    if (strcmp(t, "text") == 0 || strcmp(t, "json_object") == 0) {
+        r->json_object = strcmp(t, "json_object") == 0;
+        return 0;
+    }
+    api_error_set(e, 400, "response_format", "unsupported_parameter",
+                  "'response_format' may be {\"type\": \"text\"} or {\"type\": "
+                  "\"json_object\"}%s", strcmp(t, "json_schema") == 0 ? ": JSON schemas are not "
+                                                                      "supported" : "");
+    return -1;
+}
+
 /* The fields both APIs share, after the API's own (prompt or messages, max_tokens). */
 static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, ApiError *e) {
     if (read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
@@ -560,7 +577,8 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
                    read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
                    read_common(root, lim, r, e) != 0 ||
                    read_logprobs(root, lim, r, e) != 0 ||
-                   read_bool(root, "echo", &r->echo, e) != 0
+                   read_bool(root, "echo", &r->echo, e) != 0 ||
+                   read_response_format(root, r, e) != 0
                ? -1
                : 0;
 }
@@ -677,16 +695,6 @@ static int read_chat_logprobs(const json_t *root, const ApiLimits *lim, ApiReque
     return 0;
 }
 
-static int read_response_format(const json_t *root, ApiError *e) {
-    const json_t *v = json_object_get(root, "response_format");
-    if (!v || json_is_null(v)) return 0;
-    const json_t *type = json_object_get(v, "type");
-    if (json_is_string(type) && strcmp(json_string_value(type), "text") == 0) return 0;
-    api_error_set(e, 400, "response_format", "unsupported_parameter",
-                  "'response_format' may only be {\"type\": \"text\"}: structured output is "
-                  "not supported");
-    return -1;
-}
 
 /* Without max_tokens a reply may run to the end of the context (OpenAI's and vLLM's chat
  * default); api_request_tokenize and the server settle the number. */
@@ -714,7 +722,7 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                    read_chat_max_tokens(root, lim, r, e) != 0 ||
                    read_common(root, lim, r, e) != 0 ||
                    read_chat_logprobs(root, lim, r, e) != 0 ||
-                   read_response_format(root, e) != 0 ||
+                   read_response_format(root, r, e) != 0 ||
                    read_messages(root, lim, fmt, tok, r, e) != 0
                ? -1
                : 0;

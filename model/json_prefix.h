@@ -37,7 +37,7 @@ typedef struct {
 /* Expect an object, after optional whitespace. max_ws: see above (at most 255). */
 void json_prefix_init(JsonPrefix *p, int max_ws);
 /* Feed n bytes; false once they leave every JSON object's prefixes (p is then failed and
- * stays so), or go past the end of a complete one. */
+ * stays so), or go past the end of a complete one (whitespace may follow it). */
 bool json_prefix_feed(JsonPrefix *p, const char *bytes, size_t n);
 /* The text fed so far is a whole JSON object. */
 bool json_prefix_complete(const JsonPrefix *p);

@@ -82,6 +82,7 @@ static void engine_free_parts(Engine *e)
     block_pool_destroy(e->pool);
     sampler_free(e->sampler);
     free(e->scratch_logits);
+    engine_json_table_free(e);
     free(e->detok_buf);
     free(e->sched);
     free(e->batch);
@@ -112,7 +113,8 @@ static int engine_alloc_parts(Engine *e, char *err, size_t err_len)
     e->detok_buf = malloc(e->detok_cap + ENGINE_DETOK_SLACK);
     e->sched = calloc((size_t)e->cap_sched, sizeof *e->sched);
     e->batch = calloc((size_t)e->cap_sched, sizeof *e->batch);
-    if (!e->sampler || !e->scratch_logits || !e->detok_buf || !e->sched || !e->batch) {
+    if (!e->sampler || !e->scratch_logits || !e->detok_buf || !e->sched || !e->batch ||
+        engine_json_table_build(e) != 0) {
         engine_set_err(err, err_len, "out of memory creating the engine");
         return -1;
     }

@@ -14,6 +14,7 @@
 
 #include <stdatomic.h>
 
+#include "model/json_prefix.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/stop_text.h"
 
@@ -38,6 +39,7 @@ typedef struct Seq {
     bool running;          /* in e->running (else in e->waiting) */
     bool preempted;        /* waiting because it was preempted (not new) */
     bool stop_matched;     /* a stop string ended it: nothing more is output */
+    JsonPrefix json;       /* req->json_object: the output so far, as a JSON prefix */
     int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
 } Seq;
 
@@ -55,6 +57,7 @@ struct Request {
     int32_t n_stop;
     int32_t logprobs;
     bool prompt_logprobs;
+    bool json_object;
     uint64_t cache_salt;
 
     bool cancelled;
@@ -104,6 +107,9 @@ struct Engine {
     int32_t watermark;      /* blocks kept free for running sequences when admitting */
     Sampler *sampler;
     float *scratch_logits;  /* n_vocab: sampling modifies logits, the raw row stays intact */
+    char *token_bytes;      /* ops.token_text of every token, back to back (json_object) */
+    int32_t *token_off;     /* n_vocab offsets into token_bytes */
+    int32_t *token_len;     /* n_vocab lengths; -1: the token adds no text */
     char *detok_buf;        /* detok_cap + ENGINE_DETOK_SLACK bytes */
     size_t detok_cap;       /* what one detok call may write, NUL included */
 
@@ -188,6 +194,15 @@ int32_t prefix_attach(Engine *e, Seq *s, int32_t n_blocks); /* returns blocks at
 
 /* engine_output.c: after the forward pass */
 void engine_process_outputs(Engine *e, const float *logits);
+
+/* engine_json.c: json_object output */
+int engine_json_table_build(Engine *e); /* at creation; 0 (nothing without ops.token_text) or -1 */
+void engine_json_table_free(Engine *e);
+void engine_json_seq_init(Seq *s);
+/* Sets the logits of tokens that cannot continue s's JSON to -inf; returns how many can. */
+int32_t engine_json_mask(const Engine *e, const Seq *s, float *logits);
+/* Takes a drawn token into s's JSON; true when the object is now complete. */
+bool engine_json_advance(const Engine *e, Seq *s, int32_t token);
 
 /* engine_step.c */
 void engine_cancel_everything(Engine *e);

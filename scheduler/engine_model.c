@@ -56,6 +56,18 @@ static bool real_is_eog(void *ctx, int32_t id)
     return tokenizer_is_eog(model_tokenizer(m->model), id);
 }
 
+/* What a token writes into an output text: nothing for control, unknown and unused ones
+ * (the detokenizer writes none for them either). */
+static int real_token_text(void *ctx, int32_t id, char *out, size_t cap)
+{
+    const RealModel *m = ctx;
+    const Tokenizer *tok = model_tokenizer(m->model);
+    TokenType type = tokenizer_token_type(tok, id);
+    if (type != TOKEN_TYPE_NORMAL && type != TOKEN_TYPE_BYTE && type != TOKEN_TYPE_USER_DEFINED)
+        return -1;
+    return tokenizer_token_bytes(tok, id, out, cap);
+}
+
 static void real_destroy(void *ctx)
 {
     RealModel *m = ctx;
@@ -97,6 +109,7 @@ int engine_create(const Model *model, const EngineConfig *cfg,
         .detok = real_detok,
         .detok_flush = real_detok_flush,
         .is_eog = real_is_eog,
+        .token_text = real_token_text,
         .destroy = real_destroy,
     };
     if (engine_create_with_ops(&ops, cfg, notify, notify_arg, out, err, err_len) != 0) {

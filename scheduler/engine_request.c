@@ -96,6 +96,7 @@ Seq *seq_create(Engine *e, Request *r, int32_t choice)
     block_table_init(&s->table);
     rng_seed(&s->rng, choice_seed(r->seed, choice));
     detok_init(&s->detok, false); /* the output continues the prompt's text */
+    engine_json_seq_init(s);
     r->seqs[choice] = s;
     e->n_seqs++;
     return s;

@@ -80,6 +80,10 @@ static int check_request(const Engine *e, const EngineRequest *q, char *err, siz
                               "0 < top_p <= 1, 0 <= min_p <= 1, repetition_penalty > 0)");
         return -1;
     }
+    if (q->json_object && !e->token_len) {
+        engine_set_err(err, err_len, "json_object: this model cannot say what its tokens write");
+        return -1;
+    }
     return check_logit_bias(e, p, err, err_len);
 }
 
@@ -116,6 +120,7 @@ static Request *request_copy(const EngineRequest *q)
     r->ignore_eos = q->ignore_eos;
     r->logprobs = q->logprobs;
     r->prompt_logprobs = q->prompt_logprobs;
+    r->json_object = q->json_object;
     r->cache_salt = q->cache_salt;
     detok_init(&r->prompt_detok, true);
     r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);

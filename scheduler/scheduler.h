@@ -57,6 +57,9 @@ typedef struct {
     int32_t n_stop;
     int32_t logprobs;        /* top-N logprobs per generated token; -1 = none */
     bool prompt_logprobs;    /* logprobs of each prompt token (echo + logprobs) */
+    bool json_object;        /* the output must be a JSON object: only tokens that keep it a
+                              * prefix of one are drawn; it ends (FINISH_STOP) as the object
+                              * closes (OpenAI's response_format json_object) */
     uint64_t cache_salt;     /* separates tenants' cached prefixes; 0 = shared */
     void *user;              /* handed back in every event of this request */
 } EngineRequest;
@@ -188,6 +191,10 @@ typedef struct {
     int (*detok_flush)(void *ctx, Detokenizer *d, char *out, size_t cap);
     /* Optional: end-of-generation test (NULL = id == eos_id). */
     bool (*is_eog)(void *ctx, int32_t id);
+    /* Optional (NULL: json_object requests are refused): the bytes token id adds to the
+     * output text, as detok writes them in the middle of a text; -1 for a token that adds
+     * none (control tokens) or that does not fit cap. */
+    int (*token_text)(void *ctx, int32_t id, char *out, size_t cap);
     /* Optional: called by engine_destroy to free ctx. */
     void (*destroy)(void *ctx);
 } EngineModelOps;

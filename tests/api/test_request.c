@@ -627,6 +627,19 @@ static void test_chat_request(void **state) {
                 "\"max_tokens\":5,\"logprobs\":true}");
     assert_int_equal(r->max_tokens, 5);
     assert_int_equal(r->logprobs, 0);
+    assert_false(r->json_object);
+    api_request_free(r);
+    /* JSON-object output, for chat and (as vLLM takes it) completions */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":{\"type\":\"json_object\"}}");
+    assert_true(r->json_object);
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}");
+    assert_true(r->json_object);
+    assert_int_equal(api_request_tokenize(r, &v, 1000, &l, &e), 0);
+    EngineRequest er;
+    api_request_engine(r, 0, NULL, &er);
+    assert_true(er.json_object);
     api_request_free(r);
     /* a prompt that fills the context leaves no room: the usual context error */
     r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
@@ -664,8 +677,10 @@ static void test_chat_request_errors(void **state) {
                "top_logprobs", "21");
     chat_error("{\"model\":\"m\"," MSGS ",\"max_completion_tokens\":-1}", API_CHAT_CHATML,
                "max_completion_tokens", "-1");
-    chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\"}}",
-               API_CHAT_CHATML, "response_format", "structured");
+    chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_schema\"}}",
+               API_CHAT_CHATML, "response_format", "schemas are not supported");
+    chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":\"json\"}",
+               API_CHAT_CHATML, "response_format", "json_object");
     chat_error("{\"model\":\"m\"," MSGS "}", API_CHAT_NONE, "messages", "--chat-template");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
                "\"user\",\"content\":\"b\"}]}", API_CHAT_LLAMA2, "messages", "alternate");

@@ -251,6 +251,22 @@ static int fake_detok(void *ctx, Detokenizer *d, int32_t id, char *out, size_t c
     return n;
 }
 
+/* What fake_detok writes for a token in the middle of a text: -1 for control tokens. */
+static int fake_token_text(void *ctx, int32_t id, char *out, size_t cap)
+{
+    FakeModel *f = ctx;
+    const char *piece = id >= 0 && id < f->n_vocab ? f->pieces[id] : "";
+    int byte = piece ? fake_byte_of(piece) : -1;
+    char text[64];
+    int n = byte >= 0 ? (text[0] = (char)byte, 1)
+            : piece   ? snprintf(text, sizeof text, "%s", piece)
+                      : snprintf(text, sizeof text, "<%d>", id);
+    if (n <= 0 || (size_t)n > cap)
+        return -1;
+    memcpy(out, text, (size_t)n);
+    return n;
+}
+
 static int fake_detok_flush(void *ctx, Detokenizer *d, char *out, size_t cap)
 {
     (void)ctx;
@@ -295,6 +311,7 @@ static inline EngineModelOps fake_ops(FakeModel *f)
         .forward = fake_forward,
         .detok = fake_detok,
         .detok_flush = fake_detok_flush,
+        .token_text = fake_token_text,
     };
     return ops;
 }

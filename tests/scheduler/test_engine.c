@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "tests/scheduler/harness.h"
 
@@ -896,6 +897,84 @@ static void test_logit_bias(void **state)
     h_fake_free(f);
 }
 
+/* ---- JSON-object output ------------------------------------------------------------------ */
+
+/* A fake vocabulary with a few JSON pieces; with no noise every other logit ties at 0, so a
+ * masked favourite gives way to the lowest-id token that fits. */
+static FakeModel *json_fake(void)
+{
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    f->noise = 0.0f;
+    f->pieces[3] = "}";
+    f->pieces[4] = "{";
+    f->pieces[5] = "\"k\":";
+    f->pieces[6] = "1";
+    f->pieces[7] = " ";
+    f->succ[6] = 3;
+    return f;
+}
+
+static HChoice *run_json(FakeModel *f, Harness *h, int max_tokens, Engine **e_out)
+{
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    int32_t p[2] = {30, 2}; /* the favourite after 2 is "}": not how an object starts */
+    EngineRequest q = h_request(p, 2, max_tokens);
+    q.json_object = true;
+    uint64_t id = h_submit(e, &q);
+    h_run(h, e, f, 200);
+    *e_out = e;
+    return &h_req(h, id)->ch[0];
+}
+
+/* "}" is masked at the start, "{" (the lowest id that fits) drawn instead, then the
+ * favourites "\"k\":", "1", "}" fit, and the request ends as the object closes; with a
+ * max_tokens that ends it sooner the text is a prefix of one. */
+static void test_json_object_output(void **state)
+{
+    (void)state;
+    FakeModel *f = json_fake();
+    Harness *h = calloc(1, sizeof *h);
+    Engine *e;
+    HChoice *c = run_json(f, h, 20, &e);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "{\"k\":1}");
+    assert_int_equal(c->completion_tokens, 4);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    memset(h, 0, sizeof *h);
+    c = run_json(f, h, 2, &e);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_string_equal(c->text, "{\"k\":");
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
+/* EOS (a control token) is never drawn inside the object: here it is the favourite after
+ * every key, so values nest to the depth limit, and the object still closes. */
+static void test_json_object_masks_eos(void **state)
+{
+    (void)state;
+    FakeModel *f = json_fake();
+    f->succ[5] = f->eos_id;
+    Harness *h = calloc(1, sizeof *h);
+    Engine *e;
+    HChoice *c = run_json(f, h, 200, &e);
+    assert_int_equal(c->reason, FINISH_STOP);
+    json_error_t err;
+    json_t *j = json_loads(c->text, 0, &err);
+    if (!j || !json_is_object(j))
+        fail_msg("not a JSON object (%s): %s", err.text, c->text);
+    json_decref(j);
+    assert_non_null(strstr(c->text, "{\"k\":{\"k\":"));
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* ---- cancellation ----------------------------------------------------------------------- */
 
 static void test_cancel_everywhere(void **state)
@@ -1235,6 +1314,8 @@ int main(void)
         cmocka_unit_test(test_max_tokens_zero),
         cmocka_unit_test(test_eos_and_ignore_eos),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_json_object_output),
+        cmocka_unit_test(test_json_object_masks_eos),
         cmocka_unit_test(test_cancel_everywhere),
         cmocka_unit_test(test_stop_with_work_in_flight),
         cmocka_unit_test(test_submit_validation),

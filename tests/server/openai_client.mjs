@@ -476,6 +476,23 @@ await runCase("chat.completions.create: streamed, n = 2, logprobs", async () => 
   }
 });
 
+// response_format json_object: a reply that ended with "stop" is a JSON object.
+await runCase("chat.completions.create: response_format json_object", async () => {
+  const r = await client.chat.completions.create({
+    ...CHAT, max_tokens: 64, response_format: { type: "json_object" } });
+  const c = r.choices[0];
+  check(FINISH.includes(c.finish_reason), "json_object: finish_reason", c.finish_reason);
+  if (c.finish_reason === "stop") {
+    let parsed = null;
+    try { parsed = JSON.parse(c.message.content); } catch (e) { /* checked below */ }
+    check(parsed !== null && typeof parsed === "object" && !Array.isArray(parsed),
+          "json_object: the content parses as an object", c.message.content);
+  } else {
+    check(c.message.content.trimStart().startsWith("{"), "json_object: an object begins",
+          c.message.content);
+  }
+});
+
 await runCase("chat errors: tools and bad roles are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
     ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }));

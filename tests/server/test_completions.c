@@ -1,10 +1,12 @@
 /* End to end completions on a random-weight model held with F16 weight matrices: non-streamed and streamed (every SSE
  * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
  * logit_bias; chat completions (the rendered prompt's completion, streamed too, and the
- * default length); usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
+ * default length); JSON-object output; usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
  * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
  * blocks come back. */
 #include "tests/server/server_test.h"
+
+#include "model/json_prefix.h"
 
 static ServerProc srv;
 
@@ -406,6 +408,55 @@ static void test_chat_default_length(void **state)
     json_decref(c);
 }
 
+/* response_format json_object: whatever the random model would say, the reply is a JSON
+ * object's prefix (the whole object when it ended by "stop"), streamed or not, chat or
+ * completions; a JSON schema is refused. */
+static void check_json_reply(const char *text, const char *finish)
+{
+    JsonPrefix p;
+    json_prefix_init(&p, 0);
+    if (!json_prefix_feed(&p, text, strlen(text)))
+        fail_msg("not a JSON object's prefix: %s", text);
+    if (strcmp(finish, "stop") == 0) {
+        json_t *j = json_loads(text, 0, NULL);
+        if (!json_is_object(j))
+            fail_msg("finished but not a JSON object: %s", text);
+        json_decref(j);
+    } else {
+        assert_string_equal(finish, "length");
+    }
+}
+
+static void test_json_object(void **state)
+{
+    (void)state;
+#define JSON_FORMAT "\"max_tokens\":60,\"response_format\":{\"type\":\"json_object\"}"
+    const char *opts = JSON_FORMAT ",\"temperature\":0";
+    int status = 0;
+    json_t *c = chat(opts, &status);
+    assert_int_equal(status, 200);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
+    check_json_reply(chat_content(c, 0), finish);
+    json_t *plain = chat("\"max_tokens\":60,\"temperature\":0", &status);
+    assert_string_not_equal(chat_content(plain, 0), chat_content(c, 0)); /* it was steered */
+    json_t *t = complete("Numbers", opts);
+    check_json_reply(choice_text(t, 0), choice_finish(t, 0));
+    char extra[256];
+    snprintf(extra, sizeof extra, JSON_FORMAT ",\"stream\":true,\"temperature\":0.8,\"seed\":5");
+#undef JSON_FORMAT
+    StreamResult s;
+    stream_complete("Numbers", extra, &s);
+    check_json_reply(s.text[0] ? s.text[0] : "", s.finish[0]);
+    stream_result_free(&s);
+    json_decref(c);
+    json_decref(plain);
+    json_decref(t);
+    json_t *err = chat("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}", &status);
+    assert_int_equal(status, 400);
+    json_decref(err);
+}
+
 static void test_echo(void **state)
 {
     (void)state;
@@ -600,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
+        cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),

@@ -1,0 +1,90 @@
+/* engine_json — JSON-object output (EngineRequest.json_object): before each draw, every
+ * token whose text would take the output off every JSON object's prefixes is masked out;
+ * after it, the drawn token's text moves the sequence's JsonPrefix on.
+ *
+ * The token texts come from ops.token_text once, at engine creation. Masking tries each
+ * token's bytes on a copy of the state: vocabulary × token length byte steps a sampled
+ * token (~0.2 M for a 32000-token vocabulary), small beside a forward pass.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/engine_internal.h"
+
+/* Runs of whitespace outside strings longer than this are refused: a model that likes
+ * whitespace would otherwise fill max_tokens with it. */
+#define JSON_MAX_WS 24
+
+int engine_json_table_build(Engine *e)
+{
+    if (!e->ops.token_text)
+        return 0; /* json_object requests will be refused */
+    int32_t n = e->ops.n_vocab;
+    size_t cap = 16 * (size_t)n, used = 0;
+    e->token_off = malloc((size_t)n * sizeof *e->token_off);
+    e->token_len = malloc((size_t)n * sizeof *e->token_len);
+    e->token_bytes = malloc(cap);
+    if (!e->token_off || !e->token_len || !e->token_bytes)
+        return -1;
+    char buf[256];
+    for (int32_t t = 0; t < n; t++) {
+        int len = e->ops.token_text(e->ops.ctx, t, buf, sizeof buf);
+        e->token_off[t] = (int32_t)used;
+        e->token_len[t] = len;
+        if (len <= 0)
+            continue;
+        if (used + (size_t)len > cap) {
+            char *grown = realloc(e->token_bytes, cap * 2);
+            if (!grown)
+                return -1;
+            e->token_bytes = grown;
+            cap *= 2;
+        }
+        memcpy(e->token_bytes + used, buf, (size_t)len);
+        used += (size_t)len;
+    }
+    return 0;
+}
+
+void engine_json_table_free(Engine *e)
+{
+    free(e->token_bytes);
+    free(e->token_off);
+    free(e->token_len);
+}
+
+void engine_json_seq_init(Seq *s)
+{
+    json_prefix_init(&s->json, JSON_MAX_WS);
+}
+
+/* Would token t keep s's output a JSON object's prefix? (A token with no text is never
+ * drawn: end-of-generation comes from the object closing, not from EOS.) */
+static bool token_fits(const Engine *e, const Seq *s, int32_t t)
+{
+    if (e->token_len[t] <= 0)
+        return false;
+    JsonPrefix trial = s->json;
+    return json_prefix_feed(&trial, e->token_bytes + e->token_off[t], (size_t)e->token_len[t]);
+}
+
+int32_t engine_json_mask(const Engine *e, const Seq *s, float *logits)
+{
+    int32_t allowed = 0;
+    for (int32_t t = 0; t < e->ops.n_vocab; t++) {
+        if (token_fits(e, s, t))
+            allowed++;
+        else
+            logits[t] = -INFINITY;
+    }
+    return allowed;
+}
+
+bool engine_json_advance(const Engine *e, Seq *s, int32_t token)
+{
+    if (e->token_len[token] > 0)
+        json_prefix_feed(&s->json, e->token_bytes + e->token_off[token],
+                         (size_t)e->token_len[token]);
+    return json_prefix_complete(&s->json);
+}
