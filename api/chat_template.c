@@ -83,15 +83,15 @@ static bool role_is(const ApiChatMessage *m, const char *role) {
 /* Formats without a system turn, and Llama 2's, which folds it into the first user turn,
  * need user and assistant to alternate, starting with the user (their templates raise
  * otherwise). first: index of the first non-system message. */
-static int check_alternation(const ApiChatMessage *m, int n, int first, ApiError *e) {
+static int check_alternation(ApiChatFormat f, const ApiChatMessage *m, int n, int first,
+                             ApiError *e) {
     for (int i = first; i < n; i++) {
         bool want_user = (i - first) % 2 == 0;
         if (role_is(&m[i], want_user ? "user" : "assistant")) continue;
         api_error_set(e, 400, "messages", "invalid_value",
                       "'messages' roles must alternate user/assistant/user/... after an "
-                      "optional first system message for this model's chat format (%s); "
-                      "message %d is '%s'", role_is(&m[i], "system") ? "system" : "turns", i,
-                      m[i].role);
+                      "optional first system message in this model's chat format (%s); "
+                      "message %d is '%s'", api_chat_format_name(f), i, m[i].role);
         return -1;
     }
     return 0;
@@ -199,6 +199,13 @@ static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
                       ApiError *e)
 {
+    if (f == API_CHAT_NONE) {
+        api_error_set(e, 400, "messages", "chat_template_missing",
+                      "This model has no chat template the server knows: start it with "
+                      "--chat-template (chatml, llama2, mistral, llama3, phi3, zephyr, gemma), "
+                      "or send the formatted text to /v1/completions");
+        return NULL;
+    }
     if (n < 1) {
         api_error_set(e, 400, "messages", "invalid_value", "'messages' must not be empty");
         return NULL;
@@ -216,7 +223,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
     }
     int first = role_is(&m[0], "system") ? 1 : 0;
     bool alternates = f == API_CHAT_LLAMA2 || f == API_CHAT_MISTRAL || f == API_CHAT_GEMMA;
-    if (alternates && check_alternation(m, n, first, e) != 0) return NULL;
+    if (alternates && check_alternation(f, m, n, first, e) != 0) return NULL;
     if (alternates && first == n) {
         api_error_set(e, 400, "messages", "invalid_value",
                       "'messages' needs a user message after the system message");
@@ -232,13 +239,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
     case API_CHAT_LLAMA2: render_inst(&t, m, n, first, true, tok); break;
     case API_CHAT_MISTRAL: render_inst(&t, m, n, first, false, tok); break;
     case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
-    case API_CHAT_NONE:
-        api_error_set(e, 400, "messages", "chat_template_missing",
-                      "This model has no chat template the server knows: start it with "
-                      "--chat-template (chatml, llama2, mistral, llama3, phi3, zephyr, gemma), "
-                      "or send the formatted text to /v1/completions");
-        api_buf_free(&t.out);
-        return NULL;
+    case API_CHAT_NONE: break; /* refused above */
     }
     size_t len;
     char *s = t.failed ? NULL : api_buf_take(&t.out, &len);

@@ -541,6 +541,7 @@ static int read_response_format(const json_t *root, ApiRequest *r, ApiError *e) 
     if (!v || json_is_null(v)) return 0;
     const json_t *type = json_object_get(v, "type");
     const char *t = json_is_object(v) && json_is_string(type) ? json_string_value(type) : "";
+    if (json_object_size(v) > 1) t = ""; /* a schema or anything else beside the type */
     if (strcmp(t, "text") == 0 || strcmp(t, "json_object") == 0) {
         r->json_object = strcmp(t, "json_object") == 0;
         return 0;
@@ -642,6 +643,12 @@ static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **o
             return -1;
         }
     }
+    const json_t *name = json_object_get(m, "name");
+    if (name && !json_is_null(name) && !json_is_string(name)) {
+        api_error_set(e, 400, "messages", "invalid_type", "messages[%zu].name must be a string",
+                      i);
+        return -1;
+    }
     const char *r = json_string_value(role);
     out->role = strcmp(r, "developer") == 0 ? "system" : r;
     return message_content(json_object_get(m, "content"), i, &out->content, owned, e);
@@ -707,10 +714,7 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
     const json_t *v = json_object_get(root, field);
     r->max_tokens_given = v && !json_is_null(v);
     if (!r->max_tokens_given) r->max_tokens = lim->max_tokens_cap;
-    return read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
-                   read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e) != 0
-               ? -1
-               : 0;
+    return read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e);
 }
 
 static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char *served_model,

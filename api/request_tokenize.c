@@ -65,12 +65,19 @@ static int tokenize_one(ApiPrompt *p, int32_t index, const ApiVocab *v, ApiError
 static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
                          int32_t ctx_len, const ApiLimits *lim, ApiError *e) {
     if (lim->max_prompt_tokens > 0 && p->n_tokens > lim->max_prompt_tokens) {
-        api_error_set(e, 400, "prompt", "prompt_too_long",
+        api_error_set(e, 400, r->chat ? "messages" : "prompt", "prompt_too_long",
                       "Prompt %d has %d tokens; this server allows at most %d", (int)index,
                       (int)p->n_tokens, (int)lim->max_prompt_tokens);
         return -1;
     }
     int64_t total = (int64_t)p->n_tokens + r->max_tokens;
+    if (!r->max_tokens_given && total > ctx_len) { /* chat without max_tokens: no room left */
+        api_error_set(e, 400, "messages", "context_length_exceeded",
+                      "This model's maximum context length is %d tokens, however your messages "
+                      "resulted in %d tokens, leaving no room for the completion. Please reduce "
+                      "the length of the messages.", (int)ctx_len, (int)p->n_tokens);
+        return -1;
+    }
     if (total > ctx_len) {
         api_error_set(e, 400, "prompt", "context_length_exceeded",
                       "This model's maximum context length is %d tokens, however you "

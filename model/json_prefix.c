@@ -65,8 +65,15 @@ static bool fail(JsonPrefix *p) {
     return false;
 }
 
-/* Whitespace between tokens, within the run limit. */
-static bool take_ws(JsonPrefix *p) {
+/* Whitespace between tokens, within the limits: max_ws bytes after the run's last line
+ * break, JSON_PREFIX_MAX_BREAKS line breaks in a run. */
+static bool take_ws(JsonPrefix *p, unsigned char c) {
+    if (c == '\n') {
+        if (p->max_ws && p->breaks >= JSON_PREFIX_MAX_BREAKS) return fail(p);
+        p->breaks++;
+        p->ws = 0;
+        return true;
+    }
     if (p->max_ws && p->ws >= p->max_ws) return fail(p);
     p->ws++;
     return true;
@@ -230,7 +237,7 @@ static bool number_byte(JsonPrefix *p, unsigned char c) {
 
 /* After a value in a container (or at the very end, where only whitespace may follow). */
 static bool after_value_byte(JsonPrefix *p, unsigned char c) {
-    if (is_ws(c)) return take_ws(p);
+    if (is_ws(c)) return take_ws(p, c);
     if (p->mode == M_DONE) return fail(p);
     if (c == '}' || c == ']') return close_container(p, (char)c);
     if (c != ',') return fail(p);
@@ -239,24 +246,24 @@ static bool after_value_byte(JsonPrefix *p, unsigned char c) {
 }
 
 static bool feed_byte(JsonPrefix *p, unsigned char c) {
-    if (!is_ws(c)) p->ws = 0;
+    if (!is_ws(c)) p->ws = p->breaks = 0;
     switch ((Mode)p->mode) {
     case M_START:
-        if (is_ws(c)) return take_ws(p);
+        if (is_ws(c)) return take_ws(p, c);
         return c == '{' ? open_container(p, '{') : fail(p);
     case M_VALUE:
-        return is_ws(c) ? take_ws(p) : start_value(p, c);
+        return is_ws(c) ? take_ws(p, c) : start_value(p, c);
     case M_ARRAY_FIRST:
-        if (is_ws(c)) return take_ws(p);
+        if (is_ws(c)) return take_ws(p, c);
         return c == ']' ? close_container(p, ']') : start_value(p, c);
     case M_KEY_FIRST:
         if (c == '}') return close_container(p, '}');
         /* fall through */
     case M_KEY:
-        if (is_ws(c)) return take_ws(p);
+        if (is_ws(c)) return take_ws(p, c);
         return c == '"' ? start_string(p, true) : fail(p);
     case M_COLON:
-        if (is_ws(c)) return take_ws(p);
+        if (is_ws(c)) return take_ws(p, c);
         if (c != ':') return fail(p);
         p->mode = M_VALUE;
         return true;

@@ -6,8 +6,10 @@
  * The grammar is RFC 8259's, with the top-level value an object and strict UTF-8 inside
  * strings (no overlongs, no surrogates, nothing past U+10FFFF; control characters must be
  * escaped). \u escapes take any four hex digits (RFC 8259 allows lone surrogates in the
- * syntax). Nesting is limited to JSON_PREFIX_MAX_DEPTH, and runs of whitespace outside
- * strings to max_ws bytes (0: unlimited), so that a model cannot stall in whitespace.
+ * syntax). Nesting is limited to JSON_PREFIX_MAX_DEPTH; with max_ws > 0 a run of
+ * whitespace outside strings may hold JSON_PREFIX_MAX_BREAKS line breaks and max_ws other
+ * bytes after its last one (pretty-printed indentation fits), so that a model cannot stall
+ * in whitespace.
  *
  * A JsonPrefix is a small value: copy it to try bytes without committing them.
  */
@@ -19,6 +21,7 @@
 #include <stdint.h>
 
 #define JSON_PREFIX_MAX_DEPTH 32
+#define JSON_PREFIX_MAX_BREAKS 2
 
 typedef struct {
     uint8_t mode;      /* what the next byte may be (json_prefix.c's Mode) */
@@ -27,14 +30,16 @@ typedef struct {
     uint8_t lo, hi;    /* UTF-8: the range the next continuation byte must fall in */
     uint8_t literal;   /* which of true/false/null is being read */
     uint8_t depth;
-    uint8_t ws;        /* whitespace bytes in the current run */
+    uint8_t ws;        /* whitespace bytes in the current run since its last line break */
+    uint8_t breaks;    /* line breaks in the current run */
     uint8_t max_ws;
     bool in_key;       /* the string being read is an object key */
     bool failed;
     char stack[JSON_PREFIX_MAX_DEPTH]; /* '{' or '[' per open container */
 } JsonPrefix;
 
-/* Expect an object, after optional whitespace. max_ws: see above (at most 255). */
+/* Expect an object, after optional whitespace. max_ws: see above (at most 255; 0: no
+ * whitespace limits). */
 void json_prefix_init(JsonPrefix *p, int max_ws);
 /* Feed n bytes; false once they leave every JSON object's prefixes (p is then failed and
  * stays so), or go past the end of a complete one (whitespace may follow it). */

@@ -12,9 +12,10 @@
 
 #include "scheduler/engine_internal.h"
 
-/* Runs of whitespace outside strings longer than this are refused: a model that likes
- * whitespace would otherwise fill max_tokens with it. */
-#define JSON_MAX_WS 24
+/* Whitespace outside strings: at most this many bytes after a line break (indentation
+ * of pretty-printed JSON fits), so that a model that likes whitespace cannot fill
+ * max_tokens with it (json_prefix.h also limits line breaks in a row). */
+#define JSON_MAX_WS 64
 
 int engine_json_table_build(Engine *e)
 {
@@ -30,16 +31,22 @@ int engine_json_table_build(Engine *e)
     char buf[256];
     for (int32_t t = 0; t < n; t++) {
         int len = e->ops.token_text(e->ops.ctx, t, buf, sizeof buf);
+        /* An end-of-generation token is never drawn either, even one with text (some
+         * files mark <|im_end|> user-defined): the object's closing ends the output. */
+        bool eog = e->ops.is_eog ? e->ops.is_eog(e->ops.ctx, t) : t == e->ops.eos_id;
         e->token_off[t] = (int32_t)used;
-        e->token_len[t] = len;
-        if (len <= 0)
+        e->token_len[t] = eog ? -1 : len;
+        if (len <= 0 || eog)
             continue;
-        if (used + (size_t)len > cap) {
-            char *grown = realloc(e->token_bytes, cap * 2);
+        size_t want = cap;
+        while (used + (size_t)len > want)
+            want *= 2;
+        if (want > cap) {
+            char *grown = realloc(e->token_bytes, want);
             if (!grown)
                 return -1;
             e->token_bytes = grown;
-            cap *= 2;
+            cap = want;
         }
         memcpy(e->token_bytes + used, buf, (size_t)len);
         used += (size_t)len;

@@ -111,7 +111,7 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
     } else {
         memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
         if (r->json_object && engine_json_mask(e, s, e->scratch_logits) == 0) {
-            seq_finish(e, s, FINISH_ERROR, "no token continues the JSON output");
+            seq_finish(e, s, FINISH_LENGTH, NULL); /* no token continues the JSON: a dead end */
             return;
         }
         token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,

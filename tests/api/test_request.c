@@ -641,10 +641,17 @@ static void test_chat_request(void **state) {
     api_request_engine(r, 0, NULL, &er);
     assert_true(er.json_object);
     api_request_free(r);
-    /* a prompt that fills the context leaves no room: the usual context error */
+    /* messages that fill the context leave no room: a context error about the messages */
     r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
     assert_int_equal(api_request_tokenize(r, &v, 10, &l, &e), -1);
     assert_string_equal(e.code, "context_length_exceeded");
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "no room for the completion"));
+    api_request_free(r);
+    /* max_completion_tokens wins, and max_tokens beside it is not checked */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"max_completion_tokens\":2,\"max_tokens\":5000}");
+    assert_int_equal(r->max_tokens, 2);
     api_request_free(r);
 }
 
@@ -681,6 +688,13 @@ static void test_chat_request_errors(void **state) {
                API_CHAT_CHATML, "response_format", "schemas are not supported");
     chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":\"json\"}",
                API_CHAT_CHATML, "response_format", "json_object");
+    chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\","
+               "\"schema\":{}}}", API_CHAT_CHATML, "response_format", "json_object");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+               "\"name\":5}]}", API_CHAT_CHATML, "messages", "name");
+    /* no template: that is the answer, whatever else is wrong with the messages */
+    chat_error("{\"model\":\"m\",\"messages\":[]}", API_CHAT_NONE, "messages",
+               "--chat-template");
     chat_error("{\"model\":\"m\"," MSGS "}", API_CHAT_NONE, "messages", "--chat-template");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
                "\"user\",\"content\":\"b\"}]}", API_CHAT_LLAMA2, "messages", "alternate");

@@ -83,8 +83,12 @@ static void test_refusals_at_the_right_byte(void **state) {
     deep[n++] = '[';
     deep[n] = '\0';
     assert_int_equal(accepted_len(deep, 0), n - 1);
-    /* whitespace runs past max_ws, outside strings only */
+    /* whitespace runs past max_ws, outside strings only; line breaks start a new count,
+     * up to JSON_PREFIX_MAX_BREAKS in a run */
     assert_int_equal(accepted_len("{   \"a\"}", 2), 3);
+    assert_int_equal(accepted_len("{\n  \n  \"a\":1}", 2), 13);
+    assert_int_equal(accepted_len("{\n\n\n\"a\":1}", 2), 3);
+    assert_int_equal(accepted_len("{\n\n\n\"a\":1}", 0), 10);
     assert_int_equal(accepted_len("{\"a   b\":   1}", 2), 11);
     JsonPrefix p;
     json_prefix_init(&p, 0);

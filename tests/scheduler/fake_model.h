@@ -257,14 +257,17 @@ static int fake_token_text(void *ctx, int32_t id, char *out, size_t cap)
     FakeModel *f = ctx;
     const char *piece = id >= 0 && id < f->n_vocab ? f->pieces[id] : "";
     int byte = piece ? fake_byte_of(piece) : -1;
-    char text[64];
-    int n = byte >= 0 ? (text[0] = (char)byte, 1)
-            : piece   ? snprintf(text, sizeof text, "%s", piece)
-                      : snprintf(text, sizeof text, "<%d>", id);
-    if (n <= 0 || (size_t)n > cap)
+    char own[16];
+    if (byte >= 0)
+        own[0] = (char)byte, own[1] = '\0';
+    else if (!piece)
+        snprintf(own, sizeof own, "<%d>", id);
+    const char *text = byte >= 0 || !piece ? own : piece;
+    size_t n = byte >= 0 ? 1 : strlen(text);
+    if (n == 0 || n > cap)
         return -1;
-    memcpy(out, text, (size_t)n);
-    return n;
+    memcpy(out, text, n);
+    return (int)n;
 }
 
 static int fake_detok_flush(void *ctx, Detokenizer *d, char *out, size_t cap)

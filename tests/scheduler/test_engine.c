@@ -975,6 +975,39 @@ static void test_json_object_masks_eos(void **state)
     h_fake_free(f);
 }
 
+/* A vocabulary of 4 with a 200-byte token: the engine's table of token texts grows to fit
+ * it, and the long token is drawn inside a key. */
+static void test_json_object_long_token(void **state)
+{
+    (void)state;
+    FakeModel *f = malloc(sizeof *f);
+    fake_init(f, 4, FAKE_SUCC);
+    f->noise = 0.0f;
+    char long_piece[201];
+    memset(long_piece, 'a', 200);
+    long_piece[200] = '\0';
+    f->pieces[1] = "{\"";
+    f->pieces[2] = long_piece;
+    f->pieces[3] = "\":1}";
+    f->succ[3] = 1;
+    Harness *h = calloc(1, sizeof *h);
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    int32_t p[1] = {0};
+    EngineRequest q = h_request(p, 1, 10);
+    q.json_object = true;
+    uint64_t id = h_submit(e, &q);
+    h_run(h, e, f, 100);
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->n_tokens, 3); /* (the fake detokenizer writes no 200-byte text) */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(c->tokens[i], i + 1);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* ---- cancellation ----------------------------------------------------------------------- */
 
 static void test_cancel_everywhere(void **state)
@@ -1316,6 +1349,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_json_object_output),
         cmocka_unit_test(test_json_object_masks_eos),
+        cmocka_unit_test(test_json_object_long_token),
         cmocka_unit_test(test_cancel_everywhere),
         cmocka_unit_test(test_stop_with_work_in_flight),
         cmocka_unit_test(test_submit_validation),
