@@ -110,6 +110,7 @@ struct Engine {
     char *token_bytes;      /* ops.token_text of every token, back to back (json_object) */
     int32_t *token_off;     /* n_vocab offsets into token_bytes */
     int32_t *token_len;     /* n_vocab lengths; -1: the token adds no text */
+    struct JsonMaskCache *json_masks; /* engine_json.c's, made at the first json_object draw */
     char *detok_buf;        /* detok_cap + ENGINE_DETOK_SLACK bytes */
     size_t detok_cap;       /* what one detok call may write, NUL included */
 
@@ -200,7 +201,7 @@ int engine_json_table_build(Engine *e); /* at creation; 0 (nothing without ops.t
 void engine_json_table_free(Engine *e);
 void engine_json_seq_init(Seq *s);
 /* Sets the logits of tokens that cannot continue s's JSON to -inf; returns how many can. */
-int32_t engine_json_mask(const Engine *e, const Seq *s, float *logits);
+int32_t engine_json_mask(Engine *e, const Seq *s, float *logits);
 /* Takes a drawn token into s's JSON; true when the object is now complete. */
 bool engine_json_advance(const Engine *e, Seq *s, int32_t token);
 
