@@ -86,38 +86,6 @@ typedef struct {
 
 void api_limits_default(ApiLimits *l);
 
-/* ---- vocabulary: what the api needs of a tokenizer ------------------------------------------ */
-
-/* An interface so that this room can be tested with a fake vocabulary;
- * api_vocab_from_tokenizer wraps model/tokenizer.h. */
-typedef struct {
-    void *arg;
-    int32_t n_vocab;
-    bool add_bos;   /* prepend BOS when encoding a prompt string */
-    /* As tokenizer_encode: total count needed (may exceed max_out), or -1. */
-    int (*encode)(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
-                  int max_out);
-    /* Text of a whole token sequence as a prompt reads (leading space stripped, control
-     * tokens silent when skip_special): malloc'd valid UTF-8, NULL on failure. */
-    char *(*decode)(void *arg, const int32_t *ids, int32_t n, bool skip_special);
-    /* Display text of one token for logprobs, NUL-terminated in out (cap >= 64): the text
-     * it stands for (U+2581 as a space, BPE byte characters as their bytes); a token whose
-     * bytes are not whole characters (a byte-fallback token, part of a BPE character), or
-     * hold control bytes other than tab and newlines, is written "bytes:\xNN..." (OpenAI's
-     * form); control tokens as their piece ("<s>").
-     * Returns the length, or -1. *is_control tells whether it adds nothing to the text. */
-    int (*token_text)(void *arg, int32_t id, char *out, size_t cap, bool *is_control);
-    /* Optional (NULL: offsets are found by decoding): where each token encode gives for the
-     * text starts in it, as byte offsets (tokenizer_token_starts); the count, or -1. Echo
-     * with logprobs places a text prompt's tokens by it: a special token written in the
-     * prompt, or whitespace it swallowed, is text that decoding does not give back. */
-    int (*token_starts)(void *arg, const char *text, size_t len, bool add_bos, size_t *starts,
-                        int max_out);
-} ApiVocab;
-
-/* The tokenizer must outlive the vocab. */
-void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok);
-
 /* ---- chat templates (chat_template.c) ------------------------------------------------------- */
 
 /* The chat formats we write ourselves (GGUF templates are Jinja; we recognise, not run, them). */
@@ -154,6 +122,42 @@ typedef struct {
  * requires it: 400 naming "messages". malloc'd; NULL and e on error. */
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
                       ApiError *e);
+
+/* ---- vocabulary: what the api needs of a tokenizer ------------------------------------------ */
+
+/* An interface so that this room can be tested with a fake vocabulary;
+ * api_vocab_from_tokenizer wraps model/tokenizer.h. */
+typedef struct {
+    void *arg;
+    int32_t n_vocab;
+    bool add_bos;   /* prepend BOS when encoding a prompt string */
+    /* As tokenizer_encode: total count needed (may exceed max_out), or -1. */
+    int (*encode)(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
+                  int max_out);
+    /* Text of a whole token sequence as a prompt reads (leading space stripped, control
+     * tokens silent when skip_special): malloc'd valid UTF-8, NULL on failure. */
+    char *(*decode)(void *arg, const int32_t *ids, int32_t n, bool skip_special);
+    /* Display text of one token for logprobs, NUL-terminated in out (cap >= 64): the text
+     * it stands for (U+2581 as a space, BPE byte characters as their bytes); a token whose
+     * bytes are not whole characters (a byte-fallback token, part of a BPE character), or
+     * hold control bytes other than tab and newlines, is written "bytes:\xNN..." (OpenAI's
+     * form); control tokens as their piece ("<s>").
+     * Returns the length, or -1. *is_control tells whether it adds nothing to the text. */
+    int (*token_text)(void *arg, int32_t id, char *out, size_t cap, bool *is_control);
+    /* Optional (NULL: offsets are found by decoding): where each token encode gives for the
+     * text starts in it, as byte offsets (tokenizer_token_starts); the count, or -1. Echo
+     * with logprobs places a text prompt's tokens by it: a special token written in the
+     * prompt, or whitespace it swallowed, is text that decoding does not give back. */
+    int (*token_starts)(void *arg, const char *text, size_t len, bool add_bos, size_t *starts,
+                        int max_out);
+    /* How /tokenize writes "messages" (API_CHAT_NONE: it refuses them, as chat does); the
+     * server sets these after api_vocab_from_tokenizer. */
+    ApiChatFormat chat_format;
+    ApiChatTokens chat_tokens;
+} ApiVocab;
+
+/* The tokenizer must outlive the vocab. */
+void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok);
 
 /* ---- completion requests ---------------------------------------------------------------------- */
 
@@ -281,7 +285,8 @@ char *api_models_body(const char *model_id, int64_t created, int32_t max_model_l
 char *api_model_body(const char *model_id, int64_t created, int32_t max_model_len,
                      size_t *len);
 
-/* POST /tokenize {"prompt" | "text": string, "add_special_tokens"|"add_special": bool
+/* POST /tokenize {"prompt" | "text": string, or "messages": a chat as /v1/chat/completions
+ * takes it (written in v->chat_format, so the count is the chat's prompt_tokens), "add_special_tokens"|"add_special": bool
  * (default true: BOS when the vocab adds it), "model"?, "return_token_strs"?: bool}
  * -> {"tokens":[...], "count", "max_model_len"(, "token_strs")}.
  * POST /detokenize {"tokens":[ids], "model"?} -> {"prompt": text}.
@@ -365,6 +370,10 @@ struct json_t;
 struct json_t *api_json_string(const char *s, size_t n);
 /* A JSON number for a log-probability: -inf and NaN become -9999.0 (as vLLM does). */
 struct json_t *api_json_logprob(float lp);
+/* A chat's "messages" array (JSON) as its prompt text in format f: malloc'd, or NULL and e
+ * (400 naming "messages"). */
+char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
+                                const ApiChatTokens *tok, ApiError *e);
 /* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
 char *api_json_dump(struct json_t *j, size_t *len);
 /* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */

@@ -108,14 +108,26 @@ static int dump_into(json_t *root, char **out, size_t *out_len, ApiError *e) {
 
 /* ---- /tokenize --------------------------------------------------------------------------------- */
 
-static int read_text(const json_t *root, const char **text, size_t *len, ApiError *e) {
+/* The text to tokenise: "prompt" or "text", or "messages" written in the vocabulary's
+ * chat format (*owned then holds it). */
+static int read_text(const json_t *root, const ApiVocab *vocab, const char **text, size_t *len,
+                     char **owned, ApiError *e) {
     const json_t *p = json_object_get(root, "prompt");
     const json_t *t = json_object_get(root, "text");
+    const json_t *m = json_object_get(root, "messages");
     if (p && json_is_null(p)) p = NULL;
     if (t && json_is_null(t)) t = NULL;
-    if (p && t) {
-        api_error_set(e, 400, "prompt", "invalid_value", "Give 'prompt' or 'text', not both");
+    if (m && json_is_null(m)) m = NULL;
+    if ((p != NULL) + (t != NULL) + (m != NULL) > 1) {
+        api_error_set(e, 400, "prompt", "invalid_value",
+                      "Give one of 'prompt', 'text' and 'messages'");
         return -1;
+    }
+    if (m) {
+        *owned = api_chat_prompt_from_json(m, vocab->chat_format, &vocab->chat_tokens, e);
+        *text = *owned;
+        *len = *owned ? strlen(*owned) : 0;
+        return *owned ? 0 : -1;
     }
     const json_t *v = p ? p : t;
     const char *field = p ? "prompt" : "text";
@@ -161,18 +173,22 @@ static json_t *encode_ids(const ApiVocab *v, const char *text, size_t len, bool 
 int api_tokenize_handle(const char *body, size_t len, const ApiLimits *lim,
                         const ApiVocab *v, const char *served_model, int32_t max_model_len,
                         char **out, size_t *out_len, ApiError *e) {
-    static const char *const known[] = {"model", "prompt", "text", "add_special_tokens",
-                                        "add_special", "return_token_strs", NULL};
+    static const char *const known[] = {"model", "prompt", "text", "messages",
+                                        "add_special_tokens", "add_special",
+                                        "return_token_strs", NULL};
     *out = NULL;
     json_t *root = load_object(body, len, lim, known, e);
     if (!root) return -1;
     const char *text;
     size_t text_len;
+    char *owned = NULL;
     bool add_special = true, add_special_alias = true, token_strs = false;
-    if (check_model(root, served_model, e) != 0 || read_text(root, &text, &text_len, e) != 0 ||
+    if (check_model(root, served_model, e) != 0 ||
+        read_text(root, v, &text, &text_len, &owned, e) != 0 ||
         read_flag(root, "add_special_tokens", &add_special, e) != 0 ||
         read_flag(root, "add_special", &add_special_alias, e) != 0 ||
         read_flag(root, "return_token_strs", &token_strs, e) != 0) {
+        free(owned);
         json_decref(root);
         return -1;
     }
@@ -180,6 +196,7 @@ int api_tokenize_handle(const char *body, size_t len, const ApiLimits *lim,
     int n = 0;
     json_t *tokens = encode_ids(v, text, text_len, v->add_bos && add_special && add_special_alias,
                                 &ids, &n);
+    free(owned);
     json_decref(root);
     if (!tokens) {
         api_error_set(e, 500, NULL, NULL, "could not tokenize the text");

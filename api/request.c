@@ -654,6 +654,27 @@ static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **o
     return message_content(json_object_get(m, "content"), i, &out->content, owned, e);
 }
 
+char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiChatTokens *tok,
+                                ApiError *e) {
+    if (!json_is_array(v)) {
+        bad(e, "messages", "an array of messages", v);
+        return NULL;
+    }
+    size_t n = json_array_size(v);
+    ApiChatMessage *msgs = calloc(n ? n : 1, sizeof *msgs);
+    char **owned = calloc(n ? n : 1, sizeof *owned);
+    int rc = msgs && owned ? 0 : -1;
+    if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = read_message(json_array_get(v, i), i, &msgs[i], &owned[i], e);
+    char *text = NULL;
+    if (rc == 0) text = api_chat_render(fmt, msgs, (int)n, tok, e);
+    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    return text;
+}
+
 /* The messages rendered in the server's chat format become the request's one prompt. */
 static int read_messages(const json_t *root, const ApiLimits *lim, ApiChatFormat fmt,
                          const ApiChatTokens *tok, ApiRequest *r, ApiError *e) {
@@ -663,20 +684,8 @@ static int read_messages(const json_t *root, const ApiLimits *lim, ApiChatFormat
                       "'messages' is required");
         return -1;
     }
-    if (!json_is_array(v)) return bad(e, "messages", "an array of messages", v);
-    size_t n = json_array_size(v);
-    ApiChatMessage *msgs = calloc(n ? n : 1, sizeof *msgs);
-    char **owned = calloc(n ? n : 1, sizeof *owned);
-    int rc = msgs && owned ? 0 : -1;
-    if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = read_message(json_array_get(v, i), i, &msgs[i], &owned[i], e);
-    char *text = NULL;
-    if (rc == 0 && (text = api_chat_render(fmt, msgs, (int)n, tok, e)) == NULL) rc = -1;
-    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
-    free(owned);
-    free(msgs);
-    if (rc != 0) return -1;
+    char *text = api_chat_prompt_from_json(v, fmt, tok, e);
+    if (!text) return -1;
     if (alloc_prompts(r, 1, lim, e) != 0) {
         free(text);
         return -1;

@@ -337,6 +337,8 @@ void server_chat_setup(Server *s)
     piece_text(t, tokenizer_eos(t), s->chat_eos, sizeof s->chat_eos);
     s->chat_tokens.bos = s->chat_bos;
     s->chat_tokens.eos = s->chat_eos;
+    s->vocab.chat_format = s->chat_format; /* /tokenize writes "messages" the same way */
+    s->vocab.chat_tokens = s->chat_tokens;
     const char *name = api_chat_format_name(s->chat_format);
     if (s->chat_format != API_CHAT_NONE)
         server_log(LOG_INFO, "chat template: %s (%s)", name,

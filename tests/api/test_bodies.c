@@ -166,7 +166,9 @@ static void test_tokenize(void **state) {
         {"{\"prompt\":\"a\",\"add_special_tokens\":1}", 400, "add_special_tokens"},
         {"{\"prompt\":\"a\",\"model\":\"other\"}", 404, "model"},
         {"{\"prompt\":\"a\",\"model\":7}", 400, "model"},
-        {"{\"prompt\":\"a\",\"messages\":[]}", 400, "messages"},
+        {"{\"prompt\":\"a\",\"messages\":[]}", 400, "prompt"},
+        {"{\"messages\":[]}", 400, "messages"},
+        {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "messages"},
         {"[\"a\"]", 400, ""},
         {"{\"prompt\":", 400, ""},
     };
@@ -177,8 +179,25 @@ static void test_tokenize(void **state) {
             fail_msg("%s -> %d '%s' %s", bad[i].body, e.status, e.param, e.message);
         assert_null(out);
     }
+    /* messages: the chat's prompt, as /v1/chat/completions writes it (ChatML here) */
+    assert_int_equal(tokenize("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &out,
+                              &e), 0);
+    o = parse_json(out, strlen(out));
+    const char *chatml = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(json_integer_value(json_object_get(o, "count")), 1 + (int)strlen(chatml));
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(o, "tokens"), 1)),
+                     3 + '<');
+    json_decref(o);
+    free(out);
     ApiLimits l;
     api_limits_default(&l);
+    ApiVocab plain = fake_vocab();
+    plain.chat_format = API_CHAT_NONE;
+    const char *msgs = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    size_t n_out;
+    assert_int_equal(api_tokenize_handle(msgs, strlen(msgs), &l, &plain, "m", 512, &out, &n_out, &e),
+                     -1);
+    assert_string_equal(e.code, "chat_template_missing");
     l.max_body_bytes = 10;
     size_t len;
     const char *big = "{\"prompt\":\"hello\"}";

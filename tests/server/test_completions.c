@@ -362,6 +362,11 @@ static void test_chat_is_completion_of_rendered_prompt(void **state)
     assert_string_equal(chat_content(c, 0), choice_text(t, 0));
     assert_int_equal(usage_field(c, "prompt_tokens"), usage_field(t, "prompt_tokens"));
     assert_int_equal(usage_field(c, "prompt_tokens"), tokenize_count(srv.port, CHAT_PROMPT));
+    json_t *tok = post_json(srv.port, "/tokenize", "{" CHAT_MSGS "}", &status); /* a chat's count */
+    assert_int_equal(status, 200);
+    assert_int_equal(json_integer_value(json_object_get(tok, "count")),
+                     usage_field(c, "prompt_tokens"));
+    json_decref(tok);
     assert_int_equal(usage_field(c, "completion_tokens"), 12);
 
     char body[1024];
