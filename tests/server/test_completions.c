@@ -391,6 +391,36 @@ static void test_chat_is_completion_of_rendered_prompt(void **state)
     json_decref(t);
 }
 
+/* A follow-up turn repeats the conversation so far: its prompt starts with the first
+ * turn's, whose full KV blocks the prefix cache still holds. */
+static void test_chat_follow_up_hits_prefix_cache(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *first = chat("\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true", &status);
+    assert_int_equal(status, 200);
+    int first_prompt = usage_field(first, "prompt_tokens");
+    json_t *turns = json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "system",
+                              "content", "Be brief.", "role", "user", "content",
+                              "Tell me a story", "role", "assistant", "content",
+                              chat_content(first, 0), "role", "user", "content", "And then?");
+    json_t *req = json_pack("{s:s,s:o,s:i,s:i}", "model", "random", "messages", turns,
+                            "max_tokens", 4, "temperature", 0);
+    char *body = json_dumps(req, 0);
+    json_t *second = post_json(srv.port, "/v1/chat/completions", body, &status);
+    assert_int_equal(status, 200);
+    int cached = (int)json_integer_value(json_object_get(
+        json_object_get(json_object_get(second, "usage"), "prompt_tokens_details"),
+        "cached_tokens"));
+    assert_true(first_prompt >= 32);
+    assert_true(cached >= 16 * ((first_prompt - 16) / 16)); /* all but the last block or so */
+    assert_true(cached < usage_field(second, "prompt_tokens"));
+    free(body);
+    json_decref(req);
+    json_decref(first);
+    json_decref(second);
+}
+
 /* Without max_tokens a reply may fill the context (512 tokens here). */
 static void test_chat_default_length(void **state)
 {
@@ -656,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
+        cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
