@@ -17,6 +17,8 @@
  * a phase stops handing out jobs at its wall-clock bound. */
 #include "tests/server/server_test.h"
 
+#include "model/json_prefix.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -213,6 +215,7 @@ static Result job_fail(const Job *j, const char *fmt, ...)
 
 typedef struct {
     bool stream, include_usage, echo, ignore_eos;
+    bool json; /* response_format json_object */
     int max_tokens, n, logprobs; /* logprobs -1: not asked */
     int n_stop;
     char stop[3][8];
@@ -314,6 +317,10 @@ static void req_make(Req *q, Rng *r, bool force_stream)
     }
     if (q->stream || rng_chance(r, 0.2))
         json_object_set_new(o, "stream", json_boolean(q->stream));
+    if (rng_chance(r, 0.1)) {
+        q->json = true;
+        json_object_set_new(o, "response_format", json_pack("{s:s}", "type", "json_object"));
+    }
     if (q->stream && rng_chance(r, 0.5)) {
         q->include_usage = true;
         json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1));
@@ -471,6 +478,17 @@ static bool logprobs_values_ok(json_t *lp, const Req *q)
     return true;
 }
 
+/* json_object: the generated text is a JSON object's prefix, and the whole object when the
+ * choice ended "stop" without stop strings (one may cut it anywhere). */
+static bool json_reply_ok(const Req *q, const char *gen, bool is_length)
+{
+    JsonPrefix p;
+    json_prefix_init(&p, 0);
+    if (!json_prefix_feed(&p, gen, strlen(gen)))
+        return false;
+    return is_length || q->n_stop > 0 || json_prefix_complete(&p);
+}
+
 static Result check_completion_body(const Job *j, const Req *q, const HttpResponse *resp)
 {
     char ct[128];
@@ -513,7 +531,7 @@ static Result check_completion_body(const Job *j, const Req *q, const HttpRespon
         }
         seen[idx] = true;
         bool is_length = strcmp(fin, "length") == 0;
-        if (!is_length && q->ignore_eos && q->n_stop == 0) {
+        if (!is_length && q->ignore_eos && q->n_stop == 0 && !q->json) {
             res = job_fail(j, "choice %lld ended \"%s\" with ignore_eos and no stop strings",
                            (long long)idx, fin);
             goto out;
@@ -524,6 +542,11 @@ static Result check_completion_body(const Job *j, const Req *q, const HttpRespon
         if (!echo_ok || (gen && contains_stop(q, gen))) {
             res = job_fail(j, "choice %lld: %s: %.200s", (long long)idx,
                            echo_ok ? "a stop string is in the text" : "echo missing", text);
+            goto out;
+        }
+        if (q->json && !json_reply_ok(q, gen ? gen : "", is_length)) {
+            res = job_fail(j, "choice %lld: not the JSON object asked for: %.200s",
+                           (long long)idx, gen ? gen : "");
             goto out;
         }
         json_t *lp = json_object_get(ch, "logprobs");
@@ -560,7 +583,7 @@ static Result check_completion_body(const Job *j, const Req *q, const HttpRespon
     res = check_usage(j, q, json_object_get(root, "usage"), n_length, &completion);
     /* Without stop strings a "stop" choice ended on EOS: usage counts that token, the
      * logprobs do not list it (the engine emits no TOKEN event for it). */
-    long eos = q->n - n_length;
+    long eos = q->json ? 0 : q->n - n_length; /* a JSON object ends without EOS */
     if (res == RES_OK && q->logprobs >= 0 && q->n_stop == 0 && gen_sum + eos != completion)
         res = job_fail(j, "logprobs hold %ld tokens + %ld EOS, usage says %ld", gen_sum, eos,
                        completion);
@@ -677,10 +700,13 @@ static Result stream_end(const Job *j, const Req *q, StreamState *s)
         if (!s->finished[i])
             return job_fail(j, "[DONE] before choice %d finished", i);
         n_length += s->is_length[i];
-        if (!s->is_length[i] && q->ignore_eos && q->n_stop == 0)
+        if (!s->is_length[i] && q->ignore_eos && q->n_stop == 0 && !q->json)
             return job_fail(j, "streamed choice %d ended \"stop\" with ignore_eos and no stop "
                                "strings", i);
         const char *gen = s->text[i] ? s->text[i] + s->echo_len[i] : "";
+        if (q->json && !json_reply_ok(q, gen, s->is_length[i]))
+            return job_fail(j, "streamed choice %d: not the JSON object asked for: %.200s", i,
+                            gen);
         if (contains_stop(q, gen))
             return job_fail(j, "streamed choice %d: a stop string is in the text: %.200s", i,
                             gen);
@@ -698,7 +724,7 @@ static Result stream_end(const Job *j, const Req *q, StreamState *s)
         return job_fail(j, "include_usage asked, no usage chunk");
     long completion = 0;
     Result res = check_usage(j, q, s->usage, n_length, &completion);
-    long eos = q->n - n_length; /* see check_completion_body */
+    long eos = q->json ? 0 : q->n - n_length; /* see check_completion_body */
     if (res == RES_OK && q->logprobs >= 0 && q->n_stop == 0 && chunks + eos != completion)
         res = job_fail(j, "%ld token chunks + %ld EOS, usage says %ld", chunks, eos, completion);
     if (res == RES_OK)
