@@ -98,7 +98,15 @@ typedef enum {
     API_CHAT_PHI3,     /* <|user|>\n...<|end|> */
     API_CHAT_ZEPHYR,   /* <|user|>\n...</s> */
     API_CHAT_GEMMA,    /* <start_of_turn>user ... <end_of_turn> */
+    API_CHAT_MISTRAL_V1,        /* " [INST] ... [/INST] answer</s>" (v0.1/v0.2 as now published) */
+    API_CHAT_MISTRAL_V3,        /* "[INST] ...[/INST] answer</s>", system in the last turn */
+    API_CHAT_MISTRAL_V3_TEKKEN, /* "[INST]...[/INST]answer</s>", system in the last turn (Nemo) */
 } ApiChatFormat;
+
+/* Every format's name, for messages and help texts. */
+#define API_CHAT_FORMAT_NAMES                                                                   \
+    "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr, " \
+    "gemma"
 
 /* The format a GGUF's tokenizer.chat_template is written in, by its marker strings (NULL or
  * unrecognised: NONE). */

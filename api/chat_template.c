@@ -19,6 +19,8 @@ static const char *const format_names[] = {
     [API_CHAT_LLAMA2] = "llama2",   [API_CHAT_MISTRAL] = "mistral",
     [API_CHAT_LLAMA3] = "llama3",   [API_CHAT_PHI3] = "phi3",
     [API_CHAT_ZEPHYR] = "zephyr",   [API_CHAT_GEMMA] = "gemma",
+    [API_CHAT_MISTRAL_V1] = "mistral-v1", [API_CHAT_MISTRAL_V3] = "mistral-v3",
+    [API_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
 };
 
 #define N_FORMATS ((int)(sizeof format_names / sizeof *format_names))
@@ -45,8 +47,15 @@ ApiChatFormat api_chat_format_detect(const char *jinja)
     if (strstr(jinja, "<|assistant|>") && strstr(jinja, "<|end|>")) return API_CHAT_PHI3;
     if (strstr(jinja, "<|user|>")) return API_CHAT_ZEPHYR;
     if (inst && strstr(jinja, "<<SYS>>")) return API_CHAT_LLAMA2;
-    if (inst) return API_CHAT_MISTRAL;
-    return API_CHAT_NONE;
+    if (!inst || strstr(jinja, "[SYSTEM_PROMPT]")) return API_CHAT_NONE; /* (v7: not ours) */
+    /* Mistral's: v3 puts the system text in the last turn; "tekken" (Nemo) has no space
+     * after [INST]; v1 has one before it. */
+    if (strstr(jinja, "loop.last and system_message"))
+        return strstr(jinja, "\"[INST]\" +") || strstr(jinja, "'[INST]' +")
+                   ? API_CHAT_MISTRAL_V3_TEKKEN
+                   : API_CHAT_MISTRAL_V3;
+    if (strstr(jinja, "' [INST] '") || strstr(jinja, "\" [INST] \"")) return API_CHAT_MISTRAL_V1;
+    return API_CHAT_MISTRAL;
 }
 
 /* ---- rendering ------------------------------------------------------------------------------ */
@@ -137,45 +146,74 @@ static void render_tagged(Text *t, const ApiChatMessage *m, int n, const char *e
 }
 
 /* Llama 2: [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] user [/INST]
- * (contents stripped). Mistral: the same turns without <<SYS>> and without the spaces
- * around answers: [INST] user [/INST]answer</s>[INST] ...; a system message opens the first
- * user turn, followed by a blank line (Mistral-7B-Instruct v0.2 / Mixtral's template; the
- * later "v1" one adds a space before each [INST] and answer, v0.3 moves the system text to
- * the last turn). */
-static void render_inst(Text *t, const ApiChatMessage *m, int n, int first, bool llama2,
-                        const ApiChatTokens *tok) {
-    const char *system = first > 0 ? m[0].content : NULL;
+ * (contents stripped, the system block with the first turn). */
+static void render_llama2(Text *t, const ApiChatMessage *m, int n, int first,
+                          const ApiChatTokens *tok) {
     for (int i = first; i < n; i++) {
         if (role_is(&m[i], "assistant")) {
-            if (llama2) put(t, " ");
-            if (llama2) put_trimmed(t, m[i].content);
-            else put(t, m[i].content);
-            if (llama2) put(t, " ");
+            put(t, " ");
+            put_trimmed(t, m[i].content);
+            put(t, " ");
             put(t, tok->eos);
             continue;
         }
-        if (i > first && llama2) put(t, tok->bos);
+        if (i > first) put(t, tok->bos);
         put(t, "[INST] ");
-        if (i == first && system && llama2) {
+        if (i == first && first > 0) {
             ApiBuf joined; /* strip() applies to the system block and the turn together */
             api_buf_init(&joined);
             bool ok = api_buf_append_str(&joined, "<<SYS>>\n") == 0 &&
-                      api_buf_append_str(&joined, system) == 0 &&
+                      api_buf_append_str(&joined, m[0].content) == 0 &&
                       api_buf_append_str(&joined, "\n<</SYS>>\n\n") == 0 &&
                       api_buf_append_str(&joined, m[i].content) == 0;
             if (ok) put_trimmed(t, joined.data);
             else t->failed = true;
             api_buf_free(&joined);
-        } else if (i == first && system) {
-            put(t, system);
-            put(t, "\n\n");
-            put(t, m[i].content);
-        } else if (llama2) {
-            put_trimmed(t, m[i].content);
         } else {
-            put(t, m[i].content);
+            put_trimmed(t, m[i].content);
         }
         put(t, " [/INST]");
+    }
+}
+
+/* Mistral's [INST] formats differ in spacing and in which user turn a system message
+ * opens (followed by a blank line):
+ *   mistral      [INST] user [/INST]answer</s>[INST] ...          first turn (v0.2, Mixtral)
+ *   mistral-v1    [INST] user [/INST] answer</s> [INST] ...       first turn (v0.1/v0.2 now)
+ *   mistral-v3   [INST] user[/INST] answer</s>[INST] ...          last turn, answer trimmed
+ *   mistral-v3-tekken [INST]user[/INST]answer</s>[INST]...        last turn (Nemo) */
+typedef struct {
+    const char *open, *close, *answer_lead;
+    bool trim_answer, system_last;
+} InstStyle;
+
+static const InstStyle inst_styles[] = {
+    [API_CHAT_MISTRAL] = {"[INST] ", " [/INST]", "", false, false},
+    [API_CHAT_MISTRAL_V1] = {" [INST] ", " [/INST]", " ", false, false},
+    [API_CHAT_MISTRAL_V3] = {"[INST] ", "[/INST]", " ", true, true},
+    [API_CHAT_MISTRAL_V3_TEKKEN] = {"[INST]", "[/INST]", "", false, true},
+};
+
+static void render_mistral(Text *t, const ApiChatMessage *m, int n, int first,
+                           const InstStyle *st, const ApiChatTokens *tok) {
+    int last_user = n - 1;
+    while (last_user > first && !role_is(&m[last_user], "user")) last_user--;
+    int system_at = first == 0 ? -1 : st->system_last ? last_user : first;
+    for (int i = first; i < n; i++) {
+        if (role_is(&m[i], "assistant")) {
+            put(t, st->answer_lead);
+            if (st->trim_answer) put_trimmed(t, m[i].content);
+            else put(t, m[i].content);
+            put(t, tok->eos);
+            continue;
+        }
+        put(t, st->open);
+        if (i == system_at) {
+            put(t, m[0].content);
+            put(t, "\n\n");
+        }
+        put(t, m[i].content);
+        put(t, st->close);
     }
 }
 
@@ -196,13 +234,20 @@ static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
     put(t, "<start_of_turn>model\n");
 }
 
+/* Formats with system turns of their own take messages in any order; the others fold one
+ * system message into a user turn, and their templates need user/assistant alternation. */
+static bool has_system_turns(ApiChatFormat f) {
+    return f == API_CHAT_CHATML || f == API_CHAT_LLAMA3 || f == API_CHAT_PHI3 ||
+           f == API_CHAT_ZEPHYR;
+}
+
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
                       ApiError *e)
 {
     if (f == API_CHAT_NONE) {
         api_error_set(e, 400, "messages", "chat_template_missing",
                       "This model has no chat template the server knows: start it with "
-                      "--chat-template (chatml, llama2, mistral, llama3, phi3, zephyr, gemma), "
+                      "--chat-template (" API_CHAT_FORMAT_NAMES "), "
                       "or send the formatted text to /v1/completions");
         return NULL;
     }
@@ -213,8 +258,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
     for (int i = 0; i < n; i++) {
         bool known = role_is(&m[i], "system") || role_is(&m[i], "user") ||
                      role_is(&m[i], "assistant");
-        if (!known || (role_is(&m[i], "system") && i > 0 && f != API_CHAT_CHATML &&
-                       f != API_CHAT_LLAMA3 && f != API_CHAT_PHI3 && f != API_CHAT_ZEPHYR)) {
+        if (!known || (role_is(&m[i], "system") && i > 0 && !has_system_turns(f))) {
             api_error_set(e, 400, "messages", "invalid_value",
                           "message %d: role '%s' is not supported here (system first, then "
                           "user and assistant)", i, m[i].role);
@@ -222,7 +266,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
         }
     }
     int first = role_is(&m[0], "system") ? 1 : 0;
-    bool alternates = f == API_CHAT_LLAMA2 || f == API_CHAT_MISTRAL || f == API_CHAT_GEMMA;
+    bool alternates = !has_system_turns(f);
     if (alternates && check_alternation(f, m, n, first, e) != 0) return NULL;
     if (alternates && first == n) {
         api_error_set(e, 400, "messages", "invalid_value",
@@ -236,8 +280,13 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
     case API_CHAT_LLAMA3: render_llama3(&t, m, n); break;
     case API_CHAT_PHI3: render_tagged(&t, m, n, "<|end|>"); break;
     case API_CHAT_ZEPHYR: render_tagged(&t, m, n, tok->eos); break;
-    case API_CHAT_LLAMA2: render_inst(&t, m, n, first, true, tok); break;
-    case API_CHAT_MISTRAL: render_inst(&t, m, n, first, false, tok); break;
+    case API_CHAT_LLAMA2: render_llama2(&t, m, n, first, tok); break;
+    case API_CHAT_MISTRAL:
+    case API_CHAT_MISTRAL_V1:
+    case API_CHAT_MISTRAL_V3:
+    case API_CHAT_MISTRAL_V3_TEKKEN:
+        render_mistral(&t, m, n, first, &inst_styles[f], tok);
+        break;
     case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
     case API_CHAT_NONE: break; /* refused above */
     }

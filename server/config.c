@@ -47,7 +47,7 @@ static const Flag flags[] = {
      "model id clients must send and /v1/models lists"},
     {"chat-template", 0, FLAG_STRING, FIELD(chat_template), 0, 0, "NAME", "auto",
      "format of /v1/chat/completions prompts: auto (recognise the file's template), none, "
-     "chatml, llama2, mistral, llama3, phi3, zephyr or gemma"},
+     API_CHAT_FORMAT_NAMES},
     {"weight-type", 0, FLAG_SPECIAL, 0, 0, 0, "auto|f32|f16|bf16|int8", "auto",
      "weight matrices in memory: auto keeps F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy)"},
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
@@ -414,8 +414,8 @@ static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_l
     if (c->chat_template && strcmp(c->chat_template, "auto") != 0 &&
         strcmp(c->chat_template, "none") != 0 &&
         api_chat_format_by_name(c->chat_template) == API_CHAT_NONE) {
-        set_err(err, err_len, "--chat-template: '%s' is not auto, none, chatml, llama2, "
-                "mistral, llama3, phi3, zephyr or gemma", c->chat_template);
+        set_err(err, err_len, "--chat-template: '%s' is not auto, none, " API_CHAT_FORMAT_NAMES,
+                c->chat_template);
         return -1;
     }
     if (pend->api_key && add_key(c, pend->api_key, strlen(pend->api_key)) != 0)

@@ -62,7 +62,7 @@ static void test_detect_and_names(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         assert_int_equal(api_chat_format_detect(cases[i].jinja), cases[i].f);
-    for (int f = API_CHAT_CHATML; f <= API_CHAT_GEMMA; f++)
+    for (int f = API_CHAT_CHATML; f <= API_CHAT_MISTRAL_V3_TEKKEN; f++)
         assert_int_equal(api_chat_format_by_name(api_chat_format_name((ApiChatFormat)f)), f);
     assert_int_equal(api_chat_format_by_name("none"), API_CHAT_NONE);
     assert_int_equal(api_chat_format_by_name("vicuna"), API_CHAT_NONE);
@@ -115,6 +115,33 @@ static void test_phi3_and_zephyr(void **state) {
                   "<|assistant|>\n");
 }
 
+/* Mistral's later templates (checked against jinja2 renderings of the published v0.1
+ * "v1", v0.3 and Nemo ones): spacing, and v0.3 / Nemo put the system text in the last user
+ * turn. */
+static void test_mistral_variants(void **state) {
+    (void)state;
+    expect_render(API_CHAT_MISTRAL_V1, chat4, 4,
+                  " [INST] Be brief.\n\nHi!  [/INST]  Hello.</s> [INST] \nWho are you? [/INST]");
+    expect_render(API_CHAT_MISTRAL_V3, chat4, 4,
+                  "[INST] Hi! [/INST] Hello.</s>[INST] Be brief.\n\n\nWho are you?[/INST]");
+    expect_render(API_CHAT_MISTRAL_V3_TEKKEN, chat4, 4,
+                  "[INST]Hi! [/INST] Hello.</s>[INST]Be brief.\n\n\nWho are you?[/INST]");
+    static const struct {
+        const char *jinja;
+        ApiChatFormat f;
+    } cases[] = {
+        {"{{- ' [INST] ' + message['content'] + ' [/INST]' }}", API_CHAT_MISTRAL_V1},
+        {"{%- if loop.last and system_message is defined %}{{- \"[INST] \" + system_message }}",
+         API_CHAT_MISTRAL_V3},
+        {"{%- if loop.last and system_message is defined %}{{- \"[INST]\" + system_message }}",
+         API_CHAT_MISTRAL_V3_TEKKEN},
+        {"{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' }}",
+         API_CHAT_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(api_chat_format_detect(cases[i].jinja), cases[i].f);
+}
+
 static void test_gemma(void **state) {
     (void)state;
     expect_render(API_CHAT_GEMMA, chat4, 4,
@@ -157,6 +184,7 @@ int main(void) {
         cmocka_unit_test(test_llama3),           cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),          cmocka_unit_test(test_phi3_and_zephyr),
         cmocka_unit_test(test_gemma),            cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_mistral_variants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
