@@ -135,7 +135,16 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
     }
     memset(slot->bits, 0, c->words * sizeof(uint64_t));
     slot->allowed = 0;
+    /* Most tokens fail on their first byte outside strings: try each byte value once. */
+    bool first_ok[256];
+    for (int b = 0; b < 256; b++) {
+        JsonPrefix trial = s->json;
+        char byte = (char)b;
+        first_ok[b] = json_prefix_feed(&trial, &byte, 1);
+    }
     for (int32_t t = 0; t < e->ops.n_vocab; t++) {
+        if (e->token_len[t] > 0 && !first_ok[(unsigned char)e->token_bytes[e->token_off[t]]])
+            continue;
         if (token_fits(e, s, t)) {
             slot->bits[t / 64] |= 1ull << (t % 64);
             slot->allowed++;
