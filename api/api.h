@@ -105,8 +105,8 @@ typedef enum {
 
 /* Every format's name, for messages and help texts. */
 #define API_CHAT_FORMAT_NAMES                                                                   \
-    "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr, " \
-    "gemma"
+    "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr " \
+    "or gemma"
 
 /* The format a GGUF's tokenizer.chat_template is written in, by its marker strings (NULL or
  * unrecognised: NONE). */

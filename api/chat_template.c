@@ -196,9 +196,12 @@ static const InstStyle inst_styles[] = {
 
 static void render_mistral(Text *t, const ApiChatMessage *m, int n, int first,
                            const InstStyle *st, const ApiChatTokens *tok) {
-    int last_user = n - 1;
-    while (last_user > first && !role_is(&m[last_user], "user")) last_user--;
-    int system_at = first == 0 ? -1 : st->system_last ? last_user : first;
+    /* v3's templates add the system text only when the last message is a user's (a chat
+     * that ends with an answer drops it); the others open the first turn with it. */
+    int system_at = first == 0                       ? -1
+                    : !st->system_last               ? first
+                    : role_is(&m[n - 1], "user") ? n - 1
+                                                     : -1;
     for (int i = first; i < n; i++) {
         if (role_is(&m[i], "assistant")) {
             put(t, st->answer_lead);

@@ -88,4 +88,7 @@ void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok) {
     v->decode = vocab_decode;
     v->token_text = vocab_token_text;
     v->token_starts = vocab_token_starts;
+    v->chat_format = API_CHAT_NONE; /* the server sets these (server_chat_setup) */
+    v->chat_tokens.bos = "";
+    v->chat_tokens.eos = "";
 }

@@ -126,6 +126,8 @@ static void test_mistral_variants(void **state) {
                   "[INST] Hi! [/INST] Hello.</s>[INST] Be brief.\n\n\nWho are you?[/INST]");
     expect_render(API_CHAT_MISTRAL_V3_TEKKEN, chat4, 4,
                   "[INST]Hi! [/INST] Hello.</s>[INST]Be brief.\n\n\nWho are you?[/INST]");
+    /* a chat that ends with an answer: v3 drops the system text, as its template does */
+    expect_render(API_CHAT_MISTRAL_V3, chat4, 3, "[INST] Hi! [/INST] Hello.</s>");
     static const struct {
         const char *jinja;
         ApiChatFormat f;
