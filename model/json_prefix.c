@@ -56,6 +56,17 @@ void json_prefix_init(JsonPrefix *p, int max_ws) {
     p->max_ws = (uint8_t)(max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws);
 }
 
+void json_prefix_canonical(const JsonPrefix *p, JsonPrefix *out) {
+    *out = *p;
+    Mode m = (Mode)p->mode;
+    bool in_string = m == M_STRING || m == M_ESCAPE || m == M_HEX || m == M_UTF8;
+    if (m != M_HEX && m != M_NUMBER && m != M_LITERAL) out->sub = 0;
+    if (m != M_LITERAL) out->literal = 0;
+    if (m != M_UTF8) out->need = out->lo = out->hi = 0;
+    if (!in_string) out->in_key = false;
+    memset(out->stack + p->depth, 0, sizeof out->stack - p->depth);
+}
+
 bool json_prefix_complete(const JsonPrefix *p) {
     return !p->failed && p->mode == M_DONE;
 }

@@ -46,5 +46,9 @@ void json_prefix_init(JsonPrefix *p, int max_ws);
 bool json_prefix_feed(JsonPrefix *p, const char *bytes, size_t n);
 /* The text fed so far is a whole JSON object. */
 bool json_prefix_complete(const JsonPrefix *p);
+/* p with the fields its mode will not read before writing them zeroed (what is left of an
+ * earlier number, escape, character or closed container): states that accept the same
+ * continuations then compare equal byte for byte, as a cache key. */
+void json_prefix_canonical(const JsonPrefix *p, JsonPrefix *out);
 
 #endif

@@ -22,7 +22,7 @@
 #define JSON_MASK_SLOTS 16
 
 typedef struct {
-    JsonPrefix key;  /* compared whole: JsonPrefix has only byte fields, no padding */
+    JsonPrefix key;  /* json_prefix_canonical's; compared whole (byte fields, no padding) */
     uint64_t *bits;  /* bit t set: token t fits */
     int32_t allowed;
     uint64_t used;   /* clock of the last use; 0 = empty */
@@ -123,10 +123,12 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
     struct JsonMaskCache *c = mask_cache(e);
     if (!c)
         return NULL;
+    JsonPrefix key; /* equal keys accept the same continuations */
+    json_prefix_canonical(&s->json, &key);
     JsonMaskSlot *slot = &c->slots[0];
     for (int i = 0; i < JSON_MASK_SLOTS; i++) {
         JsonMaskSlot *x = &c->slots[i];
-        if (x->used && memcmp(&x->key, &s->json, sizeof x->key) == 0) {
+        if (x->used && memcmp(&x->key, &key, sizeof key) == 0) {
             x->used = ++c->clock;
             return x;
         }
@@ -150,7 +152,7 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
             slot->allowed++;
         }
     }
-    slot->key = s->json;
+    slot->key = key;
     slot->used = ++c->clock;
     return slot;
 }

@@ -135,11 +135,55 @@ static void test_agrees_with_jansson(void **state) {
     assert_true(wholes > 100); /* the samples did reach whole objects */
 }
 
+/* A canonical state accepts exactly what its state does: random prefixes, each followed by
+ * random continuations fed to both. */
+static void test_canonical_behaves_the_same(void **state) {
+    (void)state;
+    static const char *const pieces[] = {
+        "{", "}", "[", "]", ":", ",", " ", "\n", "\"", "\"k\"", "0", "1", "-", ".", "e", "+",
+        "true", "nul", "l", "\\u00", "e9", "\\n", "\xc3", "\xa9", "\xe2\x82", "\xac", "12",
+    };
+    const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
+    Rng rng;
+    rng_seed(&rng, 7);
+    int tried = 0, merged = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        JsonPrefix p;
+        json_prefix_init(&p, 8);
+        json_prefix_feed(&p, "{", 1);
+        int n = (int)(rng_next(&rng) % 10);
+        for (int k = 0; k < n; k++) {
+            const char *x = pieces[rng_next(&rng) % (uint64_t)n_pieces];
+            JsonPrefix t = p;
+            if (json_prefix_feed(&t, x, strlen(x))) p = t; /* keep only accepted prefixes */
+        }
+        JsonPrefix c;
+        json_prefix_canonical(&p, &c);
+        merged += memcmp(&c, &p, sizeof c) != 0;
+        for (int k = 0; k < 16; k++) {
+            const char *x = pieces[rng_next(&rng) % (uint64_t)n_pieces];
+            JsonPrefix a = p, b = c;
+            bool ra = json_prefix_feed(&a, x, strlen(x)), rb = json_prefix_feed(&b, x, strlen(x));
+            assert_int_equal(ra, rb);
+            assert_int_equal(json_prefix_complete(&a), json_prefix_complete(&b));
+            if (ra) { /* and they stay the same state, canonically */
+                JsonPrefix ca, cb;
+                json_prefix_canonical(&a, &ca);
+                json_prefix_canonical(&b, &cb);
+                assert_memory_equal(&ca, &cb, sizeof ca);
+            }
+            tried++;
+        }
+    }
+    assert_true(tried > 100000 && merged > 1000); /* stale fields were there to clear */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_objects_and_their_prefixes),
         cmocka_unit_test(test_refusals_at_the_right_byte),
         cmocka_unit_test(test_agrees_with_jansson),
+        cmocka_unit_test(test_canonical_behaves_the_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
