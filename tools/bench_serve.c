@@ -50,7 +50,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench serve [options]\n"
-            "Closed-loop load on an OpenAI-compatible /v1/completions server on this machine.\n\n"
+            "Closed-loop load on an OpenAI-compatible /v1/completions (or chat) server on this\n"
+            "machine.\n\n"
             "server\n"
             "  --host H               127.0.0.1, localhost or ::1 (loopback only) (127.0.0.1)\n"
             "  --port N               (8080)\n"
@@ -66,6 +67,8 @@ static void usage(FILE *f)
             "  --prefix-words N       words of a prefix shared by every prompt (workload's)\n"
             "  --max-tokens N         new tokens per request (workload's)\n"
             "  --temperature T        (0)\n"
+            "  --api completions|chat POST /v1/completions, or /v1/chat/completions with the\n"
+            "                         prompt as one user message (completions)\n"
             "  --seed N               prompt text generator seed (1)\n"
             "  --first-alone / --no-first-alone\n"
             "                         run request 0 of a level alone before the others\n"
@@ -178,6 +181,7 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     const char *host = "127.0.0.1", *weight_type = "f32";
     x->requests = -1;
     cfg->temperature = 0;
+    cfg->chat = false;
     cfg->timeout_s = 300;
     cfg->max_seconds = 3600;
     cfg->metrics = true;
@@ -215,6 +219,9 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = parse_int(v, 0, 1000000, &prefix_words);
         } else if (!strcmp(f, "--max-tokens")) {
             bad = parse_int(v, 1, 1000000, &max_tokens);
+        } else if (!strcmp(f, "--api")) {
+            bad = v == NULL || (strcmp(v, "completions") != 0 && strcmp(v, "chat") != 0);
+            cfg->chat = !bad && strcmp(v, "chat") == 0;
         } else if (!strcmp(f, "--temperature")) {
             bad = parse_double(v, 0, 100, &cfg->temperature);
         } else if (!strcmp(f, "--seed")) {

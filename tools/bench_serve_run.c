@@ -296,7 +296,8 @@ static void on_sse_event(void *ctx, const char *data, size_t len)
     }
     json_t *choices = json_object_get(j, "choices");
     if (json_is_array(choices) && json_array_size(choices) > 0) {
-        json_t *text = json_object_get(json_array_get(choices, 0), "text");
+        json_t *choice = json_array_get(choices, 0), *delta = json_object_get(choice, "delta");
+        json_t *text = json_object_get(delta ? delta : choice, delta ? "content" : "text");
         if (json_string_length(text) > 0) {
             BsRequestResult *r = cl->res;
             if (r->text_chunks == 0)
@@ -484,10 +485,14 @@ static char *build_request(Bench *b, int req, size_t *len)
         if (prompt == NULL)
             return NULL;
     }
-    json_t *body = json_pack("{s:s, s:s, s:i, s:f, s:b, s:b, s:{s:b}}", "model", cfg->model_name,
-                             "prompt", prompt, "max_tokens", cfg->max_tokens, "temperature",
-                             cfg->temperature, "ignore_eos", 1, "stream", 1, "stream_options",
-                             "include_usage", 1);
+    json_t *body = json_pack("{s:s, s:i, s:f, s:b, s:b, s:{s:b}}", "model", cfg->model_name,
+                             "max_tokens", cfg->max_tokens, "temperature", cfg->temperature,
+                             "ignore_eos", 1, "stream", 1, "stream_options", "include_usage", 1);
+    if (body && cfg->chat)
+        json_object_set_new(body, "messages",
+                            json_pack("[{s:s, s:s}]", "role", "user", "content", prompt));
+    else if (body)
+        json_object_set_new(body, "prompt", json_string(prompt));
     free(prompt);
     char *json = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
@@ -498,10 +503,10 @@ static char *build_request(Bench *b, int req, size_t *len)
     char *out = malloc(cap);
     if (out) {
         int hl = snprintf(out, cap,
-                          "POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+                          "POST /v1/%scompletions HTTP/1.1\r\nHost: %s:%d\r\n"
                           "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                           "Content-Length: %zu\r\n\r\n",
-                          cfg->host, cfg->port, jl);
+                          cfg->chat ? "chat/" : "", cfg->host, cfg->port, jl);
         memcpy(out + hl, json, jl);
         *len = (size_t)hl + jl;
     }

@@ -110,6 +110,8 @@ typedef struct {
     int prefix_words;      /* words of the prefix every prompt shares (0: none) */
     int max_tokens;
     double temperature;
+    bool chat;             /* --api chat: POST /v1/chat/completions, the prompt as one user
+                            * message (the server's chat format adds its tokens) */
     uint64_t seed;
     bool first_alone;      /* request 0 of each level runs alone before the others start */
     /* bounds */

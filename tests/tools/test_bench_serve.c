@@ -679,7 +679,7 @@ static int server_setup(void **state)
     if (model == NULL)
         return -1;
     const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", "--max-seqs", "8",
-                          NULL};
+                          "--chat-template", "chatml", NULL};
     return server_proc_start(&server, args, 30.0);
 }
 
@@ -736,6 +736,33 @@ static void test_real_server_closed_loop(void **state)
         assert_true(json_number_value(json_object_get(r, "ttft_ms")) <=
                     json_number_value(json_object_get(r, "e2e_ms")));
     }
+    json_decref(doc);
+}
+
+/* --api chat: the same load through /v1/chat/completions (the server runs with
+ * --chat-template chatml); deltas count as text, usage as for completions. */
+static void test_real_server_chat_api(void **state)
+{
+    (void)state;
+    char port[16];
+    snprintf(port, sizeof port, "%d", server.port);
+    const char *args[] = {"--port", port, "--api", "chat", "-c", "2", "-n", "4", "--max-tokens",
+                          "12", "--prompt-words", "8", "--timeout-s", "30", "--max-seconds",
+                          "50", NULL};
+    json_t *doc;
+    assert_int_equal(run_bench(args, &doc), 0);
+    assert_non_null(doc);
+    json_t *lv = level0(doc);
+    assert_int_equal(jint(lv, "successes"), 4);
+    assert_int_equal(jint(lv, "failures"), 0);
+    assert_int_equal(jint(lv, "output_tokens"), 4 * 12);
+    assert_true(jint(lv, "prompt_tokens.min") >= 8 + 10); /* the words plus the format's */
+    json_t *reqs = json_object_get(lv, "per_request");
+    for (size_t i = 0; i < json_array_size(reqs); i++)
+        assert_true(jint(json_array_get(reqs, i), "text_chunks") >= 1);
+    json_decref(doc);
+    const char *bad[] = {"--port", port, "--api", "embeddings", NULL};
+    assert_int_not_equal(run_bench(bad, &doc), 0);
     json_decref(doc);
 }
 
@@ -811,6 +838,7 @@ int main(void)
     const struct CMUnitTest real[] = {
         cmocka_unit_test(test_real_server_closed_loop),
         cmocka_unit_test(test_real_server_prefix),
+        cmocka_unit_test(test_real_server_chat_api),
         cmocka_unit_test(test_real_server_bad_model_and_usage),
     };
     int failed = cmocka_run_group_tests_name("bench_serve_parsers", pure, NULL, NULL);
