@@ -192,10 +192,8 @@ typedef struct {
     int32_t n;              /* choices per prompt, default 1 */
     SamplerParams sampling; /* temperature 1, top_p 1, top_k 0 (-1 given -> 0), min_p 0,
                              * penalties 0 / repetition 1 when absent; its logit_bias
-                             * borrows this request's */
-    LogitBias *logit_bias;  /* n_logit_bias owned entries of "logit_bias" (ids unchecked
-                             * until api_request_tokenize) */
-    int32_t n_logit_bias;
+                             * list ("logit_bias", ids unchecked until
+                             * api_request_tokenize) is owned by this request */
     uint64_t seed;          /* the given seed (cast), or a random one when absent/null */
     bool has_seed;
     char **stop;            /* n_stop owned strings (non-empty) */

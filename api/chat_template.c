@@ -106,43 +106,38 @@ static int check_alternation(ApiChatFormat f, const ApiChatMessage *m, int n, in
     return 0;
 }
 
-/* <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n */
-static void render_chatml(Text *t, const ApiChatMessage *m, int n) {
-    for (int i = 0; i < n; i++) {
-        put(t, "<|im_start|>");
-        put(t, m[i].role);
-        put(t, "\n");
-        put(t, m[i].content);
-        put(t, "<|im_end|>\n");
-    }
-    put(t, "<|im_start|>assistant\n");
-}
+/* Formats whose every turn, system ones too, is open + role + after_role + content + end +
+ * after_end, and which end with the assistant's opening (open + "assistant" + after_role):
+ *   chatml  <|im_start|>role\ncontent<|im_end|>\n
+ *   llama3  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>  (content trimmed)
+ *   phi3    <|role|>\ncontent<|end|>\n
+ *   zephyr  <|role|>\ncontent</s>\n  (end: the model's EOS text) */
+typedef struct {
+    const char *open, *after_role, *end, *after_end; /* end NULL: the EOS text */
+    bool trim;
+} TurnStyle;
 
-/* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ... then the assistant's
- * header. */
-static void render_llama3(Text *t, const ApiChatMessage *m, int n) {
-    for (int i = 0; i < n; i++) {
-        put(t, "<|start_header_id|>");
-        put(t, m[i].role);
-        put(t, "<|end_header_id|>\n\n");
-        put_trimmed(t, m[i].content);
-        put(t, "<|eot_id|>");
-    }
-    put(t, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-}
+static const TurnStyle turn_styles[] = {
+    [API_CHAT_CHATML] = {"<|im_start|>", "\n", "<|im_end|>", "\n", false},
+    [API_CHAT_LLAMA3] = {"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true},
+    [API_CHAT_PHI3] = {"<|", "|>\n", "<|end|>", "\n", false},
+    [API_CHAT_ZEPHYR] = {"<|", "|>\n", NULL, "\n", false},
+};
 
-/* <|role|>\ncontent<end>\n ... <|assistant|>\n, where <end> is <|end|> (Phi-3) or the EOS
- * text (Zephyr). */
-static void render_tagged(Text *t, const ApiChatMessage *m, int n, const char *end) {
+static void render_turns(Text *t, const ApiChatMessage *m, int n, const TurnStyle *st,
+                         const ApiChatTokens *tok) {
     for (int i = 0; i < n; i++) {
-        put(t, "<|");
+        put(t, st->open);
         put(t, m[i].role);
-        put(t, "|>\n");
-        put(t, m[i].content);
-        put(t, end);
-        put(t, "\n");
+        put(t, st->after_role);
+        if (st->trim) put_trimmed(t, m[i].content);
+        else put(t, m[i].content);
+        put(t, st->end ? st->end : tok->eos);
+        put(t, st->after_end);
     }
-    put(t, "<|assistant|>\n");
+    put(t, st->open);
+    put(t, "assistant");
+    put(t, st->after_role);
 }
 
 /* Llama 2: [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] user [/INST]
@@ -279,10 +274,10 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
     Text t = {{0}, false};
     api_buf_init(&t.out);
     switch (f) {
-    case API_CHAT_CHATML: render_chatml(&t, m, n); break;
-    case API_CHAT_LLAMA3: render_llama3(&t, m, n); break;
-    case API_CHAT_PHI3: render_tagged(&t, m, n, "<|end|>"); break;
-    case API_CHAT_ZEPHYR: render_tagged(&t, m, n, tok->eos); break;
+    case API_CHAT_CHATML:
+    case API_CHAT_LLAMA3:
+    case API_CHAT_PHI3:
+    case API_CHAT_ZEPHYR: render_turns(&t, m, n, &turn_styles[f], tok); break;
     case API_CHAT_LLAMA2: render_llama2(&t, m, n, first, tok); break;
     case API_CHAT_MISTRAL:
     case API_CHAT_MISTRAL_V1:

@@ -36,7 +36,7 @@ void api_request_free(ApiRequest *r) {
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->cache_salt);
-    free(r->logit_bias);
+    free((LogitBias *)r->sampling.logit_bias); /* owned here, see ApiRequest */
     free(r);
 }
 
@@ -485,15 +485,16 @@ static int read_logit_bias(const json_t *root, ApiRequest *r, ApiError *e) {
     if (!json_is_object(obj)) return bad(e, "logit_bias", "an object", obj);
     size_t n = json_object_size(obj);
     if (n == 0) return 0;
-    r->logit_bias = calloc(n, sizeof *r->logit_bias);
-    if (!r->logit_bias) {
+    LogitBias *list = calloc(n, sizeof *list);
+    if (!list) {
         api_error_set(e, 500, NULL, NULL, "out of memory");
         return -1;
     }
+    r->sampling.logit_bias = list; /* freed with r, also when a later entry is refused */
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)obj, key, v) {
-        LogitBias *b = &r->logit_bias[r->n_logit_bias];
+        LogitBias *b = &list[r->sampling.n_logit_bias];
         if (parse_token_key(key, &b->token) != 0) {
             api_error_set(e, 400, "logit_bias", "invalid_value",
                           "'logit_bias' keys must be token ids (\"0\", \"1234\"), got \"%.64s\"",
@@ -514,10 +515,8 @@ static int read_logit_bias(const json_t *root, ApiRequest *r, ApiError *e) {
             return -1;
         }
         b->bias = (float)x;
-        r->n_logit_bias++;
+        r->sampling.n_logit_bias++;
     }
-    r->sampling.logit_bias = r->logit_bias; /* borrowed: freed with r */
-    r->sampling.n_logit_bias = r->n_logit_bias;
     return 0;
 }
 
@@ -710,7 +709,6 @@ static int read_chat_logprobs(const json_t *root, const ApiLimits *lim, ApiReque
     r->logprobs = on ? (top < 0 ? 0 : top) : -1;
     return 0;
 }
-
 
 /* Without max_tokens a reply may run to the end of the context (OpenAI's and vLLM's chat
  * default); api_request_tokenize and the server settle the number. */

@@ -90,11 +90,12 @@ static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
 }
 
 static int check_logit_bias(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
-    for (int32_t i = 0; i < r->n_logit_bias; i++) {
-        if (r->logit_bias[i].token >= v->n_vocab) {
+    const SamplerParams *s = &r->sampling;
+    for (int32_t i = 0; i < s->n_logit_bias; i++) {
+        if (s->logit_bias[i].token >= v->n_vocab) {
             api_error_set(e, 400, "logit_bias", "invalid_value",
                           "Token id %d in 'logit_bias' is out of the vocabulary (ids are 0 .. %d)",
-                          (int)r->logit_bias[i].token, (int)v->n_vocab - 1);
+                          (int)s->logit_bias[i].token, (int)v->n_vocab - 1);
             return -1;
         }
     }

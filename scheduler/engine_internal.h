@@ -194,6 +194,7 @@ int32_t prefix_peek(Engine *e, const Seq *s, int32_t *n_parked);
 int32_t prefix_attach(Engine *e, Seq *s, int32_t n_blocks); /* returns blocks attached */
 
 /* engine_output.c: after the forward pass */
+bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS id */
 void engine_process_outputs(Engine *e, const float *logits);
 
 /* engine_json.c: json_object output */

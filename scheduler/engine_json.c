@@ -69,7 +69,7 @@ int engine_json_table_build(Engine *e)
         int len = e->ops.token_text(e->ops.ctx, t, buf, sizeof buf);
         /* An end-of-generation token is never drawn either, even one with text (some
          * files mark <|im_end|> user-defined): the object's closing ends the output. */
-        bool eog = e->ops.is_eog ? e->ops.is_eog(e->ops.ctx, t) : t == e->ops.eos_id;
+        bool eog = engine_is_eog(e, t);
         e->token_off[t] = (int32_t)used;
         e->token_len[t] = eog ? -1 : len;
         if (len <= 0 || eog)

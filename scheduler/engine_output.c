@@ -74,7 +74,7 @@ static void emit_prompt_logprobs(Engine *e, Seq *s, int32_t pos, int32_t n_rows,
     }
 }
 
-static bool is_end_of_generation(const Engine *e, int32_t token)
+bool engine_is_eog(const Engine *e, int32_t token)
 {
     if (e->ops.is_eog)
         return e->ops.is_eog(e->ops.ctx, token);
@@ -121,7 +121,7 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
     e->generation_tokens++;
-    if (!r->ignore_eos && is_end_of_generation(e, token)) {
+    if (!r->ignore_eos && engine_is_eog(e, token)) {
         seq_finish(e, s, FINISH_STOP, NULL);
         return;
     }

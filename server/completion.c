@@ -275,7 +275,8 @@ enum MHD_Result completion_start(ServerReq *r)
     const char *body = r->body.data ? r->body.data : "";
     int rc = r->route == ROUTE_CHAT_COMPLETIONS
                  ? api_chat_request_parse(body, r->body.len, &c->limits, c->model_name,
-                                          s->chat_format, &s->chat_tokens, &r->req, &e)
+                                          s->vocab.chat_format, &s->vocab.chat_tokens, &r->req,
+                                          &e)
                  : api_request_parse(body, r->body.len, &c->limits, c->model_name, &r->req, &e);
     if (rc != 0)
         return server_send_error(r, &e);
@@ -332,15 +333,14 @@ void server_chat_setup(Server *s)
     const Tokenizer *t = model_tokenizer(s->model);
     const char *want = s->cfg->chat_template, *jinja = tokenizer_chat_template(t);
     bool automatic = want == NULL || strcmp(want, "auto") == 0;
-    s->chat_format = automatic ? api_chat_format_detect(jinja) : api_chat_format_by_name(want);
+    ApiChatFormat f = automatic ? api_chat_format_detect(jinja) : api_chat_format_by_name(want);
     piece_text(t, tokenizer_bos(t), s->chat_bos, sizeof s->chat_bos);
     piece_text(t, tokenizer_eos(t), s->chat_eos, sizeof s->chat_eos);
-    s->chat_tokens.bos = s->chat_bos;
-    s->chat_tokens.eos = s->chat_eos;
-    s->vocab.chat_format = s->chat_format; /* /tokenize writes "messages" the same way */
-    s->vocab.chat_tokens = s->chat_tokens;
-    const char *name = api_chat_format_name(s->chat_format);
-    if (s->chat_format != API_CHAT_NONE)
+    s->vocab.chat_format = f;
+    s->vocab.chat_tokens.bos = s->chat_bos;
+    s->vocab.chat_tokens.eos = s->chat_eos;
+    const char *name = api_chat_format_name(f);
+    if (f != API_CHAT_NONE)
         server_log(LOG_INFO, "chat template: %s (%s)", name,
                    automatic ? "recognised in the file" : "--chat-template");
     else if (!automatic)

@@ -124,9 +124,8 @@ struct Server {
     Model *model;
     Engine *engine;
     ApiVocab vocab;
-    ApiChatFormat chat_format;   /* how /v1/chat/completions writes prompts */
-    char chat_bos[64], chat_eos[64];
-    ApiChatTokens chat_tokens;   /* points at chat_bos / chat_eos */
+    char chat_bos[64], chat_eos[64]; /* vocab.chat_tokens point here; vocab.chat_format is how
+                                      * /v1/chat/completions and /tokenize write messages */
     ApiMetrics metrics;
     int32_t ctx_len;
     int64_t created;             /* unix seconds at start, the model object's "created" */

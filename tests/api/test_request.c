@@ -480,16 +480,17 @@ static void test_logit_bias(void **state) {
     ApiError e;
     ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":"
                              "{\"0\":-100,\"258\":100,\"7\":0.5}}");
-    assert_int_equal(r->n_logit_bias, 3);
+    assert_int_equal(r->sampling.n_logit_bias, 3);
     float sum[259] = {0};
-    for (int32_t i = 0; i < r->n_logit_bias; i++) sum[r->logit_bias[i].token] += r->logit_bias[i].bias;
+    const LogitBias *list = r->sampling.logit_bias;
+    for (int32_t i = 0; i < r->sampling.n_logit_bias; i++) sum[list[i].token] += list[i].bias;
     assert_float_equal(sum[0], -100.0f, 0.0f);
     assert_float_equal(sum[258], 100.0f, 0.0f);
     assert_float_equal(sum[7], 0.5f, 0.0f);
     assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0); /* 258: the last id */
     EngineRequest er;
     api_request_engine(r, 0, NULL, &er);
-    assert_ptr_equal(er.sampling.logit_bias, r->logit_bias);
+    assert_ptr_equal(er.sampling.logit_bias, list); /* borrowed, engine_submit copies */
     assert_int_equal(er.sampling.n_logit_bias, 3);
     api_request_free(r);
 
@@ -501,8 +502,8 @@ static void test_logit_bias(void **state) {
     api_request_free(r);
 
     r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{}}");
-    assert_int_equal(r->n_logit_bias, 0);
     assert_int_equal(r->sampling.n_logit_bias, 0);
+    assert_null(r->sampling.logit_bias);
     api_request_free(r);
     expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 400,
                  "logit_bias", "[-100, 100]");
