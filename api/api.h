@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/json_schema.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -185,8 +186,9 @@ typedef struct {
     bool max_tokens_given;  /* false (chat without max_tokens): api_request_tokenize makes
                              * it what the context leaves, at most max_tokens_cap, and the
                              * server may lower it to what the KV cache holds */
-    bool json_object;       /* response_format {"type": "json_object"}: the output is
+    bool json_object;       /* response_format json_object or json_schema: the output is
                              * held to a JSON object (EngineRequest.json_object) */
+    JsonSchema *json_schema; /* json_schema: the object's grammar (owned); NULL: any object */
     bool chat;              /* a /v1/chat/completions request (one prompt: the rendered
                              * messages; the response is chat.completion shaped) */
     int32_t n;              /* choices per prompt, default 1 */
@@ -218,10 +220,18 @@ int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
                       const char *served_model, ApiRequest **out, ApiError *e);
 void api_request_free(ApiRequest *r);
 
+/* A JSON schema (response_format.json_schema.schema, as jansson parsed it) compiled into
+ * the grammar the engine holds output to (model/json_schema.h; the subset and why the rest
+ * is refused: api/json_schema_compile.c). 0 and *out to free with json_schema_free, or -1
+ * with a 400 (code invalid_json_schema) naming the schema's part. */
+typedef struct json_t json_t;
+int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e);
+
 /* POST /v1/chat/completions: the same request, from "messages" rendered in format fmt
  * (API_CHAT_NONE: every request gets 400 "chat_template_missing"), with chat's fields:
  * max_completion_tokens (or max_tokens; absent: the rest of the context), logprobs true +
- * top_logprobs (-> logprobs = top_logprobs), response_format text or json_object (also
+ * top_logprobs (-> logprobs = top_logprobs), response_format text, json_object or
+ * json_schema (also
  * taken by /v1/completions, as vLLM does); no
  * prompt, echo, best_of or suffix. tok: the BOS/EOS texts the formats write. */
 int api_chat_request_parse(const char *body, size_t len, const ApiLimits *lim,

@@ -37,6 +37,7 @@ void api_request_free(ApiRequest *r) {
     free(r->stop);
     free(r->cache_salt);
     free((LogitBias *)r->sampling.logit_bias); /* owned here, see ApiRequest */
+    json_schema_free(r->json_schema);
     free(r);
 }
 
@@ -534,21 +535,49 @@ static void request_defaults(ApiRequest *r) {
     r->sampling.frequency_penalty = 0.0f;
 }
 
-/* {"type": "text"} or {"type": "json_object"}; JSON schemas are not supported. */
+/* {"json_schema": {"name": ..., "schema": {...}, "strict": ..., "description": ...}}: only
+ * those keys, the schema compiled (none: any object, as OpenAI's schema is optional). */
+static int read_json_schema(const json_t *format, ApiRequest *r, ApiError *e) {
+    static const char *const keys[] = { "name", "schema", "strict", "description", NULL };
+    const json_t *js = json_object_get(format, "json_schema");
+    if (!json_is_object(js) || !json_is_string(json_object_get(js, "name"))) {
+        api_error_set(e, 400, "response_format", "invalid_value",
+                      "'response_format.json_schema' must be an object with a 'name' string "
+                      "and a 'schema'");
+        return -1;
+    }
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)js, key, v) {
+        int known = 0;
+        for (int i = 0; keys[i]; i++) known |= strcmp(key, keys[i]) == 0;
+        if (!known) {
+            api_error_set(e, 400, "response_format", "invalid_value",
+                          "unknown field 'response_format.json_schema.%s'", key);
+            return -1;
+        }
+    }
+    const json_t *schema = json_object_get(js, "schema");
+    r->json_object = true;
+    return schema && !json_is_null(schema) ? api_json_schema_compile(schema, &r->json_schema, e) : 0;
+}
+
+/* {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}. */
 static int read_response_format(const json_t *root, ApiRequest *r, ApiError *e) {
     const json_t *v = json_object_get(root, "response_format");
     if (!v || json_is_null(v)) return 0;
     const json_t *type = json_object_get(v, "type");
     const char *t = json_is_object(v) && json_is_string(type) ? json_string_value(type) : "";
-    if (json_object_size(v) > 1) t = ""; /* a schema or anything else beside the type */
+    size_t want_keys = strcmp(t, "json_schema") == 0 ? 2 : 1;
+    if (json_object_size(v) > want_keys) t = ""; /* anything else beside the type */
     if (strcmp(t, "text") == 0 || strcmp(t, "json_object") == 0) {
         r->json_object = strcmp(t, "json_object") == 0;
         return 0;
     }
+    if (strcmp(t, "json_schema") == 0) return read_json_schema(v, r, e);
     api_error_set(e, 400, "response_format", "unsupported_parameter",
-                  "'response_format' may be {\"type\": \"text\"} or {\"type\": "
-                  "\"json_object\"}%s", strcmp(t, "json_schema") == 0 ? ": JSON schemas are not "
-                                                                      "supported" : "");
+                  "'response_format' may be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                  "or {\"type\": \"json_schema\", \"json_schema\": {...}}");
     return -1;
 }
 

@@ -130,6 +130,7 @@ void api_request_engine(const ApiRequest *r, int32_t p, void *user, EngineReques
     out->logprobs = r->logprobs;
     out->prompt_logprobs = r->echo && r->logprobs >= 0;
     out->json_object = r->json_object;
+    out->json_schema = r->json_schema;
     out->cache_salt = r->cache_salt_hash;
     out->user = user;
 }

@@ -56,6 +56,11 @@ void json_prefix_init(JsonPrefix *p, int max_ws) {
     p->max_ws = (uint8_t)(max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws);
 }
 
+void json_prefix_init_value(JsonPrefix *p, int max_ws) {
+    json_prefix_init(p, max_ws);
+    p->mode = M_VALUE;
+}
+
 void json_prefix_canonical(const JsonPrefix *p, JsonPrefix *out) {
     *out = *p;
     Mode m = (Mode)p->mode;
@@ -69,6 +74,13 @@ void json_prefix_canonical(const JsonPrefix *p, JsonPrefix *out) {
 
 bool json_prefix_complete(const JsonPrefix *p) {
     return !p->failed && p->mode == M_DONE;
+}
+
+bool json_prefix_may_end(const JsonPrefix *p) {
+    if (json_prefix_complete(p)) return true;
+    Num n = (Num)p->sub;
+    return !p->failed && p->mode == M_NUMBER && p->depth == 0 &&
+           (n == N_ZERO || n == N_INT || n == N_FRAC || n == N_EXP_INT);
 }
 
 static bool fail(JsonPrefix *p) {

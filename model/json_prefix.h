@@ -41,11 +41,16 @@ typedef struct {
 /* Expect an object, after optional whitespace. max_ws: see above (at most 255; 0: no
  * whitespace limits). */
 void json_prefix_init(JsonPrefix *p, int max_ws);
+/* Expect any JSON value instead (json_schema.c reads strings, numbers and "any value"
+ * parts of a schema so); the first byte must not be whitespace. */
+void json_prefix_init_value(JsonPrefix *p, int max_ws);
 /* Feed n bytes; false once they leave every JSON object's prefixes (p is then failed and
  * stays so), or go past the end of a complete one (whitespace may follow it). */
 bool json_prefix_feed(JsonPrefix *p, const char *bytes, size_t n);
-/* The text fed so far is a whole JSON object. */
+/* The text fed so far is a whole JSON object (a whole value, after init_value). */
 bool json_prefix_complete(const JsonPrefix *p);
+/* ...or a number that is whole if the next byte does not extend it ("12", not "12."). */
+bool json_prefix_may_end(const JsonPrefix *p);
 /* p with the fields its mode will not read before writing them zeroed (what is left of an
  * earlier number, escape, character or closed container): states that accept the same
  * continuations then compare equal byte for byte, as a cache key. */

@@ -14,7 +14,7 @@
 
 #include <stdatomic.h>
 
-#include "model/json_prefix.h"
+#include "model/json_schema.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/stop_text.h"
 
@@ -39,7 +39,7 @@ typedef struct Seq {
     bool running;          /* in e->running (else in e->waiting) */
     bool preempted;        /* waiting because it was preempted (not new) */
     bool stop_matched;     /* a stop string ended it: nothing more is output */
-    JsonPrefix json;       /* req->json_object: the output so far, as a JSON prefix */
+    JsonSchemaState json;  /* req->json_object: the output so far, walked through req->json_schema */
     int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
 } Seq;
 
@@ -58,6 +58,7 @@ struct Request {
     int32_t logprobs;
     bool prompt_logprobs;
     bool json_object;
+    JsonSchema *json_schema; /* json_object: a copy of the caller's, or any object (owned) */
     uint64_t cache_salt;
 
     bool cancelled;

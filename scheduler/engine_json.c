@@ -1,6 +1,7 @@
-/* engine_json — JSON-object output (EngineRequest.json_object): before each draw, every
- * token whose text would take the output off every JSON object's prefixes is masked out;
- * after it, the drawn token's text moves the sequence's JsonPrefix on.
+/* engine_json — JSON output (EngineRequest.json_object, held to the request's JSON schema
+ * or to any object): before each draw, every token whose text would take the output off
+ * the texts the schema allows is masked out; after it, the drawn token's text moves the
+ * sequence's JsonSchemaState on.
  *
  * The token texts come from ops.token_text once, at engine creation. Masking tries each
  * token's bytes on a copy of the state: vocabulary × token length byte steps (0.3-0.8 ms
@@ -22,7 +23,8 @@
 #define JSON_MASK_SLOTS 16
 
 typedef struct {
-    JsonPrefix key;  /* json_prefix_canonical's; compared whole (byte fields, no padding) */
+    JsonSchemaState key; /* json_schema_canonical's; compared whole (no unnamed padding) */
+    JsonSchema *schema;  /* a copy of the one key walks */
     uint64_t *bits;  /* bit t set: token t fits */
     int32_t allowed;
     uint64_t used;   /* clock of the last use; 0 = empty */
@@ -93,8 +95,10 @@ int engine_json_table_build(Engine *e)
 void engine_json_table_free(Engine *e)
 {
     if (e->json_masks)
-        for (int i = 0; i < JSON_MASK_SLOTS; i++)
+        for (int i = 0; i < JSON_MASK_SLOTS; i++) {
             free(e->json_masks->slots[i].bits);
+            json_schema_free(e->json_masks->slots[i].schema);
+        }
     free(e->json_masks);
     free(e->token_bytes);
     free(e->token_off);
@@ -103,7 +107,16 @@ void engine_json_table_free(Engine *e)
 
 void engine_json_seq_init(Seq *s)
 {
-    json_prefix_init(&s->json, JSON_MAX_WS);
+    if (s->req->json_schema)
+        json_schema_state_init(&s->json, s->req->json_schema, JSON_MAX_WS);
+}
+
+/* Would these bytes keep s's output on its schema? */
+static bool bytes_fit(const Seq *s, const char *bytes, size_t n)
+{
+    JsonSchemaState trial;
+    json_schema_state_trial(&trial, &s->json);
+    return json_schema_feed(&trial, s->req->json_schema, bytes, n);
 }
 
 /* Would token t keep s's output a JSON object's prefix? (A token with no text is never
@@ -112,8 +125,7 @@ static bool token_fits(const Engine *e, const Seq *s, int32_t t)
 {
     if (e->token_len[t] <= 0)
         return false;
-    JsonPrefix trial = s->json;
-    return json_prefix_feed(&trial, e->token_bytes + e->token_off[t], (size_t)e->token_len[t]);
+    return bytes_fit(s, e->token_bytes + e->token_off[t], (size_t)e->token_len[t]);
 }
 
 /* The slot holding s's state's mask, computed into the least recently used slot on a
@@ -123,26 +135,30 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
     struct JsonMaskCache *c = mask_cache(e);
     if (!c)
         return NULL;
-    JsonPrefix key; /* equal keys accept the same continuations */
-    json_prefix_canonical(&s->json, &key);
+    JsonSchemaState key; /* equal keys of equal schemas accept the same continuations */
+    const JsonSchema *schema = s->req->json_schema;
+    json_schema_canonical(&s->json, schema, &key);
     JsonMaskSlot *slot = &c->slots[0];
     for (int i = 0; i < JSON_MASK_SLOTS; i++) {
         JsonMaskSlot *x = &c->slots[i];
-        if (x->used && memcmp(&x->key, &key, sizeof key) == 0) {
+        if (x->used && memcmp(&x->key, &key, sizeof key) == 0 && json_schema_equal(x->schema, schema)) {
             x->used = ++c->clock;
             return x;
         }
         if (x->used < slot->used)
             slot = x;
     }
+    json_schema_free(slot->schema);
+    slot->used = 0; /* empty until filled */
+    if (!(slot->schema = json_schema_copy(schema)))
+        return NULL;
     memset(slot->bits, 0, c->words * sizeof(uint64_t));
     slot->allowed = 0;
     /* Most tokens fail on their first byte outside strings: try each byte value once. */
     bool first_ok[256];
     for (int b = 0; b < 256; b++) {
-        JsonPrefix trial = s->json;
         char byte = (char)b;
-        first_ok[b] = json_prefix_feed(&trial, &byte, 1);
+        first_ok[b] = bytes_fit(s, &byte, 1);
     }
     for (int32_t t = 0; t < e->ops.n_vocab; t++) {
         if (e->token_len[t] > 0 && !first_ok[(unsigned char)e->token_bytes[e->token_off[t]]])
@@ -173,7 +189,7 @@ int32_t engine_json_mask(Engine *e, const Seq *s, float *logits)
 bool engine_json_advance(const Engine *e, Seq *s, int32_t token)
 {
     if (e->token_len[token] > 0)
-        json_prefix_feed(&s->json, e->token_bytes + e->token_off[token],
+        json_schema_feed(&s->json, s->req->json_schema, e->token_bytes + e->token_off[token],
                          (size_t)e->token_len[token]);
-    return json_prefix_complete(&s->json);
+    return json_schema_complete(&s->json);
 }

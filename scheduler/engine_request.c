@@ -41,6 +41,7 @@ void request_free(Request *r)
         return;
     free(r->prompt);
     free((LogitBias *)r->sampling.logit_bias); /* the copy request_copy made */
+    json_schema_free(r->json_schema);
     for (int32_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->stop);

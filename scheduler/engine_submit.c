@@ -131,7 +131,9 @@ static Request *request_copy(const EngineRequest *q)
         return NULL;
     }
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
-    if (copy_logit_bias(r, &q->sampling) != 0) {
+    if (q->json_object)
+        r->json_schema = q->json_schema ? json_schema_copy(q->json_schema) : json_schema_any_object();
+    if (copy_logit_bias(r, &q->sampling) != 0 || (q->json_object && !r->json_schema)) {
         request_free(r);
         return NULL;
     }

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/json_schema.h"
 #include "model/model.h"
 #include "paging/paging.h"
 
@@ -60,6 +61,8 @@ typedef struct {
     bool json_object;        /* the output must be a JSON object: only tokens that keep it a
                               * prefix of one are drawn; it ends (FINISH_STOP) as the object
                               * closes (OpenAI's response_format json_object) */
+    const JsonSchema *json_schema; /* json_object: the object's grammar (copied at submit;
+                              * response_format json_schema); NULL: any object */
     uint64_t cache_salt;     /* separates tenants' cached prefixes; 0 = shared */
     void *user;              /* handed back in every event of this request */
 } EngineRequest;

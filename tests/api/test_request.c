@@ -686,7 +686,7 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\"," MSGS ",\"max_completion_tokens\":-1}", API_CHAT_CHATML,
                "max_completion_tokens", "-1");
     chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_schema\"}}",
-               API_CHAT_CHATML, "response_format", "schemas are not supported");
+               API_CHAT_CHATML, "response_format", "'name' string");
     chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":\"json\"}",
                API_CHAT_CHATML, "response_format", "json_object");
     chat_error("{\"model\":\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\","

@@ -21,7 +21,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 FUZZ_DIR="$ROOT/tests/fuzz"
 BUILD=${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 CC=${FUZZ_CC:-clang}
-ALL_TARGETS=(fuzz_request fuzz_gguf fuzz_tokenizer fuzz_bpe fuzz_stop fuzz_sse)
+ALL_TARGETS=(fuzz_request fuzz_gguf fuzz_tokenizer fuzz_bpe fuzz_stop fuzz_sse fuzz_schema)
 
 build_only=0
 seconds=20
@@ -88,13 +88,13 @@ COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_blo
         model/gguf_write.c model/tokenizer.c model/tokenizer_bpe.c model/unicode_class.c
         model/unicode_classes.c model/model_error.c)
 # Every api/*.c, globbed so that a new one cannot be missed.
-API=($(cd "$ROOT" && echo api/*.c) model/sampler.c)
+API=($(cd "$ROOT" && echo api/*.c) model/sampler.c model/json_schema.c model/json_prefix.c)
 # Loading weights packs them for the product kernels (every model/matmul*.c, globbed so
 # that a new kernel file cannot be missed; they run on the compute pool).
 WEIGHTS=(model/weights.c $(cd "$ROOT" && echo model/matmul*.c) compute/pool.c compute/quant_i8.c)
 sources_of() {
   case "$1" in
-    fuzz_request|fuzz_sse) echo "${COMMON[*]} ${API[*]}" ;;
+    fuzz_request|fuzz_sse|fuzz_schema) echo "${COMMON[*]} ${API[*]}" ;;
     fuzz_gguf) echo "${COMMON[*]} ${WEIGHTS[*]}" ;;
     fuzz_tokenizer|fuzz_bpe) echo "${COMMON[*]}" ;;
     fuzz_stop) echo "${COMMON[*]} scheduler/stop_text.c" ;;

@@ -952,6 +952,42 @@ static void test_json_object_output(void **state)
     h_fake_free(f);
 }
 
+/* With a schema ({"k": boolean}, required) the same favourites are steered elsewhere:
+ * "1" is masked after the key, so the lowest id that fits (" ") comes, then the favourite
+ * "true" fits; the key "\"j\":" the model would write next is not the schema's, so the
+ * object closes. The request's schema is the engine's copy: the caller's is freed at once. */
+static void test_json_schema_output(void **state)
+{
+    (void)state;
+    FakeModel *f = json_fake();
+    f->pieces[8] = "true";
+    f->pieces[9] = "\"j\":";
+    f->succ[7] = 8;
+    JsonSchema *schema = json_schema_new();
+    int root = json_schema_add_node(schema, NULL, 0), value = json_schema_add_node(schema, NULL, 0);
+    json_schema_set_kind(schema, value, JS_BOOLEAN);
+    json_schema_set_kind(schema, root, JS_OBJECT);
+    assert_int_equal(json_schema_add_property(schema, root, "\"k\"", 3, value, true, NULL, 0), 0);
+    assert_int_equal(json_schema_finish(schema, root, NULL, 0), 0);
+    Harness *h = calloc(1, sizeof *h);
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    int32_t p[2] = {30, 2};
+    EngineRequest q = h_request(p, 2, 20);
+    q.json_object = true;
+    q.json_schema = schema;
+    uint64_t id = h_submit(e, &q);
+    json_schema_free(schema);
+    h_run(h, e, f, 200);
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "{\"k\": true}");
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* EOS (a control token) is never drawn inside the object: here it is the favourite after
  * every key, so values nest to the depth limit, and the object still closes. */
 static void test_json_object_masks_eos(void **state)
@@ -1348,6 +1384,7 @@ int main(void)
         cmocka_unit_test(test_eos_and_ignore_eos),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_json_object_output),
+        cmocka_unit_test(test_json_schema_output),
         cmocka_unit_test(test_json_object_masks_eos),
         cmocka_unit_test(test_json_object_long_token),
         cmocka_unit_test(test_cancel_everywhere),

@@ -493,6 +493,35 @@ await runCase("chat.completions.create: response_format json_object", async () =
   }
 });
 
+// response_format json_schema, as the client sends it for structured outputs: a reply that
+// ended with "stop" parses into the schema's shape; a schema the server cannot hold to is a
+// BadRequestError naming response_format.
+const MOOD_SCHEMA = {
+  type: "object",
+  properties: { ok: { type: "boolean" }, mood: { enum: ["happy", "sad"] },
+                count: { type: ["integer", "null"] } },
+  required: ["ok", "mood", "count"], additionalProperties: false };
+await runCase("chat.completions.create: response_format json_schema", async () => {
+  const r = await client.chat.completions.create({
+    ...CHAT, max_tokens: 200, response_format: { type: "json_schema",
+      json_schema: { name: "mood", strict: true, schema: MOOD_SCHEMA } } });
+  const c = r.choices[0];
+  check(FINISH.includes(c.finish_reason), "json_schema: finish_reason", c.finish_reason);
+  if (c.finish_reason === "stop") {
+    let v = null;
+    try { v = JSON.parse(c.message.content); } catch (e) { /* checked below */ }
+    check(v !== null && typeof v.ok === "boolean" && ["happy", "sad"].includes(v.mood) &&
+          (v.count === null || Number.isInteger(v.count)) && Object.keys(v).length === 3,
+          "json_schema: the content parses into the schema's shape", c.message.content);
+  }
+  const e = await thrown("json_schema pattern", () => client.chat.completions.create({
+    ...CHAT, response_format: { type: "json_schema", json_schema: { name: "p", schema: {
+      type: "object", properties: { s: { type: "string", pattern: "^a" } } } } } }));
+  check(e instanceof BadRequestError && e.param === "response_format" &&
+        e.code === "invalid_json_schema", "json_schema: pattern is a 400",
+        `${e?.constructor?.name} ${e?.param} ${e?.code}: ${e?.message}`);
+});
+
 await runCase("chat errors: tools and bad roles are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
     ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }));

@@ -6,6 +6,7 @@
  * blocks come back. */
 #include "tests/server/server_test.h"
 
+#include "api/api.h"
 #include "model/json_prefix.h"
 
 static ServerProc srv;
@@ -445,7 +446,7 @@ static void test_chat_default_length(void **state)
 
 /* response_format json_object: whatever the random model would say, the reply is a JSON
  * object's prefix (the whole object when it ended by "stop"), streamed or not, chat or
- * completions; a JSON schema is refused. */
+ * completions; a json_schema format without its name and schema is refused. */
 static void check_json_reply(const char *text, const char *finish)
 {
     JsonPrefix p;
@@ -489,6 +490,78 @@ static void test_json_object(void **state)
     json_decref(t);
     json_t *err = chat("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}", &status);
     assert_int_equal(status, 400);
+    json_decref(err);
+}
+
+/* response_format json_schema: a reply that ended with "stop" is an object of the schema
+ * (one of booleans, an enum and null always ends; checked field by field here), and a reply
+ * to a schema with a free string and integer is its prefix when it ran out, streamed or
+ * not, chat or completions; a schema the grammar cannot hold is a 400 that says why. */
+#define SCHEMA_FIXED                                                                             \
+    "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"mood\":{\"enum\":"     \
+    "[\"happy\",\"sad\"]},\"none\":{\"type\":\"null\"}},\"required\":[\"ok\",\"mood\",\"none\"],"  \
+    "\"additionalProperties\":false}"
+#define SCHEMA_FREE                                                                              \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"        \
+    "\"integer\"}},\"required\":[\"name\",\"n\"]}"
+#define SCHEMA_FORMAT(schema) "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":" \
+                              "{\"name\":\"r\",\"strict\":true,\"schema\":" schema "}}"
+
+static void check_schema_reply(const char *schema_text, const char *text, const char *finish)
+{
+    json_t *doc = json_loads(schema_text, 0, NULL);
+    JsonSchema *s = NULL;
+    ApiError e;
+    assert_int_equal(api_json_schema_compile(doc, &s, &e), 0);
+    JsonSchemaState st;
+    json_schema_state_init(&st, s, 0);
+    if (!json_schema_feed(&st, s, text, strlen(text)))
+        fail_msg("off the schema: %s", text);
+    if (strcmp(finish, "stop") == 0) {
+        assert_true(json_schema_complete(&st));
+        json_t *v = json_loads(text, 0, NULL);
+        if (!json_is_object(v))
+            fail_msg("finished but not a JSON object: %s", text);
+        json_decref(v);
+    } else {
+        assert_string_equal(finish, "length");
+    }
+    json_schema_free(s);
+    json_decref(doc);
+}
+
+static void test_json_schema(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *c = chat("\"max_tokens\":400,\"temperature\":0," SCHEMA_FORMAT(SCHEMA_FIXED), &status);
+    assert_int_equal(status, 200);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    const char *text = chat_content(c, 0);
+    check_schema_reply(SCHEMA_FIXED, text, "stop");
+    json_t *v = json_loads(text, 0, NULL);
+    const char *mood = json_string_value(json_object_get(v, "mood"));
+    assert_true(json_is_boolean(json_object_get(v, "ok")));
+    assert_true(mood && (strcmp(mood, "happy") == 0 || strcmp(mood, "sad") == 0));
+    assert_true(json_is_null(json_object_get(v, "none")));
+    assert_int_equal(json_object_size(v), 3);
+    json_decref(v);
+    json_decref(c);
+    json_t *t = complete("Numbers", "\"max_tokens\":60,\"temperature\":0," SCHEMA_FORMAT(SCHEMA_FREE));
+    check_schema_reply(SCHEMA_FREE, choice_text(t, 0), choice_finish(t, 0));
+    json_decref(t);
+    StreamResult sr;
+    stream_complete("Numbers", "\"max_tokens\":60,\"stream\":true,\"temperature\":0.8,"
+                    "\"seed\":5," SCHEMA_FORMAT(SCHEMA_FREE), &sr);
+    check_schema_reply(SCHEMA_FREE, sr.text[0] ? sr.text[0] : "", sr.finish[0]);
+    stream_result_free(&sr);
+    json_t *err = chat(SCHEMA_FORMAT("{\"type\":\"object\",\"properties\":{\"e\":{\"type\":"
+                                     "\"string\",\"pattern\":\"@\"}}}"), &status);
+    assert_int_equal(status, 400);
+    json_t *eo = json_object_get(err, "error");
+    assert_string_equal(json_string_value(json_object_get(eo, "code")), "invalid_json_schema");
+    assert_non_null(strstr(json_string_value(json_object_get(eo, "message")), "'pattern'"));
     json_decref(err);
 }
 
@@ -688,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_chat_default_length),
         cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),
         cmocka_unit_test(test_json_object),
+        cmocka_unit_test(test_json_schema),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),

@@ -1,0 +1,368 @@
+/* json_schema_compile — a request's JSON schema (response_format json_schema) into the
+ * grammar model/json_schema.h walks.
+ *
+ * The subset is what structured-output clients send (OpenAI's strict mode, Pydantic and
+ * zod schemas): type (one or a list), properties / required / additionalProperties,
+ * items / minItems / maxItems, enum, const, anyOf / oneOf (alternatives that start
+ * differently), allOf of one schema, $ref into the same document ($defs, definitions,
+ * "#"), and annotations (title, description, default, examples, ...), which are ignored.
+ * A keyword that constrains values in a way the grammar cannot hold (pattern, format,
+ * minimum, minLength, ...) is refused with its path rather than ignored: an output that
+ * does not match the schema is worse than a 400 that says why.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api/api.h"
+
+#define MAX_NESTING 64
+
+/* Keywords whose constraint the grammar cannot enforce. */
+static const char *const unsupported[] = {
+    "pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "not", "if", "then", "else", "dependentRequired",
+    "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
+    "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
+    "contentEncoding", "contentMediaType", NULL,
+};
+
+typedef struct {
+    const json_t *doc;   /* the whole schema, for $ref */
+    JsonSchema *s;
+    const json_t **seen; /* schema objects compiled so far, and their nodes */
+    int *seen_node;
+    int n_seen, cap_seen;
+    int nesting;
+    char path[256];      /* where the schema being read is, for messages */
+    ApiError *e;
+} Compiler;
+
+static int fail(Compiler *c, const char *fmt, const char *what) {
+    char msg[320];
+    snprintf(msg, sizeof msg, fmt, what);
+    api_error_set(c->e, 400, "response_format", "invalid_json_schema",
+                  "'response_format.json_schema.schema%s': %s", c->path, msg);
+    return -1;
+}
+
+static int fail_build(Compiler *c, const char *err) {
+    return fail(c, "%s", err);
+}
+
+/* path += suffix while compiling a child; returns the old length to restore. */
+static size_t path_push(Compiler *c, const char *fmt, const char *key) {
+    size_t at = strlen(c->path);
+    snprintf(c->path + at, sizeof c->path - at, fmt, key);
+    return at;
+}
+
+static int compile(Compiler *c, const json_t *sch);
+
+static int remember(Compiler *c, const json_t *sch, int node) {
+    if (c->n_seen == c->cap_seen) {
+        int cap = c->cap_seen ? 2 * c->cap_seen : 16;
+        const json_t **seen = realloc(c->seen, (size_t)cap * sizeof *seen);
+        if (seen) c->seen = seen;
+        int *nodes = seen ? realloc(c->seen_node, (size_t)cap * sizeof *nodes) : NULL;
+        if (!nodes) return fail(c, "%s", "out of memory");
+        c->seen_node = nodes;
+        c->cap_seen = cap;
+    }
+    c->seen[c->n_seen] = sch;
+    c->seen_node[c->n_seen++] = node;
+    return 0;
+}
+
+/* A "#..." JSON pointer into the document (RFC 6901: ~1 is '/', ~0 is '~'). */
+static const json_t *resolve_ref(const json_t *doc, const char *ref) {
+    if (ref[0] != '#') return NULL;
+    const json_t *at = doc;
+    const char *p = ref + 1;
+    while (at && *p == '/') {
+        char token[256];
+        size_t n = 0;
+        for (p++; *p && *p != '/'; p++) {
+            char ch = *p;
+            if (ch == '~' && (p[1] == '0' || p[1] == '1')) ch = *++p == '0' ? '~' : '/';
+            if (n + 1 >= sizeof token) return NULL;
+            token[n++] = ch;
+        }
+        token[n] = '\0';
+        at = json_is_object(at) ? json_object_get(at, token) : NULL;
+    }
+    return *p ? NULL : at;
+}
+
+static int add_node(Compiler *c) {
+    char err[160];
+    int node = json_schema_add_node(c->s, err, sizeof err);
+    return node < 0 ? fail_build(c, err) : node;
+}
+
+/* The compact JSON text of v (a property name as a string, or an enum value). */
+static int dump(Compiler *c, const json_t *v, char **out) {
+    *out = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    return *out ? 0 : fail(c, "%s", "a value that cannot be written as JSON");
+}
+
+static int compile_literals(Compiler *c, int node, const json_t *values) {
+    json_schema_set_kind(c->s, node, JS_LITERALS);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(values, i, v) {
+        char *text, err[160];
+        if (dump(c, v, &text) != 0) return -1;
+        int rc = json_schema_add_literal(c->s, node, text, strlen(text), err, sizeof err);
+        free(text);
+        if (rc != 0) return fail_build(c, err);
+    }
+    return 0;
+}
+
+/* node becomes the alternatives kids[0..n). */
+static int set_choices(Compiler *c, int node, const int *kids, size_t n) {
+    json_schema_set_kind(c->s, node, JS_ANY_OF);
+    for (size_t i = 0; i < n; i++) {
+        char err[160];
+        if (json_schema_add_choice(c->s, node, kids[i], err, sizeof err) != 0)
+            return fail_build(c, err);
+    }
+    return 0;
+}
+
+static int compile_choices(Compiler *c, int node, const json_t *list, const char *keyword) {
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return fail(c, "'%s' must be a non-empty array of schemas", keyword);
+    int kids[JSON_SCHEMA_MAX_CHOICES];
+    size_t n = json_array_size(list);
+    if (n > JSON_SCHEMA_MAX_CHOICES) return fail(c, "'%s' has too many alternatives", keyword);
+    for (size_t i = 0; i < n; i++) {
+        char idx[24];
+        snprintf(idx, sizeof idx, "%zu", i);
+        size_t at = path_push(c, ".%s", keyword);
+        path_push(c, "[%s]", idx);
+        kids[i] = compile(c, json_array_get(list, i));
+        c->path[at] = '\0';
+        if (kids[i] < 0) return -1;
+    }
+    return set_choices(c, node, kids, n);
+}
+
+static bool is_required(const json_t *required, const char *name) {
+    size_t i;
+    const json_t *v;
+    json_array_foreach(required, i, v)
+        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0) return true;
+    return false;
+}
+
+static int compile_object(Compiler *c, int node, const json_t *sch) {
+    const json_t *props = json_object_get(sch, "properties");
+    const json_t *required = json_object_get(sch, "required");
+    const json_t *extra = json_object_get(sch, "additionalProperties");
+    if (props && !json_is_object(props)) return fail(c, "%s", "'properties' must be an object");
+    if (required && !json_is_array(required)) return fail(c, "%s", "'required' must be an array");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(required, i, v)
+        if (!json_is_string(v) || !json_object_get(props, json_string_value(v)))
+            return fail(c, "%s", "'required' names a property that 'properties' does not have");
+    if (json_object_size(props) == 0 && !json_is_false(extra)) {
+        json_schema_set_kind(c->s, node, JS_ANY_OBJECT); /* any keys: json_object's grammar */
+        return 0;
+    }
+    size_t n = json_object_size(props);
+    if (n > JSON_SCHEMA_MAX_CHOICES) return fail(c, "%s", "more than 64 properties in one object");
+    int kids[JSON_SCHEMA_MAX_CHOICES];
+    const char *name;
+    i = 0;
+    json_object_foreach((json_t *)props, name, v) {
+        size_t at = path_push(c, ".properties.%s", name);
+        kids[i] = compile(c, v);
+        c->path[at] = '\0';
+        if (kids[i++] < 0) return -1;
+    }
+    json_schema_set_kind(c->s, node, JS_OBJECT);
+    i = 0;
+    json_object_foreach((json_t *)props, name, v) {
+        char *text, err[160];
+        json_t *str = json_string(name);
+        int rc = str ? dump(c, str, &text) : fail(c, "%s", "out of memory");
+        json_decref(str);
+        if (rc != 0) return -1;
+        rc = json_schema_add_property(c->s, node, text, strlen(text), kids[i++],
+                                      is_required(required, name), err, sizeof err);
+        free(text);
+        if (rc != 0) return fail_build(c, err);
+    }
+    return 0;
+}
+
+/* minItems / maxItems: absent, or a non-negative integer. */
+static int read_count(Compiler *c, const json_t *sch, const char *key, int absent, int *out) {
+    const json_t *v = json_object_get(sch, key);
+    *out = absent;
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
+        return fail(c, "'%s' must be an integer from 0 to 1000000", key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int compile_array(Compiler *c, int node, const json_t *sch) {
+    const json_t *items = json_object_get(sch, "items");
+    int min, max;
+    if (read_count(c, sch, "minItems", 0, &min) != 0 || read_count(c, sch, "maxItems", -1, &max) != 0)
+        return -1;
+    int kid;
+    if (items) {
+        size_t at = path_push(c, "%s", ".items");
+        kid = compile(c, items);
+        c->path[at] = '\0';
+    } else {
+        kid = add_node(c); /* any value */
+    }
+    if (kid < 0) return -1;
+    json_schema_set_kind(c->s, node, JS_ARRAY);
+    json_schema_set_items(c->s, node, kid, min, max);
+    return 0;
+}
+
+static int compile_type(Compiler *c, int node, const json_t *sch, const char *type) {
+    static const struct { const char *name; JsonSchemaKind kind; } leaves[] = {
+        { "string", JS_STRING }, { "number", JS_NUMBER }, { "integer", JS_INTEGER },
+        { "boolean", JS_BOOLEAN }, { "null", JS_NULL },
+    };
+    if (strcmp(type, "object") == 0) return compile_object(c, node, sch);
+    if (strcmp(type, "array") == 0) return compile_array(c, node, sch);
+    for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) {
+        if (strcmp(type, leaves[i].name) == 0) {
+            json_schema_set_kind(c->s, node, leaves[i].kind);
+            return 0;
+        }
+    }
+    return fail(c, "unknown type '%s'", type);
+}
+
+/* "type": ["string", "null"]: one alternative per type, each with the schema's other
+ * keywords. */
+static int compile_type_list(Compiler *c, int node, const json_t *sch, const json_t *types) {
+    size_t n = json_array_size(types);
+    if (n == 0 || n > 7) return fail(c, "%s", "'type' must list 1 to 7 type names");
+    int kids[7];
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(types, i);
+        if (!json_is_string(t)) return fail(c, "%s", "'type' must list type names");
+        if ((kids[i] = add_node(c)) < 0 || compile_type(c, kids[i], sch, json_string_value(t)) != 0)
+            return -1;
+    }
+    return set_choices(c, node, kids, n);
+}
+
+static int compile_body(Compiler *c, int node, const json_t *sch) {
+    for (int i = 0; unsupported[i]; i++)
+        if (json_object_get(sch, unsupported[i]))
+            return fail(c, "'%s' is not supported (the output could not be held to it)",
+                        unsupported[i]);
+    const json_t *type = json_object_get(sch, "type");
+    const json_t *v;
+    if ((v = json_object_get(sch, "const"))) {
+        json_t *one = json_pack("[O]", v);
+        int rc = one ? compile_literals(c, node, one) : fail(c, "%s", "out of memory");
+        json_decref(one);
+        return rc;
+    }
+    if ((v = json_object_get(sch, "enum"))) {
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return fail(c, "%s", "'enum' must be a non-empty array");
+        return compile_literals(c, node, v);
+    }
+    const char *alt = json_object_get(sch, "anyOf") ? "anyOf" : json_object_get(sch, "oneOf") ? "oneOf" : NULL;
+    if (alt && type) return fail(c, "'%s' beside 'type' is not supported", alt);
+    if (alt) return compile_choices(c, node, json_object_get(sch, alt), alt);
+    if (json_is_array(type)) return compile_type_list(c, node, sch, type);
+    if (json_is_string(type)) return compile_type(c, node, sch, json_string_value(type));
+    if (type) return fail(c, "%s", "'type' must be a type name or a list of them");
+    if (json_object_get(sch, "properties")) return compile_object(c, node, sch);
+    if (json_object_get(sch, "items")) return compile_array(c, node, sch);
+    return 0; /* no constraint: any value (the node's kind from json_schema_add_node) */
+}
+
+static int compile_ref(Compiler *c, const json_t *sch) {
+    const json_t *ref = json_object_get(sch, "$ref");
+    const json_t *target = json_is_string(ref) ? resolve_ref(c->doc, json_string_value(ref)) : NULL;
+    if (!target) return fail(c, "%s", "'$ref' must point into this schema (\"#/$defs/Name\")");
+    size_t at = path_push(c, "($ref %s)", json_string_value(ref));
+    int node = compile(c, target);
+    c->path[at] = '\0';
+    return node;
+}
+
+/* Keywords that say nothing about the values a schema takes. */
+static bool is_annotation(const char *key) {
+    static const char *const words[] = {
+        "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+        "writeOnly", "$schema", "$id", "$defs", "definitions", NULL,
+    };
+    for (int i = 0; words[i]; i++)
+        if (strcmp(key, words[i]) == 0) return true;
+    return false;
+}
+
+/* $ref and allOf are read alone: beside them only annotations. */
+static int only_annotations_beside(Compiler *c, const json_t *sch, const char *keyword) {
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)sch, key, v)
+        if (strcmp(key, keyword) != 0 && !is_annotation(key))
+            return fail(c, "'%s' beside other constraints is not supported", keyword);
+    return 0;
+}
+
+static int compile(Compiler *c, const json_t *sch) {
+    if (json_is_true(sch)) return add_node(c);
+    if (!json_is_object(sch)) return fail(c, "%s", "a schema must be an object");
+    for (int i = 0; i < c->n_seen; i++)
+        if (c->seen[i] == sch) return c->seen_node[i];
+    if (++c->nesting > MAX_NESTING) return fail(c, "%s", "nested too deeply (or a $ref loop)");
+    int node;
+    const json_t *all = json_object_get(sch, "allOf");
+    if (json_object_get(sch, "$ref")) {
+        node = only_annotations_beside(c, sch, "$ref") == 0 ? compile_ref(c, sch) : -1;
+    } else if (all) {
+        if (!json_is_array(all) || json_array_size(all) != 1)
+            node = fail(c, "%s", "'allOf' is supported with one schema only");
+        else if ((node = only_annotations_beside(c, sch, "allOf")) == 0)
+            node = compile(c, json_array_get(all, 0));
+    } else {
+        node = add_node(c);
+        if (node >= 0 && (remember(c, sch, node) != 0 || compile_body(c, node, sch) != 0)) node = -1;
+    }
+    c->nesting--;
+    return node;
+}
+
+int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e) {
+    Compiler c = { .doc = schema, .e = e };
+    *out = NULL;
+    if (!(c.s = json_schema_new())) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    int root = compile(&c, schema);
+    char err[160];
+    c.path[0] = '\0';
+    if (root >= 0 && json_schema_finish(c.s, root, err, sizeof err) != 0) root = fail_build(&c, err);
+    free(c.seen);
+    free(c.seen_node);
+    if (root < 0) {
+        json_schema_free(c.s);
+        return -1;
+    }
+    *out = c.s;
+    return 0;
+}

@@ -1,0 +1,597 @@
+/* json_schema — a compiled JSON schema and the pushdown walk of one output through it.
+ *
+ * Each frame of the walk is one object, array or value being read. Objects and arrays
+ * are read here; property names and enum values are matched against the node's texts
+ * byte by byte (cand: those still matching); strings, numbers, booleans, null and "any
+ * value" parts are handed to json_prefix. A value that has no closing byte of its own (a
+ * number, or an enum value that another one extends) ends when a byte arrives that cannot
+ * extend it; that byte is then offered to the frame below.
+ */
+#include "model/json_schema.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(offsetof(JsonSchemaState, frames) % 8 == 0 &&
+                   offsetof(JsonSchemaState, frames) ==
+                       offsetof(JsonSchemaState, pad) + sizeof(((JsonSchemaState *)0)->pad),
+               "JsonSchemaState has no unnamed padding (states compare byte for byte)");
+_Static_assert(sizeof(JsonSchemaFrame) == 16, "JsonSchemaFrame has no padding");
+_Static_assert(JSON_SCHEMA_MAX_CHOICES <= 64, "cand is a 64-bit set");
+
+typedef struct {
+    uint64_t first[4];   /* the bytes a value of this node may start with (finish) */
+    uint64_t required;   /* JS_OBJECT: bit i = property i must come */
+    int32_t kind;
+    int32_t first_lit;   /* JS_OBJECT, JS_LITERALS: its texts at lits[first_lit...] */
+    int32_t first_choice; /* JS_ANY_OF: choices[first_choice...] */
+    int32_t count;       /* properties, literals or choices */
+    int32_t items, min_items, max_items;
+    int32_t unused;
+} Node;
+
+typedef struct {
+    int32_t off, len; /* in text */
+    int32_t value;    /* a property's node; -1 for an enum value */
+} Lit;
+
+struct JsonSchema {
+    Node *nodes;
+    Lit *lits;
+    int32_t *choices;
+    char *text;
+    int32_t n_nodes, n_lits, n_choices, n_text;
+    int32_t cap_nodes, cap_lits, cap_choices, cap_text;
+    int32_t root;
+};
+
+typedef enum {
+    P_START,      /* a value: whitespace, then its first byte */
+    P_SCALAR,     /* read by st->scalar */
+    P_LITERAL,    /* matching the node's texts */
+    P_OBJ_FIRST,  /* after '{': a name, or '}' when nothing is required */
+    P_OBJ_NEXT,   /* after ',': a name */
+    P_OBJ_KEY,    /* matching property names */
+    P_OBJ_COLON,
+    P_OBJ_AFTER,  /* after a value: ',' or '}' */
+    P_ARR_FIRST,  /* after '[': ']' or an item */
+    P_ARR_NEXT,   /* after ',': an item */
+    P_ARR_AFTER,  /* after an item: ',' or ']' */
+} Phase;
+
+/* What a frame did with a byte: refused it, took it, or ended before it (or opened a
+ * child) so that the new top frame must read it. */
+typedef enum { B_FAIL, B_TAKEN, B_AGAIN } ByteResult;
+
+static int set_err(char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && len) vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- building ------------------------------------------------------------------------- */
+
+JsonSchema *json_schema_new(void) {
+    JsonSchema *s = calloc(1, sizeof *s);
+    if (s) s->root = -1;
+    return s;
+}
+
+void json_schema_free(JsonSchema *s) {
+    if (!s) return;
+    free(s->nodes);
+    free(s->lits);
+    free(s->choices);
+    free(s->text);
+    free(s);
+}
+
+/* Room for one more element of size `size` in *arr (count n, capacity *cap). */
+static bool grow(void **arr, int32_t n, int32_t *cap, size_t size, int32_t more) {
+    if (n + more <= *cap) return true;
+    int32_t want = *cap ? *cap : 16;
+    while (want < n + more) want *= 2;
+    void *p = realloc(*arr, (size_t)want * size);
+    if (!p) return false;
+    *arr = p;
+    *cap = want;
+    return true;
+}
+
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = malloc(n ? n : 1);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+JsonSchema *json_schema_copy(const JsonSchema *s) {
+    JsonSchema *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    *c = *s;
+    c->nodes = dup_bytes(s->nodes, (size_t)s->n_nodes * sizeof *s->nodes);
+    c->lits = dup_bytes(s->lits, (size_t)s->n_lits * sizeof *s->lits);
+    c->choices = dup_bytes(s->choices, (size_t)s->n_choices * sizeof *s->choices);
+    c->text = dup_bytes(s->text, (size_t)s->n_text);
+    c->cap_nodes = s->n_nodes;
+    c->cap_lits = s->n_lits;
+    c->cap_choices = s->n_choices;
+    c->cap_text = s->n_text;
+    if (!c->nodes || !c->lits || !c->choices || !c->text) {
+        json_schema_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* n bytes equal (either side may be NULL when n is 0). */
+static bool same(const void *a, const void *b, size_t n) {
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
+bool json_schema_equal(const JsonSchema *a, const JsonSchema *b) {
+    if (a == b) return true;
+    return a->root == b->root && a->n_nodes == b->n_nodes && a->n_lits == b->n_lits &&
+           a->n_choices == b->n_choices && a->n_text == b->n_text &&
+           same(a->nodes, b->nodes, (size_t)a->n_nodes * sizeof *a->nodes) &&
+           same(a->lits, b->lits, (size_t)a->n_lits * sizeof *a->lits) &&
+           same(a->choices, b->choices, (size_t)a->n_choices * sizeof *a->choices) &&
+           same(a->text, b->text, (size_t)a->n_text);
+}
+
+int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
+    if (s->n_nodes >= JSON_SCHEMA_MAX_NODES)
+        return set_err(err, err_len, "the schema has more than %d parts", JSON_SCHEMA_MAX_NODES);
+    if (!grow((void **)&s->nodes, s->n_nodes, &s->cap_nodes, sizeof *s->nodes, 1))
+        return set_err(err, err_len, "out of memory");
+    Node *n = &s->nodes[s->n_nodes];
+    memset(n, 0, sizeof *n); /* padding included: schemas compare byte for byte */
+    n->kind = JS_ANY;
+    n->first_lit = n->first_choice = n->items = -1;
+    n->max_items = -1;
+    return s->n_nodes++;
+}
+
+void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind) {
+    s->nodes[node].kind = kind;
+}
+
+void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items) {
+    Node *n = &s->nodes[node];
+    n->items = items;
+    n->min_items = min_items;
+    n->max_items = max_items;
+}
+
+/* The node's next slot of `count`, which must follow its earlier ones. */
+static int next_slot(Node *n, int32_t *first, int32_t n_used, char *err, size_t err_len) {
+    if (n->count >= JSON_SCHEMA_MAX_CHOICES)
+        return set_err(err, err_len, "more than %d properties, values or alternatives in one place",
+                       JSON_SCHEMA_MAX_CHOICES);
+    if (n->count == 0) *first = n_used;
+    else if (*first + n->count != n_used)
+        return set_err(err, err_len, "a node's texts must be added one after another");
+    return 0;
+}
+
+static int add_lit(JsonSchema *s, int node, const char *text, size_t len, int value, char *err,
+                   size_t err_len) {
+    Node *n = &s->nodes[node];
+    if (len == 0 || len > JSON_SCHEMA_MAX_LITERAL)
+        return set_err(err, err_len, "a property name or value of %zu bytes as JSON (at most %d)",
+                       len, JSON_SCHEMA_MAX_LITERAL);
+    if (next_slot(n, &n->first_lit, s->n_lits, err, err_len) != 0) return -1;
+    if (!grow((void **)&s->lits, s->n_lits, &s->cap_lits, sizeof *s->lits, 1) ||
+        !grow((void **)&s->text, s->n_text, &s->cap_text, 1, (int32_t)len))
+        return set_err(err, err_len, "out of memory");
+    memcpy(s->text + s->n_text, text, len);
+    s->lits[s->n_lits++] = (Lit){ s->n_text, (int32_t)len, value };
+    s->n_text += (int32_t)len;
+    n->count++;
+    return 0;
+}
+
+int json_schema_add_property(JsonSchema *s, int node, const char *name_json, size_t len,
+                             int value, bool required, char *err, size_t err_len) {
+    if (add_lit(s, node, name_json, len, value, err, err_len) != 0) return -1;
+    Node *n = &s->nodes[node];
+    if (required) n->required |= 1ull << (n->count - 1);
+    return 0;
+}
+
+int json_schema_add_literal(JsonSchema *s, int node, const char *json, size_t len, char *err,
+                            size_t err_len) {
+    return add_lit(s, node, json, len, -1, err, err_len);
+}
+
+int json_schema_add_choice(JsonSchema *s, int node, int choice, char *err, size_t err_len) {
+    Node *n = &s->nodes[node];
+    if (next_slot(n, &n->first_choice, s->n_choices, err, err_len) != 0) return -1;
+    if (!grow((void **)&s->choices, s->n_choices, &s->cap_choices, sizeof *s->choices, 1))
+        return set_err(err, err_len, "out of memory");
+    s->choices[s->n_choices++] = choice;
+    n->count++;
+    return 0;
+}
+
+/* ---- finishing: first bytes, checks --------------------------------------------------- */
+
+static void first_add(uint64_t set[4], const char *bytes) {
+    for (const unsigned char *b = (const unsigned char *)bytes; *b; b++)
+        set[*b / 64] |= 1ull << (*b % 64);
+}
+
+static bool first_has(const uint64_t set[4], unsigned char c) {
+    return (set[c / 64] >> (c % 64)) & 1;
+}
+
+/* node's first bytes into its Node.first, once (seen[node]: 1 while its alternatives are
+ * being read, which catches alternatives that lead back to themselves without a byte
+ * read; 2 when done). */
+static int first_bytes(JsonSchema *s, int node, uint8_t *seen, char *err, size_t err_len) {
+    if (seen[node] == 2) return 0;
+    if (seen[node] == 1) return set_err(err, err_len, "alternatives that refer back to themselves");
+    seen[node] = 1;
+    Node *n = &s->nodes[node];
+    uint64_t set[4] = { 0 };
+    const char *digits = "-0123456789";
+    switch ((JsonSchemaKind)n->kind) {
+    case JS_ANY: first_add(set, "{[\"tfn"); first_add(set, digits); break;
+    case JS_ANY_OBJECT:
+    case JS_OBJECT: first_add(set, "{"); break;
+    case JS_ARRAY: first_add(set, "["); break;
+    case JS_STRING: first_add(set, "\""); break;
+    case JS_NUMBER:
+    case JS_INTEGER: first_add(set, digits); break;
+    case JS_BOOLEAN: first_add(set, "tf"); break;
+    case JS_NULL: first_add(set, "n"); break;
+    case JS_LITERALS:
+        if (n->count == 0) return set_err(err, err_len, "an enum without values");
+        for (int i = 0; i < n->count; i++) {
+            unsigned char c = (unsigned char)s->text[s->lits[n->first_lit + i].off];
+            set[c / 64] |= 1ull << (c % 64);
+        }
+        break;
+    case JS_ANY_OF:
+        if (n->count == 0) return set_err(err, err_len, "anyOf without alternatives");
+        for (int i = 0; i < n->count; i++) {
+            int c = s->choices[n->first_choice + i];
+            if (first_bytes(s, c, seen, err, err_len) != 0) return -1;
+            const uint64_t *cf = s->nodes[c].first;
+            for (int w = 0; w < 4; w++) {
+                if (set[w] & cf[w])
+                    return set_err(err, err_len, "alternatives (anyOf, or a list of types) "
+                                   "must differ in how they start: a string, a number, an "
+                                   "object, an array, true/false or null each at most once");
+                set[w] |= cf[w];
+            }
+        }
+        break;
+    }
+    memcpy(s->nodes[node].first, set, sizeof set);
+    seen[node] = 2;
+    return 0;
+}
+
+/* The node a value of `node` is read as when it starts with byte c (through alternatives);
+ * -1 when none. */
+static int resolve(const JsonSchema *s, int node, unsigned char c) {
+    while (node >= 0 && s->nodes[node].kind == JS_ANY_OF) {
+        const Node *n = &s->nodes[node];
+        int next = -1;
+        for (int i = 0; i < n->count && next < 0; i++) {
+            int ch = s->choices[n->first_choice + i];
+            if (first_has(s->nodes[ch].first, c)) next = ch;
+        }
+        node = next;
+    }
+    return node;
+}
+
+int json_schema_finish(JsonSchema *s, int root, char *err, size_t err_len) {
+    uint8_t *seen = calloc((size_t)s->n_nodes, 1);
+    if (!seen) return set_err(err, err_len, "out of memory");
+    int rc = 0;
+    for (int i = 0; i < s->n_nodes && rc == 0; i++) {
+        Node *n = &s->nodes[i];
+        if (n->kind == JS_ARRAY && (n->items < 0 || (n->max_items >= 0 && n->max_items < n->min_items)))
+            rc = set_err(err, err_len, "an array whose minItems is above its maxItems");
+        else
+            rc = first_bytes(s, i, seen, err, err_len);
+    }
+    free(seen);
+    if (rc != 0) return -1;
+    const uint64_t *top = s->nodes[root].first;
+    if (top[0] != 0 || top[1] != 1ull << ('{' - 64) || top[2] != 0 || top[3] != 0)
+        return set_err(err, err_len, "the schema's top level must be an object");
+    s->root = root;
+    return 0;
+}
+
+JsonSchema *json_schema_any_object(void) {
+    JsonSchema *s = json_schema_new();
+    int node = s ? json_schema_add_node(s, NULL, 0) : -1;
+    if (node < 0) {
+        json_schema_free(s);
+        return NULL;
+    }
+    json_schema_set_kind(s, node, JS_ANY_OBJECT);
+    if (json_schema_finish(s, node, NULL, 0) != 0) {
+        json_schema_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* ---- the walk ------------------------------------------------------------------------- */
+
+static bool is_ws(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static uint64_t low_bits(int n) {
+    return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
+
+static void push(JsonSchemaState *st, int node) {
+    st->frames[st->depth++] = (JsonSchemaFrame){ .node = (int16_t)node, .phase = P_START };
+}
+
+void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws) {
+    memset(st, 0, sizeof *st);
+    st->max_ws = (uint8_t)(max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws);
+    push(st, s->root);
+}
+
+void json_schema_state_trial(JsonSchemaState *trial, const JsonSchemaState *st) {
+    memcpy(trial, st, offsetof(JsonSchemaState, frames) + st->depth * sizeof(JsonSchemaFrame));
+}
+
+bool json_schema_complete(const JsonSchemaState *st) {
+    return !st->failed && st->done;
+}
+
+void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out) {
+    memset(out, 0, sizeof *out);
+    json_schema_state_trial(out, st);
+    if (st->scalar_on) json_prefix_canonical(&st->scalar, &out->scalar);
+    else memset(&out->scalar, 0, sizeof out->scalar);
+    JsonSchemaFrame *top = st->depth ? &out->frames[st->depth - 1] : NULL;
+    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY) top->pos = 0, top->cand = 0;
+    for (int i = 0; i < st->depth; i++) {
+        /* An array's count matters only up to its bounds: past minItems, without a
+         * maxItems, the 3rd item and the 300th accept the same bytes. */
+        JsonSchemaFrame *f = &out->frames[i];
+        const Node *n = &s->nodes[f->node];
+        if (n->kind == JS_ARRAY && f->phase != P_START && n->max_items < 0 && f->index > n->min_items)
+            f->index = (int16_t)n->min_items;
+    }
+}
+
+static ByteResult fail(JsonSchemaState *st) {
+    st->failed = true;
+    return B_FAIL;
+}
+
+/* Whitespace between the schema's tokens: JSON_SCHEMA_MAX_WS (json_schema.h). */
+static ByteResult take_ws(JsonSchemaState *st, unsigned char c) {
+    if (c == '\n') {
+        if (st->max_ws && st->breaks >= 1) return fail(st);
+        st->breaks++;
+        st->ws = 0;
+        return B_TAKEN;
+    }
+    if (st->max_ws && st->ws >= JSON_SCHEMA_MAX_WS) return fail(st);
+    st->ws++;
+    return B_TAKEN;
+}
+
+/* The top frame's value is whole: the frame below (an object or array, already in its
+ * "after" phase) counts it, or the walk is done. */
+static void pop(JsonSchemaState *st, const JsonSchema *s) {
+    st->scalar_on = false;
+    if (--st->depth == 0) {
+        st->done = true;
+        return;
+    }
+    JsonSchemaFrame *f = &st->frames[st->depth - 1];
+    if (s->nodes[f->node].kind == JS_ARRAY) f->index++;
+}
+
+/* Opens a child frame for node below f (which then waits in `after`); c is the child's. */
+static ByteResult open_child(JsonSchemaState *st, JsonSchemaFrame *f, int node, Phase after) {
+    if (st->depth >= JSON_SCHEMA_MAX_DEPTH) return fail(st);
+    f->phase = (uint8_t)after;
+    push(st, node);
+    return B_AGAIN;
+}
+
+static ByteResult scalar_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                              unsigned char c) {
+    bool fraction = c == '.' || c == 'e' || c == 'E';
+    JsonPrefix trial = st->scalar;
+    if (!(s->nodes[f->node].kind == JS_INTEGER && fraction) &&
+        json_prefix_feed(&trial, (const char *)&c, 1)) {
+        st->scalar = trial;
+        if (json_prefix_complete(&trial)) pop(st, s);
+        return B_TAKEN;
+    }
+    if (!json_prefix_may_end(&st->scalar)) return fail(st);
+    pop(st, s); /* a number ended before c */
+    return B_AGAIN;
+}
+
+/* One literal (enum value) or property name of the node's texts matched whole: i. */
+static ByteResult literal_done(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f, int i,
+                               ByteResult r) {
+    if (f->phase == P_OBJ_KEY) {
+        f->phase = P_OBJ_COLON;
+        f->index = (int16_t)(i + 1);
+        f->pos = 0;
+        f->cand = 0;
+    } else {
+        pop(st, s);
+    }
+    return r;
+}
+
+static ByteResult literal_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                               unsigned char c) {
+    const Node *n = &s->nodes[f->node];
+    const Lit *lits = s->lits + n->first_lit;
+    uint64_t live = 0;
+    int whole = -1;
+    for (uint64_t m = f->cand; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        if (lits[i].len == f->pos) whole = i;
+        else if ((unsigned char)s->text[lits[i].off + f->pos] == c) live |= 1ull << i;
+    }
+    if (live) {
+        f->cand = live;
+        f->pos++;
+        int i = __builtin_ctzll(live);
+        if ((live & (live - 1)) == 0 && lits[i].len == f->pos) return literal_done(st, s, f, i, B_TAKEN);
+        return B_TAKEN;
+    }
+    if (whole >= 0) return literal_done(st, s, f, whole, B_AGAIN); /* "1" of 1 and 12, before ',' */
+    return fail(st);
+}
+
+/* The property names that may come next: from index up to the first required one. */
+static uint64_t next_names(const Node *n, int index) {
+    uint64_t from = index >= 64 ? 0 : low_bits(n->count) & ~low_bits(index);
+    uint64_t req = n->required & from;
+    return req ? from & ((req & -req) | ((req & -req) - 1)) : from;
+}
+
+static ByteResult start_name(JsonSchemaFrame *f, const Node *n) {
+    f->cand = next_names(n, f->index);
+    f->pos = 0;
+    f->phase = P_OBJ_KEY;
+    return B_AGAIN;
+}
+
+/* The first byte of a value of f's node. */
+static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                              unsigned char c) {
+    int node = resolve(s, f->node, c);
+    bool any_object_ws = node >= 0 && s->nodes[node].kind == JS_ANY_OBJECT && is_ws(c);
+    if (node < 0 || !(first_has(s->nodes[node].first, c) || any_object_ws)) return fail(st);
+    f->node = (int16_t)node;
+    const Node *n = &s->nodes[node];
+    switch ((JsonSchemaKind)n->kind) {
+    case JS_OBJECT:
+        f->phase = P_OBJ_FIRST;
+        f->index = 0;
+        return B_TAKEN;
+    case JS_ARRAY:
+        f->phase = P_ARR_FIRST;
+        f->index = 0;
+        return B_TAKEN;
+    case JS_LITERALS:
+        f->phase = P_LITERAL;
+        f->cand = low_bits(n->count);
+        f->pos = 0;
+        return B_AGAIN;
+    default:
+        if (n->kind == JS_ANY_OBJECT) json_prefix_init(&st->scalar, st->max_ws);
+        else json_prefix_init_value(&st->scalar, st->max_ws);
+        st->scalar_on = true;
+        f->phase = P_SCALAR;
+        return B_AGAIN;
+    }
+}
+
+static ByteResult object_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                              unsigned char c) {
+    const Node *n = &s->nodes[f->node];
+    if (is_ws(c)) return take_ws(st, c);
+    bool rest_optional = f->index >= 64 || (n->required >> f->index) == 0;
+    switch ((Phase)f->phase) {
+    case P_OBJ_FIRST:
+        if (c == '}' && rest_optional) break;
+        /* fall through */
+    case P_OBJ_NEXT:
+        return c == '"' && next_names(n, f->index) ? start_name(f, n) : fail(st);
+    case P_OBJ_COLON:
+        if (c != ':') return fail(st);
+        open_child(st, f, s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
+        return st->failed ? B_FAIL : B_TAKEN;
+    case P_OBJ_AFTER:
+        if (c == ',' && f->index < n->count) {
+            f->phase = P_OBJ_NEXT;
+            return B_TAKEN;
+        }
+        if (c == '}' && rest_optional) break;
+        return fail(st);
+    default:
+        return fail(st);
+    }
+    pop(st, s); /* '}' */
+    return B_TAKEN;
+}
+
+static ByteResult array_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                             unsigned char c) {
+    const Node *n = &s->nodes[f->node];
+    if (is_ws(c)) return take_ws(st, c);
+    bool may_close = f->index >= n->min_items;
+    bool may_add = n->max_items < 0 || f->index < n->max_items;
+    switch ((Phase)f->phase) {
+    case P_ARR_FIRST:
+        if (c == ']' && may_close) break;
+        /* fall through */
+    case P_ARR_NEXT:
+        return may_add ? open_child(st, f, n->items, P_ARR_AFTER) : fail(st);
+    case P_ARR_AFTER:
+        if (c == ',' && may_add) {
+            f->phase = P_ARR_NEXT;
+            return B_TAKEN;
+        }
+        if (c == ']' && may_close) break;
+        return fail(st);
+    default:
+        return fail(st);
+    }
+    pop(st, s); /* ']' */
+    return B_TAKEN;
+}
+
+static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned char c) {
+    if (st->depth == 0) return st->done && is_ws(c) ? take_ws(st, c) : fail(st);
+    JsonSchemaFrame *f = &st->frames[st->depth - 1];
+    switch ((Phase)f->phase) {
+    case P_START: /* any object: json_prefix reads its whitespace too, as for json_object */
+        if (is_ws(c) && s->nodes[f->node].kind != JS_ANY_OBJECT) return take_ws(st, c);
+        return start_value(st, s, f, c);
+    case P_SCALAR: return scalar_byte(st, s, f, c);
+    case P_LITERAL:
+    case P_OBJ_KEY: return literal_byte(st, s, f, c);
+    case P_OBJ_FIRST:
+    case P_OBJ_NEXT:
+    case P_OBJ_COLON:
+    case P_OBJ_AFTER: return object_byte(st, s, f, c);
+    case P_ARR_FIRST:
+    case P_ARR_NEXT:
+    case P_ARR_AFTER: return array_byte(st, s, f, c);
+    }
+    return fail(st);
+}
+
+static bool feed_byte(JsonSchemaState *st, const JsonSchema *s, unsigned char c) {
+    if (!is_ws(c)) st->ws = st->breaks = 0;
+    ByteResult r;
+    do
+        r = frame_byte(st, s, c);
+    while (r == B_AGAIN);
+    return r == B_TAKEN;
+}
+
+bool json_schema_feed(JsonSchemaState *st, const JsonSchema *s, const char *bytes, size_t n) {
+    for (size_t i = 0; i < n && !st->failed; i++)
+        if (!feed_byte(st, s, (unsigned char)bytes[i])) st->failed = true;
+    return !st->failed;
+}

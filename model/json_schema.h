@@ -1,0 +1,119 @@
+/* json_schema — output held to a JSON schema, byte by byte (OpenAI's response_format
+ * {"type": "json_schema"}), the way json_prefix holds it to any JSON object.
+ *
+ * A JsonSchema is a compiled grammar: a graph of nodes (objects with properties in a
+ * fixed order, arrays, strings, numbers, integers, booleans, null, fixed values, any
+ * value, and alternatives that differ in their first byte). api/ builds it from the
+ * request's JSON schema with the json_schema_add_* calls; this module knows no JSON
+ * library. Properties come out in the schema's order, each required one present, optional
+ * ones free to be skipped; no property outside the schema is written. Strings, numbers and
+ * "any value" parts are read by json_prefix (so strict UTF-8 and the whitespace limits are
+ * the same as json_object's).
+ *
+ * A JsonSchemaState is a small value (copy it to try bytes) that walks one output through
+ * a schema; the schema must outlive it and must not change while states use it.
+ */
+#ifndef PAGEDSERVE_JSON_SCHEMA_H
+#define PAGEDSERVE_JSON_SCHEMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/json_prefix.h"
+
+/* Values nested inside each other (objects, arrays) the schema walk follows; inside an
+ * "any value" part json_prefix's own JSON_PREFIX_MAX_DEPTH applies. */
+#define JSON_SCHEMA_MAX_DEPTH 16
+/* Properties of one object, values of one enum, alternatives of one anyOf. */
+#define JSON_SCHEMA_MAX_CHOICES 64
+#define JSON_SCHEMA_MAX_NODES 4096
+/* Whitespace between two of the schema's tokens: at most one line break, and this many
+ * other bytes after it (indentation); a model that likes whitespace then reaches the
+ * content sooner. "Any value" parts take json_prefix's wider limits (max_ws). */
+#define JSON_SCHEMA_MAX_WS 20
+/* Bytes of one property name or enum value as JSON text (quotes included). */
+#define JSON_SCHEMA_MAX_LITERAL 1024
+
+typedef enum {
+    JS_ANY,        /* any JSON value */
+    JS_ANY_OBJECT, /* any JSON object (what json_object asks for) */
+    JS_OBJECT,     /* the properties added to it, in order */
+    JS_ARRAY,      /* items of one node, a count in [min, max] */
+    JS_STRING,
+    JS_NUMBER,
+    JS_INTEGER,    /* a number without fraction or exponent */
+    JS_BOOLEAN,
+    JS_NULL,
+    JS_LITERALS,   /* one of the JSON texts added to it (enum, const) */
+    JS_ANY_OF,     /* one of the nodes added to it, told apart by their first byte */
+} JsonSchemaKind;
+
+typedef struct JsonSchema JsonSchema;
+
+JsonSchema *json_schema_new(void); /* NULL when out of memory */
+void json_schema_free(JsonSchema *s);
+/* A deep copy (NULL when out of memory). */
+JsonSchema *json_schema_copy(const JsonSchema *s);
+/* The same grammar (what the engine's mask cache compares). */
+bool json_schema_equal(const JsonSchema *a, const JsonSchema *b);
+
+/* Building. Each returns -1 with a message in err when a limit above is passed or memory
+ * runs out. A node is added first and given its content afterwards, so that a schema may
+ * refer to itself ($ref): children may be added between the two. */
+int json_schema_add_node(JsonSchema *s, char *err, size_t err_len); /* its index; JS_ANY until set */
+void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind);
+/* JS_ARRAY: items and the count bounds (max < 0: no bound). */
+void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
+/* JS_OBJECT: the next property, its name as JSON string text with the quotes ("\"name\""). */
+int json_schema_add_property(JsonSchema *s, int node, const char *name_json, size_t len,
+                             int value, bool required, char *err, size_t err_len);
+/* JS_LITERALS: the next value, as compact JSON text. */
+int json_schema_add_literal(JsonSchema *s, int node, const char *json, size_t len, char *err,
+                            size_t err_len);
+/* JS_ANY_OF: the next alternative. */
+int json_schema_add_choice(JsonSchema *s, int node, int choice, char *err, size_t err_len);
+/* Checks the whole grammar once built, with root as its top: the root must be an object
+ * (JS_OBJECT or JS_ANY_OBJECT, possibly through alternatives); the alternatives of each
+ * JS_ANY_OF must start with different bytes; an array's bounds in order. 0, or -1 with a
+ * message naming the problem. */
+int json_schema_finish(JsonSchema *s, int root, char *err, size_t err_len);
+
+/* The schema json_object asks for: any object. NULL when out of memory. */
+JsonSchema *json_schema_any_object(void);
+
+typedef struct {
+    int16_t node;   /* what this level reads */
+    uint8_t phase;  /* where in it (json_schema.c's Phase) */
+    uint8_t unused;
+    uint16_t pos;   /* bytes of the current key or literal matched */
+    int16_t index;  /* object: the next property that may come; array: items so far */
+    uint64_t cand;  /* key or literal: which of the node's choices still match */
+} JsonSchemaFrame;
+
+typedef struct {
+    uint8_t depth;     /* frames in use */
+    uint8_t ws, breaks; /* the whitespace run between tokens (json_prefix.h's limits) */
+    uint8_t max_ws;
+    bool failed, done;
+    bool scalar_on;    /* the top frame reads its value with `scalar` */
+    uint8_t unused;
+    JsonPrefix scalar;
+    uint8_t pad[4];    /* named: states are compared byte for byte (json_schema_canonical) */
+    JsonSchemaFrame frames[JSON_SCHEMA_MAX_DEPTH]; /* last: a trial copies only the used ones */
+} JsonSchemaState;
+
+/* max_ws: json_prefix's limit for "any value" parts (json_prefix_init); 0: no whitespace
+ * limits anywhere (for judging a text, not for drawing one). */
+void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws);
+/* A copy of st for trying bytes: the fields and the frames in use (the rest stays unset). */
+void json_schema_state_trial(JsonSchemaState *trial, const JsonSchemaState *st);
+/* Feed n bytes; false once they leave every text the schema allows (st is then failed). */
+bool json_schema_feed(JsonSchemaState *st, const JsonSchema *s, const char *bytes, size_t n);
+/* The text fed so far is a whole value of the schema. */
+bool json_schema_complete(const JsonSchemaState *st);
+/* st with what its position will not read zeroed (and an array's count clamped where its
+ * bounds no longer care): equal results accept the same bytes. */
+void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out);
+
+#endif

@@ -1,0 +1,458 @@
+/* response_format json_schema: schemas compiled by api_json_schema_compile and walked by
+ * model/json_schema.c. Hand-picked texts each way, the errors that name what is refused,
+ * and two property tests against outside judges: every output a random walk of allowed
+ * bytes completes is parsed by jansson and checked by a small validator written from the
+ * JSON Schema spec below (not from the grammar), and random valid instances, as jansson
+ * writes them compact or indented, are all accepted whole. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/api.h"
+
+#define PERSON                                                                                   \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"                       \
+    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"           \
+    "\"string\"},\"maxItems\":2},\"kind\":{\"enum\":[\"a\",\"ab\",1,12]}},"                      \
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}"
+
+#define TREE                                                                                     \
+    "{\"$ref\":\"#/$defs/Node\",\"$defs\":{\"Node\":{\"type\":\"object\",\"title\":\"Node\","    \
+    "\"properties\":{\"value\":{\"type\":\"integer\"},\"children\":{\"type\":\"array\","         \
+    "\"items\":{\"$ref\":\"#/$defs/Node\"}}},\"required\":[\"value\",\"children\"]}}}"
+
+/* The shape Pydantic writes for a model with a nested model, an optional field, a Literal
+ * and a list with bounds. */
+#define PYDANTIC                                                                                 \
+    "{\"$defs\":{\"Address\":{\"properties\":{\"city\":{\"title\":\"City\",\"type\":\"string\"}," \
+    "\"zip\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null}},"         \
+    "\"required\":[\"city\",\"zip\"],\"title\":\"Address\",\"type\":\"object\","                 \
+    "\"additionalProperties\":false}},\"properties\":{\"address\":{\"$ref\":"                    \
+    "\"#/$defs/Address\"},\"mood\":{\"enum\":[\"happy\",\"sad\"],\"title\":\"Mood\","            \
+    "\"type\":\"string\"},\"scores\":{\"items\":{\"type\":\"number\"},\"minItems\":1,"           \
+    "\"maxItems\":3,\"type\":\"array\"},\"ok\":{\"type\":\"boolean\"},\"meta\":{}},"             \
+    "\"required\":[\"address\",\"mood\",\"scores\",\"ok\"],\"title\":\"Report\","                \
+    "\"type\":\"object\",\"additionalProperties\":false}"
+
+static json_t *load(const char *text) {
+    json_error_t err;
+    json_t *j = json_loads(text, JSON_DECODE_ANY, &err);
+    if (!j) fail_msg("bad test JSON (%s): %s", err.text, text);
+    return j;
+}
+
+static JsonSchema *compile_ok(const char *schema_text) {
+    json_t *j = load(schema_text);
+    JsonSchema *s = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, schema_text);
+    json_decref(j);
+    return s;
+}
+
+/* 1: the text is accepted and whole; 0: accepted, a prefix only; -1: refused. */
+static int walk(const JsonSchema *s, const char *text) {
+    JsonSchemaState st;
+    json_schema_state_init(&st, s, 64);
+    if (!json_schema_feed(&st, s, text, strlen(text))) return -1;
+    return json_schema_complete(&st) ? 1 : 0;
+}
+
+static void expect(const char *schema_text, const char *text, int want) {
+    JsonSchema *s = compile_ok(schema_text);
+    int got = walk(s, text);
+    if (got != want) fail_msg("%s: got %d, want %d", text, got, want);
+    json_schema_free(s);
+}
+
+#define EXPECT_ALL(schema, texts, want)                                                          \
+    for (size_t i_ = 0; i_ < sizeof texts / sizeof texts[0]; i_++) expect(schema, texts[i_], want)
+
+static void test_person(void **state) {
+    (void)state;
+    static const char *const whole[] = {
+        "{\"name\":\"Bo\",\"age\":7}",
+        "{ \"name\" : \"Bo\" ,\n  \"age\" : -7 , \"kind\" : 12 }",
+        "{\"name\":\"x\\u00e9\\n\",\"age\":0,\"tags\":[],\"kind\":\"ab\"}",
+        "{\"name\":\"\xc3\xa9\",\"age\":1,\"tags\":[\"a\",\"b\"]}",
+        "{\"name\":\"x\",\"age\":1,\"kind\":1}",
+        "{\"name\":\"x\",\"age\":1,\"kind\":\"a\"}\n",
+    };
+    EXPECT_ALL(PERSON, whole, 1);
+    static const char *const prefixes[] = {
+        "", " {", "{\"na", "{\"name\":\"Bo\",\"age\":1", "{\"name\":\"Bo\",\"age\":7,\"kind\":1",
+        "{\"name\":\"Bo\",\"age\":7,\"t",
+    };
+    EXPECT_ALL(PERSON, prefixes, 0);
+    static const char *const refused[] = {
+        "{\"age\":7",                                      /* name is required first */
+        "{\"name\":\"Bo\",\"age\":7.5",                    /* an integer */
+        "{\"name\":\"Bo\",\"age\":1e3",
+        "{\"name\":\"Bo\"}",                               /* age is required */
+        "{\"name\":\"Bo\",\"age\":7,\"tags\":[\"a\",\"b\",", /* maxItems 2 */
+        "{\"name\":\"Bo\",\"age\":7,\"kind\":\"b",
+        "{\"name\":\"Bo\",\"age\":7,\"kind\":123",
+        "{\"name\":\"Bo\",\"age\":7,\"extra\"",            /* no other properties */
+        "{\"name\":\"Bo\",\"age\":7,\"kind\":1,\"tags\"",  /* the schema's order */
+        "{\"name\":1",
+        "{\"name\":\"a\x01",                               /* control characters escaped */
+        "[",
+        "{\"name\":\"Bo\",\"age\":7}x",
+        "{\"name\":\"Bo\",\"age\":01",
+        "{\"name\":                                                                    \"",
+        "{\"name\":\"Bo\",\"age\":7,,",
+    };
+    EXPECT_ALL(PERSON, refused, -1);
+}
+
+static void test_optional_and_alternatives(void **state) {
+    (void)state;
+    const char *abc = "{\"properties\":{\"a\":{\"type\":\"null\"},\"b\":{\"type\":\"boolean\"},"
+                      "\"c\":{\"type\":\"number\"}},\"required\":[\"b\"]}";
+    expect(abc, "{\"b\":true}", 1);
+    expect(abc, "{\"a\":null,\"b\":false,\"c\":-0.5e+2}", 1);
+    expect(abc, "{\"b\":true,\"c\":3}", 1);
+    expect(abc, "{\"c\":1", -1);
+    expect(abc, "{}", -1);
+    expect(abc, "{\"b\":tru", 0);
+    const char *nullable = "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":[\"string\","
+                           "\"null\",\"array\"],\"items\":{\"type\":\"integer\"}}},"
+                           "\"required\":[\"x\"]}";
+    expect(nullable, "{\"x\":null}", 1);
+    expect(nullable, "{\"x\":\"s\"}", 1);
+    expect(nullable, "{\"x\":[1,2]}", 1);
+    expect(nullable, "{\"x\":[1.5", -1);
+    expect(nullable, "{\"x\":1", -1);
+    const char *any = "{\"type\":\"object\",\"properties\":{\"meta\":{},\"v\":{\"const\":"
+                      "{\"k\":[1,\"two\"]}}},\"required\":[\"meta\",\"v\"]}";
+    expect(any, "{\"meta\":[1,{\"a\":null}],\"v\":{\"k\":[1,\"two\"]}}", 1);
+    expect(any, "{\"meta\":-3 ,\"v\":{\"k\":[1,\"two\"]}}", 1);
+    expect(any, "{\"meta\":true,\"v\":{\"k\":[1,\"tw\"]", -1);
+    expect("{\"type\":\"object\"}", "{\"anything\":[1,{}]}", 1);
+    /* whitespace: any object keeps json_object's limits (json_prefix.h), a schema's own
+     * tokens one line break and JSON_SCHEMA_MAX_WS bytes */
+    const char *wide = "\n\n                                        {}";
+    expect("{\"type\":\"object\"}", wide, 1);
+    expect("{\"type\":\"object\",\"additionalProperties\":false}", wide, -1);
+    expect("{\"type\":\"object\",\"additionalProperties\":false}", "\n                    {}", 1);
+    expect("{\"type\":\"object\",\"additionalProperties\":false}", "{}", 1);
+    expect("{\"type\":\"object\",\"additionalProperties\":false}", "{\"", -1);
+    const char *bounded = "{\"properties\":{\"l\":{\"items\":{\"type\":\"boolean\"},"
+                          "\"minItems\":1}},\"required\":[\"l\"]}";
+    expect(bounded, "{\"l\":[]", -1);
+    expect(bounded, "{\"l\":[true, false]}", 1);
+    expect(TREE, "{\"value\":1,\"children\":[{\"value\":2,\"children\":[]}]}", 1);
+    expect(TREE, "{\"value\":1,\"children\":[{\"value\":2}", -1);
+}
+
+static void compile_error(const char *schema_text, const char *words) {
+    json_t *j = load(schema_text);
+    JsonSchema *s = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    if (api_json_schema_compile(j, &s, &e) == 0) fail_msg("accepted: %s", schema_text);
+    assert_null(s);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "response_format");
+    assert_string_equal(e.code, "invalid_json_schema");
+    if (!strstr(e.message, words)) fail_msg("'%s' lacks '%s'", e.message, words);
+    json_decref(j);
+}
+
+static void test_refused(void **state) {
+    (void)state;
+    compile_error("{\"type\":\"object\",\"properties\":{\"email\":{\"type\":\"string\","
+                  "\"format\":\"email\"}}}", ".properties.email': 'format' is not supported");
+    compile_error("{\"type\":\"string\"}", "top level must be an object");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"object\"},"
+                  "{\"properties\":{\"a\":{}}}]}}}", "must differ");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":[\"integer\",\"number\"]}}}",
+                  "must differ");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/Y\"}}}", "$ref");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"http://a/b\"}}}", "$ref");
+    compile_error("{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", "required");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"items\":{},\"minItems\":3,"
+                  "\"maxItems\":2}}}", "minItems");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[]}}}", "enum");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"date\"}}}", "date");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"minimum\":0}}}", "minimum");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"allOf\":[{},{}]}}}", "allOf");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\",\"type\":\"string\"}}}",
+                  "beside");
+    compile_error("{\"$ref\":\"#/$defs/A\",\"$defs\":{\"A\":{\"$ref\":\"#/$defs/B\"},"
+                  "\"B\":{\"$ref\":\"#/$defs/A\"}}}", "loop");
+    compile_error("{\"$ref\":\"#/$defs/A\",\"$defs\":{\"A\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"}]}}}",
+                  "refer back");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":5}}", "must be an object");
+    char big[4096] = "{\"type\":\"object\",\"properties\":{";
+    for (int i = 0; i < 65; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"p%d\":{}", i ? "," : "", i);
+    strcat(big, "}}");
+    compile_error(big, "64");
+}
+
+/* ---- outside judges ------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(uint32_t n) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static const json_t *deref(const json_t *doc, const json_t *sch) {
+    for (;;) {
+        const json_t *ref = json_object_get(sch, "$ref");
+        const json_t *all = json_object_get(sch, "allOf");
+        if (json_is_string(ref)) {
+            const char *r = json_string_value(ref);
+            if (strcmp(r, "#") == 0) sch = doc;
+            else if (strncmp(r, "#/$defs/", 8) == 0)
+                sch = json_object_get(json_object_get(doc, "$defs"), r + 8);
+            else return NULL;
+        } else if (all) {
+            sch = json_array_get(all, 0);
+        } else {
+            return sch;
+        }
+    }
+}
+
+static bool has_type(const json_t *v, const char *t) {
+    if (strcmp(t, "string") == 0) return json_is_string(v);
+    if (strcmp(t, "integer") == 0) return json_is_integer(v);
+    if (strcmp(t, "number") == 0) return json_is_number(v);
+    if (strcmp(t, "boolean") == 0) return json_is_boolean(v);
+    if (strcmp(t, "null") == 0) return json_is_null(v);
+    if (strcmp(t, "object") == 0) return json_is_object(v);
+    if (strcmp(t, "array") == 0) return json_is_array(v);
+    return false;
+}
+
+/* JSON Schema validation (draft 2020-12 semantics) for the keywords the tests use. */
+static bool valid(const json_t *doc, const json_t *sch, const json_t *v) {
+    sch = deref(doc, sch);
+    if (!sch) return false;
+    if (json_is_true(sch)) return true;
+    const json_t *k, *x;
+    size_t i;
+    if ((k = json_object_get(sch, "const")) && !json_equal((json_t *)k, (json_t *)v)) return false;
+    if ((k = json_object_get(sch, "enum"))) {
+        bool any = false;
+        json_array_foreach(k, i, x) any |= json_equal((json_t *)x, (json_t *)v);
+        if (!any) return false;
+    }
+    if ((k = json_object_get(sch, "anyOf")) || (k = json_object_get(sch, "oneOf"))) {
+        int hits = 0;
+        json_array_foreach(k, i, x) hits += valid(doc, x, v);
+        if (hits == 0 || (json_object_get(sch, "oneOf") && hits != 1)) return false;
+    }
+    if ((k = json_object_get(sch, "type"))) {
+        bool any = json_is_string(k) && has_type(v, json_string_value(k));
+        json_array_foreach(k, i, x) any |= has_type(v, json_string_value(x));
+        if (!any) return false;
+    }
+    if (json_is_object(v)) {
+        const json_t *props = json_object_get(sch, "properties");
+        json_array_foreach(json_object_get(sch, "required"), i, x)
+            if (!json_object_get(v, json_string_value(x))) return false;
+        const char *key;
+        json_object_foreach((json_t *)v, key, x) {
+            const json_t *ps = json_object_get(props, key);
+            if (ps ? !valid(doc, ps, x) : json_is_false(json_object_get(sch, "additionalProperties")))
+                return false;
+        }
+    }
+    if (json_is_array(v)) {
+        const json_t *items = json_object_get(sch, "items");
+        const json_t *mn = json_object_get(sch, "minItems"), *mx = json_object_get(sch, "maxItems");
+        if (mn && (json_int_t)json_array_size(v) < json_integer_value(mn)) return false;
+        if (mx && (json_int_t)json_array_size(v) > json_integer_value(mx)) return false;
+        json_array_foreach(v, i, x) if (items && !valid(doc, items, x)) return false;
+    }
+    return true;
+}
+
+/* Bytes a random walk draws from: JSON's, the test schemas' names, a UTF-8 pair. */
+static const char walk_bytes[] = "{}[]\",:-+.0123456789eEtrufalsn \n\\/bu"
+                                 "abcdefghijklmnopqrstuvwxyzACN_\xc3\xa9";
+
+/* One random text the schema allows, drawn byte by byte among those it allows next,
+ * closing things more eagerly as it grows; NULL when it did not finish in max bytes. */
+static char *random_walk(const JsonSchema *s, size_t max) {
+    JsonSchemaState st;
+    json_schema_state_init(&st, s, 8);
+    char *out = malloc(max + 1);
+    size_t n = 0;
+    while (n < max && !json_schema_complete(&st)) {
+        char ok[sizeof walk_bytes];
+        int n_ok = 0, n_close = 0, digits = 0;
+        char close[8];
+        while (digits < (int)n && strchr("0123456789", out[n - 1 - digits])) digits++;
+        for (size_t i = 0; i + 1 < sizeof walk_bytes; i++) {
+            if (digits >= 9 && strchr("0123456789", walk_bytes[i]))
+                continue; /* jansson (the judge) reads integers up to 64 bits */
+            JsonSchemaState trial;
+            json_schema_state_trial(&trial, &st);
+            if (!json_schema_feed(&trial, s, &walk_bytes[i], 1)) continue;
+            ok[n_ok++] = walk_bytes[i];
+            if (strchr("}]\"", walk_bytes[i]) && walk_bytes[i]) close[n_close++] = walk_bytes[i];
+        }
+        if (n_ok == 0) fail_msg("dead end after %.*s", (int)n, out);
+        char c = n_close && rnd(max) < 4 * n ? close[rnd((uint32_t)n_close)] : ok[rnd((uint32_t)n_ok)];
+        assert_true(json_schema_feed(&st, s, &c, 1));
+        out[n++] = c;
+    }
+    out[n] = '\0';
+    if (json_schema_complete(&st)) return out;
+    free(out);
+    return NULL;
+}
+
+static void test_walks_are_valid(void **state) {
+    (void)state;
+    const char *schemas[] = { PERSON, TREE, PYDANTIC };
+    for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
+        json_t *doc = load(schemas[k]);
+        JsonSchema *s = compile_ok(schemas[k]);
+        int finished = 0;
+        for (int i = 0; i < 400; i++) {
+            char *text = random_walk(s, 300);
+            if (!text) continue;
+            finished++;
+            json_error_t err;
+            json_t *v = json_loads(text, 0, &err);
+            if (!v) fail_msg("not JSON (%s): %s", err.text, text);
+            if (!valid(doc, doc, v)) fail_msg("not valid against schema %zu: %s", k, text);
+            json_decref(v);
+            free(text);
+        }
+        if (finished < 100) fail_msg("schema %zu: only %d of 400 walks finished", k, finished);
+        json_schema_free(s);
+        json_decref(doc);
+    }
+}
+
+/* A random value valid against sch (properties in the schema's order). */
+static json_t *instance(const json_t *doc, const json_t *sch, int depth) {
+    static const char *const strings[] = { "", "a", "\xc3\xa9t\xc3\xa9", "q\"uote\\", "line\nbreak",
+                                           "\x7f", "tab\t" };
+    sch = deref(doc, sch);
+    const json_t *k, *x;
+    if ((k = json_object_get(sch, "const"))) return json_deep_copy(k);
+    if ((k = json_object_get(sch, "enum"))) return json_deep_copy(json_array_get(k, rnd((uint32_t)json_array_size(k))));
+    if ((k = json_object_get(sch, "anyOf"))) return instance(doc, json_array_get(k, rnd((uint32_t)json_array_size(k))), depth);
+    const json_t *type = json_object_get(sch, "type");
+    const char *t = json_is_string(type) ? json_string_value(type) : json_object_get(sch, "properties") ? "object" : "any";
+    if (strcmp(t, "string") == 0) return json_string(strings[rnd(7)]);
+    if (strcmp(t, "integer") == 0) return json_integer((json_int_t)rnd(2001) - 1000);
+    if (strcmp(t, "number") == 0) return rnd(2) ? json_real((double)rnd(1000) / 8.0 - 60.0) : json_integer(rnd(9));
+    if (strcmp(t, "boolean") == 0) return json_boolean(rnd(2));
+    if (strcmp(t, "null") == 0) return json_null();
+    if (strcmp(t, "array") == 0) {
+        json_t *a = json_array();
+        const json_t *mn = json_object_get(sch, "minItems"), *mx = json_object_get(sch, "maxItems");
+        int lo = mn ? (int)json_integer_value(mn) : 0, hi = mx ? (int)json_integer_value(mx) : 3;
+        int n = depth > 3 ? lo : lo + (int)rnd((uint32_t)(hi - lo + 1));
+        for (int i = 0; i < n; i++) json_array_append_new(a, instance(doc, json_object_get(sch, "items"), depth + 1));
+        return a;
+    }
+    if (strcmp(t, "object") == 0) {
+        json_t *o = json_object();
+        const json_t *req = json_object_get(sch, "required");
+        const char *key;
+        json_object_foreach((json_t *)json_object_get(sch, "properties"), key, x) {
+            bool required = false;
+            size_t i;
+            const json_t *r;
+            json_array_foreach(req, i, r) required |= strcmp(json_string_value(r), key) == 0;
+            if (required || rnd(2)) json_object_set_new(o, key, instance(doc, x, depth + 1));
+        }
+        return o;
+    }
+    return rnd(2) ? json_pack("{s:[i,n]}", "k", 5) : json_string("free");
+}
+
+static void test_instances_are_accepted(void **state) {
+    (void)state;
+    const char *schemas[] = { PERSON, TREE, PYDANTIC };
+    for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
+        json_t *doc = load(schemas[k]);
+        JsonSchema *s = compile_ok(schemas[k]);
+        for (int i = 0; i < 300; i++) {
+            json_t *v = instance(doc, doc, 0);
+            assert_true(valid(doc, doc, v)); /* the generator and the judge agree */
+            char *text = json_dumps(v, i % 2 ? JSON_COMPACT : JSON_INDENT(2));
+            size_t len = strlen(text);
+            JsonSchemaState st;
+            json_schema_state_init(&st, s, 64);
+            for (size_t b = 0; b < len; b++) {
+                if (json_schema_complete(&st)) fail_msg("whole before byte %zu: %s", b, text);
+                if (!json_schema_feed(&st, s, &text[b], 1))
+                    fail_msg("schema %zu refused byte %zu of %s", k, b, text);
+            }
+            if (!json_schema_complete(&st)) fail_msg("not whole: %s", text);
+            free(text);
+            json_decref(v);
+        }
+        json_schema_free(s);
+        json_decref(doc);
+    }
+}
+
+/* Copies compare equal; canonical states of the same position compare equal byte for byte
+ * whatever came before (what the engine's mask cache relies on). */
+static void test_copy_and_canonical(void **state) {
+    (void)state;
+    JsonSchema *a = compile_ok(PERSON), *b = json_schema_copy(a), *c = compile_ok(TREE);
+    assert_true(json_schema_equal(a, b));
+    assert_false(json_schema_equal(a, c));
+    JsonSchemaState x, y, cx, cy;
+    json_schema_state_init(&x, a, 64);
+    json_schema_state_init(&y, b, 64);
+    const char *tx = "{\"name\":\"Bo\",\"age\":17,\"kind\":\"a";
+    const char *ty = "{\"name\":\"Alexander\",\"age\":-2,\"kind\":\"a";
+    assert_true(json_schema_feed(&x, a, tx, strlen(tx)));
+    assert_true(json_schema_feed(&y, b, ty, strlen(ty)));
+    json_schema_canonical(&x, a, &cx);
+    json_schema_canonical(&y, b, &cy);
+    assert_memory_equal(&cx, &cy, sizeof cx);
+    /* an unbounded array's count is left out of the key, a bounded one's kept */
+    const char *arrays = "{\"properties\":{\"u\":{\"items\":{}},\"b\":{\"items\":{},\"maxItems\":9}},"
+                         "\"required\":[\"u\",\"b\"]}";
+    JsonSchema *d = compile_ok(arrays);
+    const char *texts[] = { "{\"u\":[1,", "{\"u\":[1,2,3,", "{\"u\":[],\"b\":[1,", "{\"u\":[],\"b\":[1,2," };
+    for (int i = 0; i < 4; i++) {
+        json_schema_state_init(i % 2 ? &y : &x, d, 64);
+        assert_true(json_schema_feed(i % 2 ? &y : &x, d, texts[i], strlen(texts[i])));
+        if (i % 2 == 0) continue;
+        json_schema_canonical(&x, d, &cx);
+        json_schema_canonical(&y, d, &cy);
+        assert_int_equal(memcmp(&cx, &cy, sizeof cx) == 0, i == 1);
+    }
+    json_schema_free(d);
+    json_schema_free(a);
+    json_schema_free(b);
+    json_schema_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_person),
+        cmocka_unit_test(test_optional_and_alternatives),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_walks_are_valid),
+        cmocka_unit_test(test_instances_are_accepted),
+        cmocka_unit_test(test_copy_and_canonical),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,99 @@
+/* fuzz_schema — response_format json_schema: api_json_schema_compile (api/api.h) on any
+ * JSON, then model/json_schema.h's walk driven by the rest of the input.
+ *
+ * Input: a schema as JSON text, a NUL byte, then choice bytes. Each choice byte picks the
+ * next output byte among the 256 the walk accepts there (as the engine's mask would), so
+ * the walk goes deep instead of failing on its first random byte. Checked:
+ *   - a refused schema is a 400 "invalid_json_schema" with a message;
+ *   - a compiled schema's copy is equal to it;
+ *   - each byte fed to a trial copy (json_schema_state_trial) gives the same answer and
+ *     the same canonical state as feeding the state itself;
+ *   - a walk never reaches a state that accepts no byte at all while not complete, except
+ *     at the nesting limit;
+ *   - once the walk is complete, the text is a JSON object jansson parses (or refuses only
+ *     for a number too large for it).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api/api.h"
+#include "fuzz_util.h"
+
+#define MAX_WALK 400
+
+static void check_refusal(const ApiError *e) {
+    FZ_CHECK(e->status == 400 && strcmp(e->code, "invalid_json_schema") == 0 && e->message[0],
+             "refusal: status %d code %s (%s)", e->status, e->code, e->message);
+}
+
+/* Feeds byte c to st and to a trial copy of it; both must agree. */
+static bool feed_both(JsonSchemaState *st, const JsonSchema *s, char c) {
+    JsonSchemaState trial, a, b;
+    json_schema_state_trial(&trial, st);
+    bool ok_trial = json_schema_feed(&trial, s, &c, 1);
+    bool ok = json_schema_feed(st, s, &c, 1);
+    FZ_CHECK(ok == ok_trial, "a trial copy answered %d, the state %d", ok_trial, ok);
+    if (ok) {
+        json_schema_canonical(&trial, s, &a);
+        json_schema_canonical(st, s, &b);
+        FZ_CHECK(memcmp(&a, &b, sizeof a) == 0, "a trial copy's canonical state differs");
+    }
+    return ok;
+}
+
+static void walk(const JsonSchema *s, const uint8_t *choices, size_t n) {
+    JsonSchemaState st;
+    json_schema_state_init(&st, s, 64);
+    char text[MAX_WALK + 1];
+    size_t len = 0;
+    for (size_t i = 0; i < n && len < MAX_WALK && !json_schema_complete(&st); i++) {
+        uint8_t ok[256];
+        int n_ok = 0;
+        for (int b = 0; b < 256; b++) {
+            JsonSchemaState t;
+            json_schema_state_trial(&t, &st);
+            char c = (char)b;
+            if (json_schema_feed(&t, s, &c, 1)) ok[n_ok++] = (uint8_t)b;
+        }
+        if (n_ok == 0) {
+            FZ_CHECK(st.depth >= JSON_SCHEMA_MAX_DEPTH - 1, "a dead end at depth %d after %.*s",
+                     st.depth, (int)len, text);
+            return;
+        }
+        char c = (char)ok[choices[i] % n_ok];
+        FZ_CHECK(feed_both(&st, s, c), "a byte the trial accepted was refused");
+        text[len++] = c;
+    }
+    if (!json_schema_complete(&st)) return;
+    json_error_t err;
+    json_t *v = json_loadb(text, len, 0, &err);
+    if (!v && (strstr(err.text, "overflow") || strstr(err.text, "too big")))
+        return; /* valid JSON whose numbers jansson cannot hold (1e999, 2^64) */
+    FZ_CHECK(json_is_object(v), "complete but not a JSON object (%s): %.*s", err.text, (int)len, text);
+    json_decref(v);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t schema_len = nul ? (size_t)(nul - data) : size;
+    json_t *doc = json_loadb((const char *)data, schema_len, 0, NULL);
+    if (!doc) return 0;
+    JsonSchema *s = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    if (api_json_schema_compile(doc, &s, &e) != 0) {
+        FZ_CHECK(s == NULL, "a refused schema was returned");
+        check_refusal(&e);
+    } else {
+        JsonSchema *copy = json_schema_copy(s);
+        FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
+        json_schema_free(copy);
+        if (nul) walk(s, nul + 1, size - schema_len - 1);
+        json_schema_free(s);
+    }
+    json_decref(doc);
+    return 0;
+}
