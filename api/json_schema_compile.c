@@ -22,7 +22,7 @@
 
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
-    "pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
@@ -232,6 +232,19 @@ static int compile_array(Compiler *c, int node, const json_t *sch) {
     return 0;
 }
 
+/* A string's "format": date, time, date-time or uuid are held to (model/json_format.h);
+ * others refused. (For other types "format" is an annotation, as OpenAPI's "int32".) */
+static int compile_format(Compiler *c, int node, const json_t *sch) {
+    const json_t *v = json_object_get(sch, "format");
+    if (!v) return 0;
+    JsonFormat f = json_is_string(v) ? json_format_named(json_string_value(v)) : JF_NONE;
+    if (f == JF_NONE)
+        return fail(c, "'format' '%s' is not supported (date, time, date-time and uuid are)",
+                    json_is_string(v) ? json_string_value(v) : "(not a string)");
+    json_schema_set_format(c->s, node, f);
+    return 0;
+}
+
 static int compile_type(Compiler *c, int node, const json_t *sch, const char *type) {
     static const struct { const char *name; JsonSchemaKind kind; } leaves[] = {
         { "string", JS_STRING }, { "number", JS_NUMBER }, { "integer", JS_INTEGER },
@@ -242,7 +255,7 @@ static int compile_type(Compiler *c, int node, const json_t *sch, const char *ty
     for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) {
         if (strcmp(type, leaves[i].name) == 0) {
             json_schema_set_kind(c->s, node, leaves[i].kind);
-            return 0;
+            return leaves[i].kind == JS_STRING ? compile_format(c, node, sch) : 0;
         }
     }
     return fail(c, "unknown type '%s'", type);

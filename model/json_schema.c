@@ -29,7 +29,7 @@ typedef struct {
     int32_t first_choice; /* JS_ANY_OF: choices[first_choice...] */
     int32_t count;       /* properties, literals or choices */
     int32_t items, min_items, max_items;
-    int32_t unused;
+    int32_t format;      /* JS_STRING: a JsonFormat, or JF_NONE */
 } Node;
 
 typedef struct {
@@ -59,6 +59,7 @@ typedef enum {
     P_ARR_FIRST,  /* after '[': ']' or an item */
     P_ARR_NEXT,   /* after ',': an item */
     P_ARR_AFTER,  /* after an item: ',' or ']' */
+    P_FORMAT,     /* inside a string of a format: index and cand are its JsonFormatPos */
 } Phase;
 
 /* What a frame did with a byte: refused it, took it, or ended before it (or opened a
@@ -157,6 +158,10 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
 
 void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind) {
     s->nodes[node].kind = kind;
+}
+
+void json_schema_set_format(JsonSchema *s, int node, JsonFormat format) {
+    s->nodes[node].format = format;
 }
 
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items) {
@@ -360,7 +365,8 @@ void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonS
     if (st->scalar_on) json_prefix_canonical(&st->scalar, &out->scalar);
     else memset(&out->scalar, 0, sizeof out->scalar);
     JsonSchemaFrame *top = st->depth ? &out->frames[st->depth - 1] : NULL;
-    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY) top->pos = 0, top->cand = 0;
+    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY && top->phase != P_FORMAT)
+        top->pos = 0, top->cand = 0;
     for (int i = 0; i < st->depth; i++) {
         /* An array's count matters only up to its bounds: past minItems, without a
          * maxItems, the 3rd item and the 300th accept the same bytes. */
@@ -496,6 +502,14 @@ static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSche
         f->cand = low_bits(n->count);
         f->pos = 0;
         return B_AGAIN;
+    case JS_STRING:
+        if (n->format != JF_NONE) { /* '"' */
+            f->phase = P_FORMAT;
+            f->index = 0;
+            f->cand = 0;
+            return B_TAKEN;
+        }
+        /* fall through */
     default:
         if (n->kind == JS_ANY_OBJECT) json_prefix_init(&st->scalar, st->max_ws);
         else json_prefix_init_value(&st->scalar, st->max_ws);
@@ -560,6 +574,23 @@ static ByteResult array_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchem
     return B_TAKEN;
 }
 
+/* A character of a string of a format (json_format.h: ASCII only, no escapes), or its
+ * closing quote once the string is whole. */
+static ByteResult format_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                              unsigned char c) {
+    JsonFormat format = (JsonFormat)s->nodes[f->node].format;
+    JsonFormatPos at = { (uint16_t)f->index, f->cand };
+    if (c == '"') {
+        if (!json_format_complete(format, &at)) return fail(st);
+        pop(st, s);
+        return B_TAKEN;
+    }
+    if (!json_format_step(format, &at, c)) return fail(st);
+    f->index = (int16_t)at.pos;
+    f->cand = at.vals;
+    return B_TAKEN;
+}
+
 static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned char c) {
     if (st->depth == 0) return st->done && is_ws(c) ? take_ws(st, c) : fail(st);
     JsonSchemaFrame *f = &st->frames[st->depth - 1];
@@ -577,6 +608,7 @@ static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned 
     case P_ARR_FIRST:
     case P_ARR_NEXT:
     case P_ARR_AFTER: return array_byte(st, s, f, c);
+    case P_FORMAT: return format_byte(st, s, f, c);
     }
     return fail(st);
 }

@@ -3,7 +3,8 @@
  *
  * A JsonSchema is a compiled grammar: a graph of nodes (objects with properties in a
  * fixed order, arrays, strings, numbers, integers, booleans, null, fixed values, any
- * value, and alternatives that differ in their first byte). api/ builds it from the
+ * value, and alternatives that differ in their first byte; strings may have a format:
+ * json_format.h). api/ builds it from the
  * request's JSON schema with the json_schema_add_* calls; this module knows no JSON
  * library. Properties come out in the schema's order, each required one present, optional
  * ones free to be skipped; no property outside the schema is written. Strings, numbers and
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/json_format.h"
 #include "model/json_prefix.h"
 
 /* Values nested inside each other (objects, arrays) the schema walk follows; inside an
@@ -63,6 +65,8 @@ bool json_schema_equal(const JsonSchema *a, const JsonSchema *b);
  * refer to itself ($ref): children may be added between the two. */
 int json_schema_add_node(JsonSchema *s, char *err, size_t err_len); /* its index; JS_ANY until set */
 void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind);
+/* JS_STRING: only strings of this format (json_format.h). */
+void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
 /* JS_ARRAY: items and the count bounds (max < 0: no bound). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
 /* JS_OBJECT: the next property, its name as JSON string text with the quotes ("\"name\""). */
@@ -87,8 +91,10 @@ typedef struct {
     uint8_t phase;  /* where in it (json_schema.c's Phase) */
     uint8_t unused;
     uint16_t pos;   /* bytes of the current key or literal matched */
-    int16_t index;  /* object: the next property that may come; array: items so far */
-    uint64_t cand;  /* key or literal: which of the node's choices still match */
+    int16_t index;  /* object: the next property that may come; array: items so far;
+                     * string of a format: characters read */
+    uint64_t cand;  /* key or literal: which of the node's choices still match; string
+                     * of a format: the values its next characters depend on */
 } JsonSchemaFrame;
 
 typedef struct {

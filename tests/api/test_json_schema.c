@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -170,7 +171,7 @@ static void compile_error(const char *schema_text, const char *words) {
 static void test_refused(void **state) {
     (void)state;
     compile_error("{\"type\":\"object\",\"properties\":{\"email\":{\"type\":\"string\","
-                  "\"format\":\"email\"}}}", ".properties.email': 'format' is not supported");
+                  "\"format\":\"email\"}}}", ".properties.email': 'format' 'email' is not supported");
     compile_error("{\"type\":\"string\"}", "top level must be an object");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"object\"},"
                   "{\"properties\":{\"a\":{}}}]}}}", "must differ");
@@ -284,7 +285,7 @@ static bool valid(const json_t *doc, const json_t *sch, const json_t *v) {
 
 /* Bytes a random walk draws from: JSON's, the test schemas' names, a UTF-8 pair. */
 static const char walk_bytes[] = "{}[]\",:-+.0123456789eEtrufalsn \n\\/bu"
-                                 "abcdefghijklmnopqrstuvwxyzACN_\xc3\xa9";
+                                 "abcdefghijklmnopqrstuvwxyzACNTZ_\xc3\xa9";
 
 /* One random text the schema allows, drawn byte by byte among those it allows next,
  * closing things more eagerly as it grows; NULL when it did not finish in max bytes. */
@@ -307,7 +308,7 @@ static char *random_walk(const JsonSchema *s, size_t max) {
             ok[n_ok++] = walk_bytes[i];
             if (strchr("}]\"", walk_bytes[i]) && walk_bytes[i]) close[n_close++] = walk_bytes[i];
         }
-        if (n_ok == 0) fail_msg("dead end after %.*s", (int)n, out);
+        if (n_ok == 0) fail_msg("dead end after %.*s (depth %d phase %d index %d cand %llx)", (int)n, out, st.depth, st.frames[st.depth-1].phase, st.frames[st.depth-1].index, (unsigned long long)st.frames[st.depth-1].cand);
         char c = n_close && rnd(max) < 4 * n ? close[rnd((uint32_t)n_close)] : ok[rnd((uint32_t)n_ok)];
         assert_true(json_schema_feed(&st, s, &c, 1));
         out[n++] = c;
@@ -445,6 +446,130 @@ static void test_copy_and_canonical(void **state) {
     json_schema_free(c);
 }
 
+/* ---- string formats: judged with libc's calendar ---------------------------------------- */
+
+#define FORMATS                                                                                  \
+    "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},"    \
+    "\"t\":{\"type\":\"string\",\"format\":\"time\"},\"dt\":{\"type\":[\"string\",\"null\"],"     \
+    "\"format\":\"date-time\"},\"u\":{\"type\":\"string\",\"format\":\"uuid\"}},"                \
+    "\"required\":[\"d\",\"t\",\"dt\",\"u\"]}"
+
+/* A real day: timegm's normalisation gives the same date back. */
+static bool real_date(const char *s) {
+    int y, m, d, n = 0;
+    if (sscanf(s, "%4d-%2d-%2d%n", &y, &m, &d, &n) != 3 || n != 10 || y < 1) return false;
+    struct tm tm = { .tm_year = y - 1900, .tm_mon = m - 1, .tm_mday = d, .tm_hour = 12 };
+    time_t t = timegm(&tm);
+    struct tm back;
+    gmtime_r(&t, &back);
+    return back.tm_year == y - 1900 && back.tm_mon == m - 1 && back.tm_mday == d;
+}
+
+/* hh:mm:ss[.f{1,6}](Z|+hh:mm|-hh:mm), each field in range. */
+static bool real_time(const char *s) {
+    int h, mi, sec, n = 0;
+    if (sscanf(s, "%2d:%2d:%2d%n", &h, &mi, &sec, &n) != 3 || n != 8 || h > 23 || mi > 59 || sec > 59)
+        return false;
+    s += 8;
+    if (*s == '.') {
+        size_t digits = strspn(s + 1, "0123456789");
+        if (digits < 1 || digits > 6) return false;
+        s += 1 + digits;
+    }
+    if (strcmp(s, "Z") == 0) return true;
+    int oh, om;
+    n = 0;
+    return (*s == '+' || *s == '-') && sscanf(s + 1, "%2d:%2d%n", &oh, &om, &n) == 2 && n == 5 &&
+           s[6] == '\0' && oh <= 23 && om <= 59;
+}
+
+static bool real_uuid(const char *s) {
+    if (strlen(s) != 36) return false;
+    for (int i = 0; i < 36; i++)
+        if ((i == 8 || i == 13 || i == 18 || i == 23) ? s[i] != '-' : !strchr("0123456789abcdefABCDEF", s[i]))
+            return false;
+    return true;
+}
+
+static void check_formats(const json_t *v) {
+    const char *d = json_string_value(json_object_get(v, "d"));
+    const char *t = json_string_value(json_object_get(v, "t"));
+    const json_t *dt = json_object_get(v, "dt");
+    const char *u = json_string_value(json_object_get(v, "u"));
+    if (!d || !real_date(d)) fail_msg("not a date: %s", d);
+    if (!t || !real_time(t)) fail_msg("not a time: %s", t);
+    if (!u || !real_uuid(u)) fail_msg("not a uuid: %s", u);
+    const char *x = json_string_value(dt);
+    if (!json_is_null(dt) && !(x && strlen(x) > 11 && x[10] == 'T' && real_date(x) && real_time(x + 11)))
+        fail_msg("not a date-time: %s", x);
+}
+
+static void test_formats(void **state) {
+    (void)state;
+    static const char *const whole[] = {
+        "{\"d\":\"2024-02-29\",\"t\":\"23:59:59Z\",\"dt\":null,\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}",
+        "{\"d\":\"0001-01-01\",\"t\":\"00:00:00.123456+14:00\",\"dt\":\"2000-02-29T12:30:00-05:30\","
+        "\"u\":\"ABCDEF01-2345-6789-abcd-ef0123456789\"}",
+    };
+    EXPECT_ALL(FORMATS, whole, 1);
+    static const char *const refused[] = {
+        "{\"d\":\"2023-02-29",  "{\"d\":\"1900-02-29", "{\"d\":\"2024-04-31", "{\"d\":\"2024-13",
+        "{\"d\":\"2024-00",     "{\"d\":\"0000-",      "{\"d\":\"2024-1-",    "{\"d\":\"2024-01-00",
+        "{\"d\":\"2024-01-01T", "{\"d\":\"2024-01-0\"",
+        "{\"d\":\"2024-01-01\",\"t\":\"24", "{\"d\":\"2024-01-01\",\"t\":\"12:60",
+        "{\"d\":\"2024-01-01\",\"t\":\"12:00:00\"", "{\"d\":\"2024-01-01\",\"t\":\"12:00:00.\"",
+        "{\"d\":\"2024-01-01\",\"t\":\"12:00:00.1234567", "{\"d\":\"2024-01-01\",\"t\":\"12:00:00z",
+        "{\"d\":\"2024-01-01\",\"t\":\"12:00:00+24", "{\"d\":\"2024-01-01\",\"t\":\"12:00:00Z\",\"dt\":\"2024-01-01 ",
+        "{\"d\":\"2024-01-01\",\"t\":\"12:00:00Z\",\"dt\":null,\"u\":\"123e4567e",
+        "{\"d\":\"2024-01-01\",\"t\":\"12:00:00Z\",\"dt\":null,\"u\":\"123g",
+        "{\"d\":\"\\u0032",
+    };
+    EXPECT_ALL(FORMATS, refused, -1);
+    expect(FORMATS, "{\"d\":\"2024-02-2", 0);
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"format\":1}}}",
+                  "'format'");
+    expect("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"format\":\"int32\"}},"
+           "\"required\":[\"n\"]}", "{\"n\":-12}", 1); /* an annotation for other types */
+
+    json_t *doc = load(FORMATS);
+    JsonSchema *s = compile_ok(FORMATS);
+    int finished = 0;
+    for (int i = 0; i < 300; i++) { /* every whole walk is real dates, times and uuids */
+        char *text = random_walk(s, 400);
+        if (!text) continue;
+        finished++;
+        json_t *v = json_loads(text, 0, NULL);
+        if (!v || !valid(doc, doc, v)) fail_msg("not valid: %s", text);
+        check_formats(v);
+        json_decref(v);
+        free(text);
+    }
+    if (finished < 100) fail_msg("only %d of 300 walks finished", finished);
+    for (int i = 0; i < 2000; i++) { /* every real one is accepted: random instants */
+        time_t t = (time_t)((int64_t)rnd(4000000) * 60000 - 62135596800LL + rnd(60000));
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        char d[16], tt[40], dt[64], text[256];
+        strftime(d, sizeof d, "%Y-%m-%d", &tm);
+        if (strlen(d) != 10) continue; /* years past 9999 */
+        strftime(tt, sizeof tt, "%H:%M:%S", &tm);
+        int frac = (int)rnd(7), off = (int)rnd(3);
+        if (frac) snprintf(tt + 8, 16, ".%0*u", frac, rnd(100000) % 100000);
+        size_t n = strlen(tt);
+        if (off == 0) snprintf(tt + n, sizeof tt - n, "Z");
+        else snprintf(tt + n, sizeof tt - n, "%c%02u:%02u", off == 1 ? '+' : '-', rnd(24), rnd(60));
+        snprintf(dt, sizeof dt, "%sT%s", d, tt);
+        snprintf(text, sizeof text, "{\"d\":\"%s\",\"t\":\"%s\",\"dt\":\"%s\",\"u\":\"%08x-%04x-%04x-%04x-%04x%08x\"}",
+                 d, tt, dt, rnd(1u << 31), rnd(65536), rnd(65536), rnd(65536), rnd(65536), rnd(1u << 31));
+        json_t *v = json_loads(text, 0, NULL);
+        check_formats(v);
+        json_decref(v);
+        if (walk(s, text) != 1) fail_msg("refused: %s", text);
+    }
+    json_schema_free(s);
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_person),
@@ -453,6 +578,7 @@ int main(void) {
         cmocka_unit_test(test_walks_are_valid),
         cmocka_unit_test(test_instances_are_accepted),
         cmocka_unit_test(test_copy_and_canonical),
+        cmocka_unit_test(test_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

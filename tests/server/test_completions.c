@@ -494,13 +494,13 @@ static void test_json_object(void **state)
 }
 
 /* response_format json_schema: a reply that ended with "stop" is an object of the schema
- * (one of booleans, an enum and null always ends; checked field by field here), and a reply
+ * (one of booleans, an enum, null and a date always ends; checked field by field here), and a reply
  * to a schema with a free string and integer is its prefix when it ran out, streamed or
  * not, chat or completions; a schema the grammar cannot hold is a 400 that says why. */
 #define SCHEMA_FIXED                                                                             \
     "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"mood\":{\"enum\":"     \
-    "[\"happy\",\"sad\"]},\"none\":{\"type\":\"null\"}},\"required\":[\"ok\",\"mood\",\"none\"],"  \
-    "\"additionalProperties\":false}"
+    "[\"happy\",\"sad\"]},\"none\":{\"type\":\"null\"},\"day\":{\"type\":\"string\",\"format\":"    \
+    "\"date\"}},\"required\":[\"ok\",\"mood\",\"none\",\"day\"],\"additionalProperties\":false}"
 #define SCHEMA_FREE                                                                              \
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"        \
     "\"integer\"}},\"required\":[\"name\",\"n\"]}"
@@ -545,7 +545,11 @@ static void test_json_schema(void **state)
     assert_true(json_is_boolean(json_object_get(v, "ok")));
     assert_true(mood && (strcmp(mood, "happy") == 0 || strcmp(mood, "sad") == 0));
     assert_true(json_is_null(json_object_get(v, "none")));
-    assert_int_equal(json_object_size(v), 3);
+    const char *day = json_string_value(json_object_get(v, "day"));
+    int y, m, d, n = 0;
+    assert_true(day && sscanf(day, "%4d-%2d-%2d%n", &y, &m, &d, &n) == 3 && n == 10);
+    assert_true(y >= 1 && m >= 1 && m <= 12 && d >= 1 && d <= 31);
+    assert_int_equal(json_object_size(v), 4);
     json_decref(v);
     json_decref(c);
     json_t *t = complete("Numbers", "\"max_tokens\":60,\"temperature\":0," SCHEMA_FORMAT(SCHEMA_FREE));
