@@ -36,6 +36,8 @@ typedef struct {
     const json_t **seen; /* schema objects compiled so far, and their nodes */
     int *seen_node;
     int n_seen, cap_seen;
+    char **node_path;    /* where each node was compiled, for json_schema_finish's errors */
+    int cap_paths;
     int nesting;
     char path[256];      /* where the schema being read is, for messages */
     ApiError *e;
@@ -92,7 +94,10 @@ static const json_t *resolve_ref(const json_t *doc, const char *ref) {
             token[n++] = ch;
         }
         token[n] = '\0';
-        at = json_is_object(at) ? json_object_get(at, token) : NULL;
+        char *end;
+        unsigned long idx = strtoul(token, &end, 10);
+        if (json_is_array(at)) at = *token && !*end ? json_array_get(at, idx) : NULL;
+        else at = json_is_object(at) ? json_object_get(at, token) : NULL;
     }
     return *p ? NULL : at;
 }
@@ -100,27 +105,72 @@ static const json_t *resolve_ref(const json_t *doc, const char *ref) {
 static int add_node(Compiler *c) {
     char err[160];
     int node = json_schema_add_node(c->s, err, sizeof err);
-    return node < 0 ? fail_build(c, err) : node;
+    if (node < 0) return fail_build(c, err);
+    if (node >= c->cap_paths) {
+        int cap = c->cap_paths ? 2 * c->cap_paths : 64;
+        char **p = realloc(c->node_path, (size_t)cap * sizeof *p);
+        if (!p) return fail(c, "%s", "out of memory");
+        memset(p + c->cap_paths, 0, (size_t)(cap - c->cap_paths) * sizeof *p);
+        c->node_path = p;
+        c->cap_paths = cap;
+    }
+    if (!(c->node_path[node] = strdup(c->path))) return fail(c, "%s", "out of memory");
+    return node;
 }
 
-/* The compact JSON text of v (a property name as a string, or an enum value). */
+/* The compact JSON text of v (a property name as a string, or an enum value), its reals
+ * with the fewest digits that read back the same (0.1, not jansson's default
+ * 0.10000000000000001): what a model would write. */
 static int dump(Compiler *c, const json_t *v, char **out) {
-    *out = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    for (int digits = 1; digits <= 17; digits++) {
+        *out = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(digits));
+        json_t *back = *out ? json_loads(*out, JSON_DECODE_ANY, NULL) : NULL;
+        bool same = back && json_equal(back, (json_t *)v);
+        json_decref(back);
+        if (same || digits == 17) break;
+        free(*out);
+    }
     return *out ? 0 : fail(c, "%s", "a value that cannot be written as JSON");
 }
 
-static int compile_literals(Compiler *c, int node, const json_t *values) {
-    json_schema_set_kind(c->s, node, JS_LITERALS);
+/* Whether v is of the JSON Schema type named t. */
+static bool of_type(const json_t *v, const char *t) {
+    if (strcmp(t, "string") == 0) return json_is_string(v);
+    if (strcmp(t, "integer") == 0) return json_is_integer(v);
+    if (strcmp(t, "number") == 0) return json_is_number(v);
+    if (strcmp(t, "boolean") == 0) return json_is_boolean(v);
+    if (strcmp(t, "null") == 0) return json_is_null(v);
+    if (strcmp(t, "object") == 0) return json_is_object(v);
+    return strcmp(t, "array") == 0 && json_is_array(v);
+}
+
+/* Whether v may stand where sch says "type" (absent: anything). */
+static bool type_allows(const json_t *sch, const json_t *v) {
+    const json_t *type = json_object_get(sch, "type"), *t;
     size_t i;
+    if (!type) return true;
+    if (json_is_string(type)) return of_type(v, json_string_value(type));
+    json_array_foreach(type, i, t) if (json_is_string(t) && of_type(v, json_string_value(t))) return true;
+    return false;
+}
+
+/* enum / const: the values of the schema's type (others cannot be written), each once. */
+static int compile_literals(Compiler *c, int node, const json_t *sch, const json_t *values) {
+    json_schema_set_kind(c->s, node, JS_LITERALS);
+    size_t i, n = 0;
     const json_t *v;
     json_array_foreach(values, i, v) {
         char *text, err[160];
+        bool repeat = false;
+        for (size_t k = 0; k < i; k++) repeat |= json_equal(json_array_get(values, k), (json_t *)v);
+        if (repeat || !type_allows(sch, v)) continue;
+        n++;
         if (dump(c, v, &text) != 0) return -1;
         int rc = json_schema_add_literal(c->s, node, text, strlen(text), err, sizeof err);
         free(text);
         if (rc != 0) return fail_build(c, err);
     }
-    return 0;
+    return n ? 0 : fail(c, "%s", "no value of 'enum' / 'const' is of the schema's 'type'");
 }
 
 /* node becomes the alternatives kids[0..n). */
@@ -171,6 +221,9 @@ static int compile_object(Compiler *c, int node, const json_t *sch) {
     json_array_foreach(required, i, v)
         if (!json_is_string(v) || !json_object_get(props, json_string_value(v)))
             return fail(c, "%s", "'required' names a property that 'properties' does not have");
+    if (json_is_object(extra) && json_object_size(extra) > 0 && json_object_size(props) == 0)
+        return fail(c, "%s", "'additionalProperties' as a schema (a map such as dict[str, int]) "
+                    "is not supported without 'properties'");
     if (json_object_size(props) == 0 && !json_is_false(extra)) {
         json_schema_set_kind(c->s, node, JS_ANY_OBJECT); /* any keys: json_object's grammar */
         return 0;
@@ -207,8 +260,8 @@ static int read_count(Compiler *c, const json_t *sch, const char *key, int absen
     const json_t *v = json_object_get(sch, key);
     *out = absent;
     if (!v) return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
-        return fail(c, "'%s' must be an integer from 0 to 1000000", key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT16_MAX)
+        return fail(c, "'%s' must be an integer from 0 to 32767", key);
     *out = (int)json_integer_value(v);
     return 0;
 }
@@ -276,6 +329,13 @@ static int compile_type_list(Compiler *c, int node, const json_t *sch, const jso
     return set_choices(c, node, kids, n);
 }
 
+/* Constraints a value of an enum or of alternatives would have to meet as well: refused
+ * beside them (as is "type" beside alternatives; an enum's values are filtered by it). */
+static const char *const beside_enum[] = {
+    "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "format", NULL,
+};
+
 static int compile_body(Compiler *c, int node, const json_t *sch) {
     for (int i = 0; unsupported[i]; i++)
         if (json_object_get(sch, unsupported[i]))
@@ -283,25 +343,43 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
                         unsupported[i]);
     const json_t *type = json_object_get(sch, "type");
     const json_t *v;
+    const char *key = NULL;
+    for (int i = 0; !key && beside_enum[i]; i++)
+        if (json_object_get(sch, beside_enum[i])) key = beside_enum[i];
+    bool is_enum = json_object_get(sch, "enum") || json_object_get(sch, "const");
+    if (is_enum && key) return fail(c, "'%s' beside 'enum' or 'const' is not supported", key);
+    if (json_object_get(sch, "enum") && json_object_get(sch, "const"))
+        return fail(c, "%s", "'enum' beside 'const' is not supported");
     if ((v = json_object_get(sch, "const"))) {
         json_t *one = json_pack("[O]", v);
-        int rc = one ? compile_literals(c, node, one) : fail(c, "%s", "out of memory");
+        int rc = one ? compile_literals(c, node, sch, one) : fail(c, "%s", "out of memory");
         json_decref(one);
         return rc;
     }
     if ((v = json_object_get(sch, "enum"))) {
         if (!json_is_array(v) || json_array_size(v) == 0)
             return fail(c, "%s", "'enum' must be a non-empty array");
-        return compile_literals(c, node, v);
+        return compile_literals(c, node, sch, v);
     }
+    if (json_object_get(sch, "anyOf") && json_object_get(sch, "oneOf"))
+        return fail(c, "%s", "'anyOf' beside 'oneOf' is not supported");
     const char *alt = json_object_get(sch, "anyOf") ? "anyOf" : json_object_get(sch, "oneOf") ? "oneOf" : NULL;
-    if (alt && type) return fail(c, "'%s' beside 'type' is not supported", alt);
+    if (alt && (key || type)) return fail(c, "'%s' beside other constraints is not supported", alt);
     if (alt) return compile_choices(c, node, json_object_get(sch, alt), alt);
     if (json_is_array(type)) return compile_type_list(c, node, sch, type);
     if (json_is_string(type)) return compile_type(c, node, sch, json_string_value(type));
     if (type) return fail(c, "%s", "'type' must be a type name or a list of them");
-    if (json_object_get(sch, "properties")) return compile_object(c, node, sch);
-    if (json_object_get(sch, "items")) return compile_array(c, node, sch);
+    /* No type: the keywords say which one (JSON Schema would let other types through too;
+     * writing the type they constrain is a valid subset). */
+    static const char *const object_words[] = { "properties", "required", "additionalProperties", NULL };
+    static const char *const array_words[] = { "items", "minItems", "maxItems", NULL };
+    bool object = false, array = false;
+    for (int i = 0; object_words[i]; i++) object |= json_object_get(sch, object_words[i]) != NULL;
+    for (int i = 0; array_words[i]; i++) array |= json_object_get(sch, array_words[i]) != NULL;
+    if (object && array) return fail(c, "%s", "object and array keywords without a 'type'");
+    if (object) return compile_object(c, node, sch);
+    if (array) return compile_array(c, node, sch);
+    if (json_object_get(sch, "format")) return compile_type(c, node, sch, "string");
     return 0; /* no constraint: any value (the node's kind from json_schema_add_node) */
 }
 
@@ -366,12 +444,16 @@ int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e)
         api_error_set(e, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    int root = compile(&c, schema);
+    int root = compile(&c, schema), bad = -1;
     char err[160];
-    c.path[0] = '\0';
-    if (root >= 0 && json_schema_finish(c.s, root, err, sizeof err) != 0) root = fail_build(&c, err);
+    if (root >= 0 && json_schema_finish(c.s, root, &bad, err, sizeof err) != 0) {
+        snprintf(c.path, sizeof c.path, "%s", bad >= 0 && bad < c.cap_paths && c.node_path[bad] ? c.node_path[bad] : "");
+        root = fail_build(&c, err);
+    }
     free(c.seen);
     free(c.seen_node);
+    for (int i = 0; i < c.cap_paths; i++) free(c.node_path[i]);
+    free(c.node_path);
     if (root < 0) {
         json_schema_free(c.s);
         return -1;

@@ -30,6 +30,8 @@ typedef struct {
     int32_t count;       /* properties, literals or choices */
     int32_t items, min_items, max_items;
     int32_t format;      /* JS_STRING: a JsonFormat, or JF_NONE */
+    int32_t min_depth;   /* frames its shortest value takes, itself included (finish) */
+    int32_t unused;
 } Node;
 
 typedef struct {
@@ -296,12 +298,57 @@ static int resolve(const JsonSchema *s, int node, unsigned char c) {
     return node;
 }
 
-int json_schema_finish(JsonSchema *s, int root, char *err, size_t err_len) {
+/* The frames node's shortest value needs, from its children's (INT32_MAX: none yet). */
+static int32_t depth_from_children(const JsonSchema *s, const Node *n) {
+    int32_t below = 0;
+    switch ((JsonSchemaKind)n->kind) {
+    case JS_OBJECT:
+        for (int i = 0; i < n->count; i++)
+            if ((n->required >> i) & 1) {
+                int32_t d = s->nodes[s->lits[n->first_lit + i].value].min_depth;
+                below = d > below ? d : below;
+            }
+        break;
+    case JS_ARRAY:
+        if (n->min_items > 0) below = s->nodes[n->items].min_depth;
+        break;
+    case JS_ANY_OF:
+        below = INT32_MAX;
+        for (int i = 0; i < n->count; i++) {
+            int32_t d = s->nodes[s->choices[n->first_choice + i]].min_depth;
+            below = d < below ? d : below;
+        }
+        return below; /* the alternative is read in the same frame */
+    default:
+        break;
+    }
+    return below == INT32_MAX ? INT32_MAX : below + 1;
+}
+
+/* Every node's min_depth, by iterating to the fixed point (recursive schemas); a node
+ * without a finite value keeps INT32_MAX. */
+static void min_depths(JsonSchema *s) {
+    for (int i = 0; i < s->n_nodes; i++) s->nodes[i].min_depth = INT32_MAX;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < s->n_nodes; i++) {
+            int32_t d = depth_from_children(s, &s->nodes[i]);
+            if (d < s->nodes[i].min_depth) {
+                s->nodes[i].min_depth = d;
+                changed = true;
+            }
+        }
+    }
+}
+
+int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t err_len) {
     uint8_t *seen = calloc((size_t)s->n_nodes, 1);
     if (!seen) return set_err(err, err_len, "out of memory");
     int rc = 0;
+    *bad_node = -1;
     for (int i = 0; i < s->n_nodes && rc == 0; i++) {
         Node *n = &s->nodes[i];
+        *bad_node = i;
         if (n->kind == JS_ARRAY && (n->items < 0 || (n->max_items >= 0 && n->max_items < n->min_items)))
             rc = set_err(err, err_len, "an array whose minItems is above its maxItems");
         else
@@ -309,6 +356,12 @@ int json_schema_finish(JsonSchema *s, int root, char *err, size_t err_len) {
     }
     free(seen);
     if (rc != 0) return -1;
+    *bad_node = root;
+    min_depths(s);
+    if (s->nodes[root].min_depth > JSON_SCHEMA_MAX_DEPTH)
+        return set_err(err, err_len, "no value of the schema fits in %d levels of nesting (or "
+                       "none is finite: a required property that contains itself)",
+                       JSON_SCHEMA_MAX_DEPTH);
     const uint64_t *top = s->nodes[root].first;
     if (top[0] != 0 || top[1] != 1ull << ('{' - 64) || top[2] != 0 || top[3] != 0)
         return set_err(err, err_len, "the schema's top level must be an object");
@@ -324,7 +377,8 @@ JsonSchema *json_schema_any_object(void) {
         return NULL;
     }
     json_schema_set_kind(s, node, JS_ANY_OBJECT);
-    if (json_schema_finish(s, node, NULL, 0) != 0) {
+    int bad;
+    if (json_schema_finish(s, node, &bad, NULL, 0) != 0) {
         json_schema_free(s);
         return NULL;
     }
@@ -337,8 +391,19 @@ static bool is_ws(unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+/* Any value or any object: read whole by json_prefix, whitespace before it included. */
+static bool is_free(const JsonSchema *s, int node) {
+    return s->nodes[node].kind == JS_ANY || s->nodes[node].kind == JS_ANY_OBJECT;
+}
+
 static uint64_t low_bits(int n) {
     return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
+
+/* Whether a value of node, opened below the frames in use, can be finished within
+ * JSON_SCHEMA_MAX_DEPTH: then nothing inside it can lead to a dead end. */
+static bool fits(const JsonSchemaState *st, const JsonSchema *s, int node) {
+    return (int64_t)st->depth + s->nodes[node].min_depth <= JSON_SCHEMA_MAX_DEPTH;
 }
 
 static void push(JsonSchemaState *st, int node) {
@@ -404,12 +469,13 @@ static void pop(JsonSchemaState *st, const JsonSchema *s) {
         return;
     }
     JsonSchemaFrame *f = &st->frames[st->depth - 1];
-    if (s->nodes[f->node].kind == JS_ARRAY) f->index++;
+    if (s->nodes[f->node].kind == JS_ARRAY && f->index < INT16_MAX) f->index++;
 }
 
 /* Opens a child frame for node below f (which then waits in `after`); c is the child's. */
-static ByteResult open_child(JsonSchemaState *st, JsonSchemaFrame *f, int node, Phase after) {
-    if (st->depth >= JSON_SCHEMA_MAX_DEPTH) return fail(st);
+static ByteResult open_child(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f, int node,
+                             Phase after) {
+    if (!fits(st, s, node)) return fail(st);
     f->phase = (uint8_t)after;
     push(st, node);
     return B_AGAIN;
@@ -458,23 +524,31 @@ static ByteResult literal_byte(JsonSchemaState *st, const JsonSchema *s, JsonSch
     if (live) {
         f->cand = live;
         f->pos++;
-        int i = __builtin_ctzll(live);
-        if ((live & (live - 1)) == 0 && lits[i].len == f->pos) return literal_done(st, s, f, i, B_TAKEN);
+        bool all_whole = true; /* then they are one text (an enum may repeat a value) */
+        for (uint64_t m = live; m; m &= m - 1) all_whole &= lits[__builtin_ctzll(m)].len == f->pos;
+        if (all_whole) return literal_done(st, s, f, __builtin_ctzll(live), B_TAKEN);
         return B_TAKEN;
     }
     if (whole >= 0) return literal_done(st, s, f, whole, B_AGAIN); /* "1" of 1 and 12, before ',' */
     return fail(st);
 }
 
-/* The property names that may come next: from index up to the first required one. */
-static uint64_t next_names(const Node *n, int index) {
+/* The property names that may come next: from index up to the first required one, those
+ * whose value still fits (json_schema_finish made sure the required ones do). */
+static uint64_t next_names(const JsonSchemaState *st, const JsonSchema *s, const Node *n, int index) {
     uint64_t from = index >= 64 ? 0 : low_bits(n->count) & ~low_bits(index);
     uint64_t req = n->required & from;
-    return req ? from & ((req & -req) | ((req & -req) - 1)) : from;
+    uint64_t names = req ? from & ((req & -req) | ((req & -req) - 1)) : from;
+    for (uint64_t m = names; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        if (!fits(st, s, s->lits[n->first_lit + i].value)) names &= ~(1ull << i);
+    }
+    return names;
 }
 
-static ByteResult start_name(JsonSchemaFrame *f, const Node *n) {
-    f->cand = next_names(n, f->index);
+static ByteResult start_name(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                             const Node *n) {
+    f->cand = next_names(st, s, n, f->index);
     f->pos = 0;
     f->phase = P_OBJ_KEY;
     return B_AGAIN;
@@ -484,8 +558,9 @@ static ByteResult start_name(JsonSchemaFrame *f, const Node *n) {
 static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                               unsigned char c) {
     int node = resolve(s, f->node, c);
-    bool any_object_ws = node >= 0 && s->nodes[node].kind == JS_ANY_OBJECT && is_ws(c);
-    if (node < 0 || !(first_has(s->nodes[node].first, c) || any_object_ws)) return fail(st);
+    bool free_ws = node >= 0 && is_free(s, node) && is_ws(c);
+    if (node < 0 || !(first_has(s->nodes[node].first, c) || free_ws)) return fail(st);
+    if ((int64_t)st->depth - 1 + s->nodes[node].min_depth > JSON_SCHEMA_MAX_DEPTH) return fail(st);
     f->node = (int16_t)node;
     const Node *n = &s->nodes[node];
     switch ((JsonSchemaKind)n->kind) {
@@ -529,13 +604,13 @@ static ByteResult object_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
         if (c == '}' && rest_optional) break;
         /* fall through */
     case P_OBJ_NEXT:
-        return c == '"' && next_names(n, f->index) ? start_name(f, n) : fail(st);
+        return c == '"' && next_names(st, s, n, f->index) ? start_name(st, s, f, n) : fail(st);
     case P_OBJ_COLON:
         if (c != ':') return fail(st);
-        open_child(st, f, s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
+        open_child(st, s, f, s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
         return st->failed ? B_FAIL : B_TAKEN;
     case P_OBJ_AFTER:
-        if (c == ',' && f->index < n->count) {
+        if (c == ',' && next_names(st, s, n, f->index)) { /* a name can follow */
             f->phase = P_OBJ_NEXT;
             return B_TAKEN;
         }
@@ -559,7 +634,7 @@ static ByteResult array_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchem
         if (c == ']' && may_close) break;
         /* fall through */
     case P_ARR_NEXT:
-        return may_add ? open_child(st, f, n->items, P_ARR_AFTER) : fail(st);
+        return may_add ? open_child(st, s, f, n->items, P_ARR_AFTER) : fail(st);
     case P_ARR_AFTER:
         if (c == ',' && may_add) {
             f->phase = P_ARR_NEXT;
@@ -595,8 +670,8 @@ static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned 
     if (st->depth == 0) return st->done && is_ws(c) ? take_ws(st, c) : fail(st);
     JsonSchemaFrame *f = &st->frames[st->depth - 1];
     switch ((Phase)f->phase) {
-    case P_START: /* any object: json_prefix reads its whitespace too, as for json_object */
-        if (is_ws(c) && s->nodes[f->node].kind != JS_ANY_OBJECT) return take_ws(st, c);
+    case P_START: /* a free value: json_prefix reads its whitespace too, as for json_object */
+        if (is_ws(c) && !is_free(s, f->node)) return take_ws(st, c);
         return start_value(st, s, f, c);
     case P_SCALAR: return scalar_byte(st, s, f, c);
     case P_LITERAL:

@@ -24,8 +24,10 @@
 #include "model/json_format.h"
 #include "model/json_prefix.h"
 
-/* Values nested inside each other (objects, arrays) the schema walk follows; inside an
- * "any value" part json_prefix's own JSON_PREFIX_MAX_DEPTH applies. */
+/* Frames of the schema walk: objects and arrays nested inside each other, and the value at
+ * the bottom (a string, number, ... or "any value" part, inside which json_prefix's own
+ * JSON_PREFIX_MAX_DEPTH applies). A name or item whose shortest value would not fit is not
+ * started, so no output runs into a dead end at the limit. */
 #define JSON_SCHEMA_MAX_DEPTH 16
 /* Properties of one object, values of one enum, alternatives of one anyOf. */
 #define JSON_SCHEMA_MAX_CHOICES 64
@@ -67,7 +69,7 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len); /* its index
 void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind);
 /* JS_STRING: only strings of this format (json_format.h). */
 void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
-/* JS_ARRAY: items and the count bounds (max < 0: no bound). */
+/* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
 /* JS_OBJECT: the next property, its name as JSON string text with the quotes ("\"name\""). */
 int json_schema_add_property(JsonSchema *s, int node, const char *name_json, size_t len,
@@ -79,9 +81,10 @@ int json_schema_add_literal(JsonSchema *s, int node, const char *json, size_t le
 int json_schema_add_choice(JsonSchema *s, int node, int choice, char *err, size_t err_len);
 /* Checks the whole grammar once built, with root as its top: the root must be an object
  * (JS_OBJECT or JS_ANY_OBJECT, possibly through alternatives); the alternatives of each
- * JS_ANY_OF must start with different bytes; an array's bounds in order. 0, or -1 with a
- * message naming the problem. */
-int json_schema_finish(JsonSchema *s, int root, char *err, size_t err_len);
+ * JS_ANY_OF must start with different bytes; an array's bounds in order; some value must
+ * fit in JSON_SCHEMA_MAX_DEPTH frames. 0, or -1 with a message naming the problem and
+ * *bad_node the node it is in (or -1). */
+int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t err_len);
 
 /* The schema json_object asks for: any object. NULL when out of memory. */
 JsonSchema *json_schema_any_object(void);

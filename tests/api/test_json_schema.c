@@ -200,6 +200,86 @@ static void test_refused(void **state) {
     compile_error(big, "64");
 }
 
+/* What a review found (each was accepted, or refused, wrongly before). */
+static void test_review_findings(void **state) {
+    (void)state;
+    /* an enum keeps only the values of its type; const beside it, or other constraints,
+     * are refused rather than dropped */
+    const char *typed = "{\"properties\":{\"x\":{\"type\":\"integer\",\"enum\":[1,1.5,1]}},"
+                        "\"required\":[\"x\"]}";
+    expect(typed, "{\"x\":1}", 1);
+    expect(typed, "{\"x\":1.", -1);
+    compile_error("{\"properties\":{\"x\":{\"type\":\"string\",\"const\":5}}}", "no value");
+    compile_error("{\"properties\":{\"x\":{\"const\":1,\"enum\":[2]}}}", "'const'");
+    compile_error("{\"properties\":{\"x\":{\"enum\":[\"a\"],\"format\":\"date\"}}}", "'format' beside");
+    compile_error("{\"properties\":{\"x\":{\"anyOf\":[{}],\"oneOf\":[{}]}}}", "'oneOf'");
+    compile_error("{\"properties\":{\"x\":{\"anyOf\":[{}],\"minItems\":1}}}", "beside");
+    /* keywords without a type say which type */
+    expect("{\"properties\":{\"x\":{\"minItems\":2}},\"required\":[\"x\"]}", "{\"x\":[]", -1);
+    expect("{\"properties\":{\"x\":{\"minItems\":2}},\"required\":[\"x\"]}", "{\"x\":[0,{}]}", 1);
+    expect("{\"properties\":{\"x\":{\"additionalProperties\":false}},\"required\":[\"x\"]}",
+           "{\"x\":{\"", -1);
+    expect("{\"properties\":{\"x\":{\"format\":\"date\"}},\"required\":[\"x\"]}", "{\"x\":1", -1);
+    /* a map (Pydantic's dict[str, int]) is refused, not taken for any object */
+    compile_error("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "dict");
+    /* nesting: an optional recursion stops opening where its shortest value would not fit */
+    const char *rec = "{\"type\":\"object\",\"properties\":{\"n\":{\"$ref\":\"#\"},\"v\":{\"type\":"
+                      "\"integer\"}},\"required\":[\"v\"]}";
+    char deep[512] = "", whole[512];
+    for (int i = 0; i < 14; i++) strcat(deep, "{\"n\":");
+    strcpy(whole, deep);
+    strcat(whole, "{\"v\":1}");
+    for (int i = 0; i < 14; i++) strcat(whole, ",\"v\":2}");
+    strcat(deep, "{\"n\"");
+    expect(rec, deep, -1);
+    expect(rec, whole, 1);
+    const char *rec2 = "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"n\":"
+                       "{\"$ref\":\"#\"}},\"required\":[\"v\"]}";
+    deep[0] = '\0';
+    for (int i = 0; i < 14; i++) strcat(deep, "{\"v\":1,\"n\":");
+    strcat(deep, "{\"v\":1");
+    expect(rec2, deep, 0);
+    strcat(deep, ","); /* only "n" could follow, and it would not fit */
+    expect(rec2, deep, -1);
+    char nested[2048] = "";
+    for (int depth = 15; depth <= 16; depth++) { /* depth objects around an integer */
+        nested[0] = '\0';
+        for (int i = 0; i < depth; i++) strcat(nested, "{\"type\":\"object\",\"required\":[\"a\"],\"properties\":{\"a\":");
+        strcat(nested, "{\"type\":\"integer\"}");
+        for (int i = 0; i < depth; i++) strcat(nested, "}}");
+        if (depth == 15) json_schema_free(compile_ok(nested));
+        else compile_error(nested, "levels of nesting");
+    }
+    compile_error("{\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", "finite");
+    /* 40000 items of an unbounded array close; counts past 32767 are refused */
+    const char *list = "{\"properties\":{\"l\":{\"items\":{\"type\":\"integer\"}}},\"required\":[\"l\"]}";
+    char *big = malloc(90000);
+    strcpy(big, "{\"l\":[");
+    char *at = big + strlen(big);
+    for (int i = 0; i < 40000; i++) at += sprintf(at, i ? ",7" : "7");
+    strcpy(at, "]}");
+    expect(list, big, 1);
+    free(big);
+    compile_error("{\"properties\":{\"l\":{\"items\":{},\"maxItems\":40000}}}", "32767");
+    /* a repeated enum value is whole at once; reals as written with the fewest digits */
+    expect("{\"enum\":[{\"a\":1},{\"a\":1}]}", "{\"a\":1}", 1);
+    const char *reals = "{\"properties\":{\"x\":{\"enum\":[0.1,2.5e-7,-3.0]}},\"required\":[\"x\"]}";
+    expect(reals, "{\"x\":0.1}", 1);
+    expect(reals, "{\"x\":2.5e-7}", 1);
+    expect(reals, "{\"x\":-3.0}", 1);
+    /* $ref into arrays; a finish error names the part */
+    const char *refs = "{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"integer\"},"
+                       "{\"type\":\"null\"}]},\"y\":{\"$ref\":\"#/properties/x/anyOf/0\"}},"
+                       "\"required\":[\"x\",\"y\"]}";
+    expect(refs, "{\"x\":null,\"y\":3}", 1);
+    expect(refs, "{\"x\":null,\"y\":n", -1);
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"number\"},"
+                  "{\"type\":\"integer\"}]}}}", ".properties.x': alternatives");
+    /* whitespace before a free value is json_object's */
+    expect("{\"properties\":{\"m\":{}},\"required\":[\"m\"]}",
+           "{\"m\":\n\n                                        1}", 1);
+}
+
 /* ---- outside judges ------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -575,6 +655,7 @@ int main(void) {
         cmocka_unit_test(test_person),
         cmocka_unit_test(test_optional_and_alternatives),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_walks_are_valid),
         cmocka_unit_test(test_instances_are_accepted),
         cmocka_unit_test(test_copy_and_canonical),

@@ -8,8 +8,8 @@
  *   - a compiled schema's copy is equal to it;
  *   - each byte fed to a trial copy (json_schema_state_trial) gives the same answer and
  *     the same canonical state as feeding the state itself;
- *   - a walk never reaches a state that accepts no byte at all while not complete, except
- *     at the nesting limit;
+ *   - a walk never reaches a state that accepts no byte at all while not complete (not even
+ *     at the nesting limit: what would not fit is not started);
  *   - once the walk is complete, the text is a JSON object jansson parses (or refuses only
  *     for a number too large for it).
  */
@@ -58,11 +58,7 @@ static void walk(const JsonSchema *s, const uint8_t *choices, size_t n) {
             char c = (char)b;
             if (json_schema_feed(&t, s, &c, 1)) ok[n_ok++] = (uint8_t)b;
         }
-        if (n_ok == 0) {
-            FZ_CHECK(st.depth >= JSON_SCHEMA_MAX_DEPTH - 1, "a dead end at depth %d after %.*s",
-                     st.depth, (int)len, text);
-            return;
-        }
+        FZ_CHECK(n_ok > 0, "a dead end at depth %d after %.*s", st.depth, (int)len, text);
         char c = (char)ok[choices[i] % n_ok];
         FZ_CHECK(feed_both(&st, s, c), "a byte the trial accepted was refused");
         text[len++] = c;
