@@ -210,6 +210,18 @@ static bool is_required(const json_t *required, const char *name) {
     return false;
 }
 
+/* additionalProperties as a schema, without properties: a map (Pydantic's dict[str, int]),
+ * any names, each value of that schema. (With properties only those are written.) */
+static int compile_map(Compiler *c, int node, const json_t *values) {
+    size_t at = path_push(c, "%s", ".additionalProperties");
+    int kid = compile(c, values);
+    c->path[at] = '\0';
+    if (kid < 0) return -1;
+    json_schema_set_kind(c->s, node, JS_MAP);
+    json_schema_set_items(c->s, node, kid, 0, -1);
+    return 0;
+}
+
 static int compile_object(Compiler *c, int node, const json_t *sch) {
     const json_t *props = json_object_get(sch, "properties");
     const json_t *required = json_object_get(sch, "required");
@@ -222,8 +234,7 @@ static int compile_object(Compiler *c, int node, const json_t *sch) {
         if (!json_is_string(v) || !json_object_get(props, json_string_value(v)))
             return fail(c, "%s", "'required' names a property that 'properties' does not have");
     if (json_is_object(extra) && json_object_size(extra) > 0 && json_object_size(props) == 0)
-        return fail(c, "%s", "'additionalProperties' as a schema (a map such as dict[str, int]) "
-                    "is not supported without 'properties'");
+        return compile_map(c, node, extra);
     if (json_object_size(props) == 0 && !json_is_false(extra)) {
         json_schema_set_kind(c->s, node, JS_ANY_OBJECT); /* any keys: json_object's grammar */
         return 0;

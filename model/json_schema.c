@@ -62,6 +62,7 @@ typedef enum {
     P_ARR_NEXT,   /* after ',': an item */
     P_ARR_AFTER,  /* after an item: ',' or ']' */
     P_FORMAT,     /* inside a string of a format: index and cand are its JsonFormatPos */
+    P_MAP_KEY,    /* a map's name, read by st->scalar; then P_OBJ_COLON and on as objects */
 } Phase;
 
 /* What a frame did with a byte: refused it, took it, or ended before it (or opened a
@@ -248,6 +249,7 @@ static int first_bytes(JsonSchema *s, int node, uint8_t *seen, char *err, size_t
     switch ((JsonSchemaKind)n->kind) {
     case JS_ANY: first_add(set, "{[\"tfn"); first_add(set, digits); break;
     case JS_ANY_OBJECT:
+    case JS_MAP:
     case JS_OBJECT: first_add(set, "{"); break;
     case JS_ARRAY: first_add(set, "["); break;
     case JS_STRING: first_add(set, "\""); break;
@@ -565,6 +567,7 @@ static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSche
     const Node *n = &s->nodes[node];
     switch ((JsonSchemaKind)n->kind) {
     case JS_OBJECT:
+    case JS_MAP:
         f->phase = P_OBJ_FIRST;
         f->index = 0;
         return B_TAKEN;
@@ -594,23 +597,48 @@ static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSche
     }
 }
 
+/* Whether a name can come next: one of the object's that fits, or any when a map's value
+ * fits. */
+static bool name_may_follow(const JsonSchemaState *st, const JsonSchema *s, const Node *n, int index) {
+    return n->kind == JS_MAP ? fits(st, s, n->items) : next_names(st, s, n, index) != 0;
+}
+
+/* A map's name: any JSON string, read by st->scalar. */
+static ByteResult start_map_key(JsonSchemaState *st, JsonSchemaFrame *f) {
+    json_prefix_init_value(&st->scalar, st->max_ws);
+    st->scalar_on = true;
+    f->phase = P_MAP_KEY;
+    return B_AGAIN;
+}
+
+static ByteResult map_key_byte(JsonSchemaState *st, JsonSchemaFrame *f, unsigned char c) {
+    if (!json_prefix_feed(&st->scalar, (const char *)&c, 1)) return fail(st);
+    if (json_prefix_complete(&st->scalar)) {
+        st->scalar_on = false;
+        f->phase = P_OBJ_COLON;
+    }
+    return B_TAKEN;
+}
+
 static ByteResult object_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                               unsigned char c) {
     const Node *n = &s->nodes[f->node];
+    bool map = n->kind == JS_MAP;
     if (is_ws(c)) return take_ws(st, c);
-    bool rest_optional = f->index >= 64 || (n->required >> f->index) == 0;
+    bool rest_optional = map || f->index >= 64 || (n->required >> f->index) == 0;
     switch ((Phase)f->phase) {
     case P_OBJ_FIRST:
         if (c == '}' && rest_optional) break;
         /* fall through */
     case P_OBJ_NEXT:
-        return c == '"' && next_names(st, s, n, f->index) ? start_name(st, s, f, n) : fail(st);
+        if (c != '"' || !name_may_follow(st, s, n, f->index)) return fail(st);
+        return map ? start_map_key(st, f) : start_name(st, s, f, n);
     case P_OBJ_COLON:
         if (c != ':') return fail(st);
-        open_child(st, s, f, s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
+        open_child(st, s, f, map ? n->items : s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
         return st->failed ? B_FAIL : B_TAKEN;
     case P_OBJ_AFTER:
-        if (c == ',' && next_names(st, s, n, f->index)) { /* a name can follow */
+        if (c == ',' && name_may_follow(st, s, n, f->index)) {
             f->phase = P_OBJ_NEXT;
             return B_TAKEN;
         }
@@ -684,6 +712,7 @@ static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned 
     case P_ARR_NEXT:
     case P_ARR_AFTER: return array_byte(st, s, f, c);
     case P_FORMAT: return format_byte(st, s, f, c);
+    case P_MAP_KEY: return map_key_byte(st, f, c);
     }
     return fail(st);
 }

@@ -51,6 +51,7 @@ typedef enum {
     JS_NULL,
     JS_LITERALS,   /* one of the JSON texts added to it (enum, const) */
     JS_ANY_OF,     /* one of the nodes added to it, told apart by their first byte */
+    JS_MAP,        /* an object of any names, each value of one node (set_items) */
 } JsonSchemaKind;
 
 typedef struct JsonSchema JsonSchema;
@@ -69,7 +70,8 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len); /* its index
 void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind);
 /* JS_STRING: only strings of this format (json_format.h). */
 void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
-/* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). */
+/* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
+ * items is the node of every value (the bounds unused: 0, -1). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
 /* JS_OBJECT: the next property, its name as JSON string text with the quotes ("\"name\""). */
 int json_schema_add_property(JsonSchema *s, int node, const char *name_json, size_t len,

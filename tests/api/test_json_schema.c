@@ -38,7 +38,8 @@
     "\"additionalProperties\":false}},\"properties\":{\"address\":{\"$ref\":"                    \
     "\"#/$defs/Address\"},\"mood\":{\"enum\":[\"happy\",\"sad\"],\"title\":\"Mood\","            \
     "\"type\":\"string\"},\"scores\":{\"items\":{\"type\":\"number\"},\"minItems\":1,"           \
-    "\"maxItems\":3,\"type\":\"array\"},\"ok\":{\"type\":\"boolean\"},\"meta\":{}},"             \
+    "\"maxItems\":3,\"type\":\"array\"},\"ok\":{\"type\":\"boolean\"},\"meta\":{},"              \
+    "\"counts\":{\"type\":\"object\",\"additionalProperties\":{\"$ref\":\"#/$defs/Address\"}}},"      \
     "\"required\":[\"address\",\"mood\",\"scores\",\"ok\"],\"title\":\"Report\","                \
     "\"type\":\"object\",\"additionalProperties\":false}"
 
@@ -220,8 +221,14 @@ static void test_review_findings(void **state) {
     expect("{\"properties\":{\"x\":{\"additionalProperties\":false}},\"required\":[\"x\"]}",
            "{\"x\":{\"", -1);
     expect("{\"properties\":{\"x\":{\"format\":\"date\"}},\"required\":[\"x\"]}", "{\"x\":1", -1);
-    /* a map (Pydantic's dict[str, int]) is refused, not taken for any object */
-    compile_error("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "dict");
+    /* a map (Pydantic's dict[str, int]) holds its values to the schema, not any object */
+    const char *map = "{\"properties\":{\"m\":{\"type\":\"object\",\"additionalProperties\":"
+                      "{\"type\":\"integer\"}}},\"required\":[\"m\"]}";
+    expect(map, "{\"m\":{\"a\":1, \"b \\\" \xc3\xa9\" : -2}}", 1);
+    expect(map, "{\"m\":{}}", 1);
+    expect(map, "{\"m\":{\"a\":\"x", -1);
+    expect(map, "{\"m\":{\"a\":1.5", -1);
+    expect(map, "{\"m\":{1", -1);
     /* nesting: an optional recursion stops opening where its shortest value would not fit */
     const char *rec = "{\"type\":\"object\",\"properties\":{\"n\":{\"$ref\":\"#\"},\"v\":{\"type\":"
                       "\"integer\"}},\"required\":[\"v\"]}";
@@ -349,7 +356,8 @@ static bool valid(const json_t *doc, const json_t *sch, const json_t *v) {
         const char *key;
         json_object_foreach((json_t *)v, key, x) {
             const json_t *ps = json_object_get(props, key);
-            if (ps ? !valid(doc, ps, x) : json_is_false(json_object_get(sch, "additionalProperties")))
+            const json_t *extra = json_object_get(sch, "additionalProperties");
+            if (ps ? !valid(doc, ps, x) : json_is_false(extra) || (json_is_object(extra) && !valid(doc, extra, x)))
                 return false;
         }
     }
@@ -458,6 +466,10 @@ static json_t *instance(const json_t *doc, const json_t *sch, int depth) {
             json_array_foreach(req, i, r) required |= strcmp(json_string_value(r), key) == 0;
             if (required || rnd(2)) json_object_set_new(o, key, instance(doc, x, depth + 1));
         }
+        const json_t *extra = json_object_get(sch, "additionalProperties");
+        if (!json_object_get(sch, "properties") && json_is_object(extra))
+            for (int i = (int)rnd(3); i > 0; i--)
+                json_object_set_new(o, strings[rnd(7)], instance(doc, extra, depth + 1));
         return o;
     }
     return rnd(2) ? json_pack("{s:[i,n]}", "k", 5) : json_string("free");
