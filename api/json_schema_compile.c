@@ -22,7 +22,7 @@
 
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
-    "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "pattern", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
@@ -309,6 +309,17 @@ static int compile_format(Compiler *c, int node, const json_t *sch) {
     return 0;
 }
 
+/* A string's format, or its minLength / maxLength (not both: a format fixes the shape). */
+static int compile_string(Compiler *c, int node, const json_t *sch) {
+    int min, max;
+    if (read_count(c, sch, "minLength", 0, &min) != 0 || read_count(c, sch, "maxLength", -1, &max) != 0)
+        return -1;
+    if ((min > 0 || max >= 0) && json_object_get(sch, "format"))
+        return fail(c, "%s", "'minLength' or 'maxLength' beside 'format' is not supported");
+    json_schema_set_length(c->s, node, min, max);
+    return compile_format(c, node, sch);
+}
+
 static int compile_type(Compiler *c, int node, const json_t *sch, const char *type) {
     static const struct { const char *name; JsonSchemaKind kind; } leaves[] = {
         { "string", JS_STRING }, { "number", JS_NUMBER }, { "integer", JS_INTEGER },
@@ -319,7 +330,7 @@ static int compile_type(Compiler *c, int node, const json_t *sch, const char *ty
     for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) {
         if (strcmp(type, leaves[i].name) == 0) {
             json_schema_set_kind(c->s, node, leaves[i].kind);
-            return leaves[i].kind == JS_STRING ? compile_format(c, node, sch) : 0;
+            return leaves[i].kind == JS_STRING ? compile_string(c, node, sch) : 0;
         }
     }
     return fail(c, "unknown type '%s'", type);
@@ -344,7 +355,7 @@ static int compile_type_list(Compiler *c, int node, const json_t *sch, const jso
  * beside them (as is "type" beside alternatives; an enum's values are filtered by it). */
 static const char *const beside_enum[] = {
     "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "format", NULL,
+    "format", "minLength", "maxLength", NULL,
 };
 
 static int compile_body(Compiler *c, int node, const json_t *sch) {
@@ -390,7 +401,8 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
     if (object && array) return fail(c, "%s", "object and array keywords without a 'type'");
     if (object) return compile_object(c, node, sch);
     if (array) return compile_array(c, node, sch);
-    if (json_object_get(sch, "format")) return compile_type(c, node, sch, "string");
+    if (json_object_get(sch, "format") || json_object_get(sch, "minLength") || json_object_get(sch, "maxLength"))
+        return compile_type(c, node, sch, "string");
     return 0; /* no constraint: any value (the node's kind from json_schema_add_node) */
 }
 

@@ -83,6 +83,16 @@ bool json_prefix_may_end(const JsonPrefix *p) {
            (n == N_ZERO || n == N_INT || n == N_FRAC || n == N_EXP_INT);
 }
 
+JsonStringAt json_prefix_string_at(const JsonPrefix *p) {
+    switch ((Mode)p->mode) {
+    case M_STRING: return JSON_STRING_BETWEEN;
+    case M_ESCAPE: return JSON_STRING_ESCAPE;
+    case M_HEX: return (JsonStringAt)(JSON_STRING_HEX1 + p->sub);
+    case M_UTF8: return JSON_STRING_UTF8;
+    default: return JSON_STRING_NONE;
+    }
+}
+
 static bool fail(JsonPrefix *p) {
     p->failed = true;
     return false;

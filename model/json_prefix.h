@@ -51,6 +51,14 @@ bool json_prefix_feed(JsonPrefix *p, const char *bytes, size_t n);
 bool json_prefix_complete(const JsonPrefix *p);
 /* ...or a number that is whole if the next byte does not extend it ("12", not "12."). */
 bool json_prefix_may_end(const JsonPrefix *p);
+/* Where the next byte falls in a string (json_schema.c counts characters with it):
+ * JSON_STRING_NONE outside any string, else between characters, after a backslash, at hex
+ * digit 1-4 of a \u escape, or inside a UTF-8 character. */
+typedef enum {
+    JSON_STRING_NONE, JSON_STRING_BETWEEN, JSON_STRING_ESCAPE, JSON_STRING_HEX1,
+    JSON_STRING_HEX2, JSON_STRING_HEX3, JSON_STRING_HEX4, JSON_STRING_UTF8,
+} JsonStringAt;
+JsonStringAt json_prefix_string_at(const JsonPrefix *p);
 /* p with the fields its mode will not read before writing them zeroed (what is left of an
  * earlier number, escape, character or closed container): states that accept the same
  * continuations then compare equal byte for byte, as a cache key. */

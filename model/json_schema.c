@@ -28,7 +28,7 @@ typedef struct {
     int32_t first_lit;   /* JS_OBJECT, JS_LITERALS: its texts at lits[first_lit...] */
     int32_t first_choice; /* JS_ANY_OF: choices[first_choice...] */
     int32_t count;       /* properties, literals or choices */
-    int32_t items, min_items, max_items;
+    int32_t items, min_items, max_items; /* JS_STRING: min/max length in characters */
     int32_t format;      /* JS_STRING: a JsonFormat, or JF_NONE */
     int32_t min_depth;   /* frames its shortest value takes, itself included (finish) */
     int32_t unused;
@@ -165,6 +165,11 @@ void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind) {
 
 void json_schema_set_format(JsonSchema *s, int node, JsonFormat format) {
     s->nodes[node].format = format;
+}
+
+void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length) {
+    s->nodes[node].min_items = min_length;
+    s->nodes[node].max_items = max_length;
 }
 
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items) {
@@ -353,6 +358,8 @@ int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t
         *bad_node = i;
         if (n->kind == JS_ARRAY && (n->items < 0 || (n->max_items >= 0 && n->max_items < n->min_items)))
             rc = set_err(err, err_len, "an array whose minItems is above its maxItems");
+        else if (n->kind == JS_STRING && n->max_items >= 0 && n->max_items < n->min_items)
+            rc = set_err(err, err_len, "a string whose minLength is above its maxLength");
         else
             rc = first_bytes(s, i, seen, err, err_len);
     }
@@ -432,8 +439,12 @@ void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonS
     if (st->scalar_on) json_prefix_canonical(&st->scalar, &out->scalar);
     else memset(&out->scalar, 0, sizeof out->scalar);
     JsonSchemaFrame *top = st->depth ? &out->frames[st->depth - 1] : NULL;
-    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY && top->phase != P_FORMAT)
+    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY && top->phase != P_FORMAT &&
+        top->phase != P_SCALAR)
         top->pos = 0, top->cand = 0;
+    if (top && top->phase == P_SCALAR && s->nodes[top->node].max_items < 0 &&
+        top->index > s->nodes[top->node].min_items)
+        top->index = (int16_t)s->nodes[top->node].min_items; /* past minLength, unbounded */
     for (int i = 0; i < st->depth; i++) {
         /* An array's count matters only up to its bounds: past minItems, without a
          * maxItems, the 3rd item and the 300th accept the same bytes. */
@@ -483,13 +494,63 @@ static ByteResult open_child(JsonSchemaState *st, const JsonSchema *s, JsonSchem
     return B_AGAIN;
 }
 
+static bool bounded_string(const Node *n) {
+    return n->kind == JS_STRING && (n->min_items > 0 || n->max_items >= 0);
+}
+
+/* A bounded string's characters, counted as the code points it decodes to (a \u escape of
+ * a low surrogate right after one of a high surrogate adds none), before byte c is taken
+ * at `at`: false when c would take the string past maxLength, or close it short of
+ * minLength. f->index: characters so far; f->pos bit 0: the last one was a high-surrogate
+ * escape, bit 1: the \u escape being read began with d. */
+static bool length_byte(const Node *n, JsonSchemaFrame *f, JsonStringAt at, unsigned char c) {
+    bool full = n->max_items >= 0 && f->index >= n->max_items;
+    bool prev_high = f->pos & 1, began_d = f->pos & 2;
+    bool adds = false; /* c starts a character that counts */
+    switch (at) {
+    case JSON_STRING_BETWEEN:
+        if (c == '"') return f->index >= n->min_items;
+        if (c == '\\') return !full || prev_high; /* decided by the escape's letter, or digits */
+        adds = true;
+        break;
+    case JSON_STRING_ESCAPE:
+        if (c == 'u') return true;
+        adds = true;
+        break;
+    case JSON_STRING_HEX1:
+        began_d = c == 'd' || c == 'D';
+        if (full && !(prev_high && began_d)) return false; /* only a low surrogate fits */
+        f->pos = (uint16_t)((prev_high ? 1 : 0) | (began_d ? 2 : 0));
+        return true;
+    case JSON_STRING_HEX2: {
+        bool high = began_d && c && strchr("89abAB", c), low = began_d && c && strchr("cdefCDEF", c);
+        if (low && prev_high) {
+            f->pos = 0; /* the pair's second half */
+            return true;
+        }
+        if (full) return false;
+        if (f->index < INT16_MAX) f->index++;
+        f->pos = high ? 1 : 0;
+        return true;
+    }
+    default: return true; /* the opening quote, later hex digits, UTF-8 continuations */
+    }
+    if (adds && full) return false;
+    if (f->index < INT16_MAX) f->index++;
+    f->pos = 0;
+    return true;
+}
+
 static ByteResult scalar_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                               unsigned char c) {
+    const Node *n = &s->nodes[f->node];
     bool fraction = c == '.' || c == 'e' || c == 'E';
     JsonPrefix trial = st->scalar;
-    if (!(s->nodes[f->node].kind == JS_INTEGER && fraction) &&
-        json_prefix_feed(&trial, (const char *)&c, 1)) {
+    JsonSchemaFrame counted = *f;
+    if (!(n->kind == JS_INTEGER && fraction) && json_prefix_feed(&trial, (const char *)&c, 1) &&
+        (!bounded_string(n) || length_byte(n, &counted, json_prefix_string_at(&st->scalar), c))) {
         st->scalar = trial;
+        *f = counted;
         if (json_prefix_complete(&trial)) pop(st, s);
         return B_TAKEN;
     }

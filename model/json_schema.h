@@ -70,6 +70,9 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len); /* its index
 void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind);
 /* JS_STRING: only strings of this format (json_format.h). */
 void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
+/* JS_STRING: minLength / maxLength in characters (code points; at most INT16_MAX; max < 0:
+ * no bound). */
+void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length);
 /* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
  * items is the node of every value (the bounds unused: 0, -1). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);

@@ -419,7 +419,7 @@ static void test_walks_are_valid(void **state) {
             if (!text) continue;
             finished++;
             json_error_t err;
-            json_t *v = json_loads(text, 0, &err);
+            json_t *v = json_loads(text, JSON_ALLOW_NUL, &err);
             if (!v) fail_msg("not JSON (%s): %s", err.text, text);
             if (!valid(doc, doc, v)) fail_msg("not valid against schema %zu: %s", k, text);
             json_decref(v);
@@ -662,6 +662,71 @@ static void test_formats(void **state) {
     json_decref(doc);
 }
 
+/* ---- string lengths: judged by the code points jansson decodes ----------------------- */
+
+static size_t code_points(const char *utf8) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)utf8; *p; p++) n += (*p & 0xC0) != 0x80;
+    return n;
+}
+
+static void test_string_lengths(void **state) {
+    (void)state;
+    const char *two3 = "{\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3},"
+                       "\"l\":{\"minLength\":1}},\"required\":[\"s\",\"l\"]}";
+    static const char *const whole[] = {
+        "{\"s\":\"ab\",\"l\":\"x\"}", "{\"s\":\"abc\",\"l\":\"\\n\"}",
+        "{\"s\":\"\\u00e9\\u00e9\",\"l\":\"x\"}", "{\"s\":\"\xc3\xa9\xe2\x82\xac\",\"l\":\"x\"}",
+        "{\"s\":\"\\ud83d\\ude00x\",\"l\":\"x\"}", "{\"s\":\"ab\\ud83d\\ude00\",\"l\":\"xyz\"}",
+        "{\"s\":\"\xf0\x9f\x98\x80\\t\\\"\",\"l\":\"x\"}",
+    };
+    EXPECT_ALL(two3, whole, 1);
+    static const char *const refused[] = {
+        "{\"s\":\"a\"", "{\"s\":\"abcd", "{\"s\":\"abc\\", "{\"s\":\"\\ud83d\\ude00\\ud83d\\ude00\\ud83d\\ude00\\ud",
+        "{\"s\":\"ab\\ud83d\\ud8", "{\"s\":\"abc\xc3", "{\"s\":\"ab\",\"l\":\"\"",
+    };
+    EXPECT_ALL(two3, refused, -1);
+    expect(two3, "{\"s\":\"\\ud83d\\ude00\\ud83d\\ude00\\ud83d\\ude00", 0);
+    compile_error("{\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}}}",
+                  ".properties.s': a string whose minLength");
+    compile_error("{\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":4,\"format\":\"date\"}}}",
+                  "beside 'format'");
+    json_t *doc = load(two3);
+    JsonSchema *s = compile_ok(two3);
+    int finished = 0;
+    for (int i = 0; i < 400; i++) {
+        char *text = random_walk(s, 300);
+        if (!text) continue;
+        json_error_t err;
+        json_t *v = json_loads(text, JSON_ALLOW_NUL, &err);
+        if (!v && strstr(err.text, "invalid Unicode")) { /* a lone surrogate: RFC 8259 allows it */
+            free(text);
+            continue;
+        }
+        finished++;
+        if (!v) fail_msg("not JSON (%s): %s", err.text, text);
+        size_t ns = code_points(json_string_value(json_object_get(v, "s")));
+        size_t nl = code_points(json_string_value(json_object_get(v, "l")));
+        if (ns < 2 || ns > 3 || nl < 1) fail_msg("lengths %zu and %zu: %s", ns, nl, text);
+        json_decref(v);
+        free(text);
+    }
+    if (finished < 100) fail_msg("only %d of 400 walks finished", finished);
+    static const char *const pieces[] = { "a", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\n", "\"", "\\" };
+    for (int i = 0; i < 500; i++) { /* strings of 2 or 3 code points, as jansson writes them */
+        char str[32] = "", lstr[64] = "";
+        for (int k = 2 + (int)rnd(2); k > 0; k--) strcat(str, pieces[rnd(7)]);
+        for (int k = 1 + (int)rnd(6); k > 0; k--) strcat(lstr, pieces[rnd(7)]);
+        json_t *v = json_pack("{s:s,s:s}", "s", str, "l", lstr);
+        char *text = json_dumps(v, i % 2 ? JSON_COMPACT : JSON_COMPACT | JSON_ENSURE_ASCII);
+        if (walk(s, text) != 1) fail_msg("refused: %s", text);
+        free(text);
+        json_decref(v);
+    }
+    json_schema_free(s);
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_person),
@@ -672,6 +737,7 @@ int main(void) {
         cmocka_unit_test(test_instances_are_accepted),
         cmocka_unit_test(test_copy_and_canonical),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_string_lengths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
