@@ -10,6 +10,7 @@
  * minimum, minLength, ...) is refused with its path rather than ignored: an output that
  * does not match the schema is worse than a 400 that says why.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,17 @@
 #include "api/api.h"
 
 #define MAX_NESTING 64
+/* Integer bounds are held within +-2^62 (a model writes no more digits than that). */
+#define RANGE_LIMIT ((int64_t)1 << 62)
+
+/* minimum, maximum, exclusiveMinimum, exclusiveMaximum: held on integers only. */
+static const char *const range_words[] = {
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL,
+};
 
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
-    "pattern", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
+    "pattern", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
     "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
@@ -320,6 +327,30 @@ static int compile_string(Compiler *c, int node, const json_t *sch) {
     return compile_format(c, node, sch);
 }
 
+/* An integer's [lo, hi] from its bounds (exclusive ones and real-valued ones rounded in). */
+static int compile_range(Compiler *c, int node, const json_t *sch) {
+    double lo = -(double)RANGE_LIMIT, hi = (double)RANGE_LIMIT;
+    for (int k = 0; range_words[k]; k++) {
+        const json_t *v = json_object_get(sch, range_words[k]);
+        if (!v) continue;
+        if (!json_is_number(v)) return fail(c, "'%s' must be a number", range_words[k]);
+        double x = json_number_value(v);
+        if (k == 0) x = ceil(x);                 /* minimum */
+        else if (k == 1) x = floor(x);           /* maximum */
+        else if (k == 2) x = floor(x) + 1;       /* exclusiveMinimum */
+        else x = ceil(x) - 1;                    /* exclusiveMaximum */
+        if (k % 2 == 0 && x > lo) lo = x;
+        if (k % 2 == 1 && x < hi) hi = x;
+    }
+    if (lo < -(double)RANGE_LIMIT) lo = -(double)RANGE_LIMIT;
+    if (hi > (double)RANGE_LIMIT) hi = (double)RANGE_LIMIT;
+    if (lo > (double)RANGE_LIMIT || hi < -(double)RANGE_LIMIT)
+        return fail(c, "%s", "integer bounds beyond +-2^62");
+    if (lo > -(double)RANGE_LIMIT || hi < (double)RANGE_LIMIT)
+        json_schema_set_range(c->s, node, (int64_t)lo, (int64_t)hi);
+    return 0;
+}
+
 static int compile_type(Compiler *c, int node, const json_t *sch, const char *type) {
     static const struct { const char *name; JsonSchemaKind kind; } leaves[] = {
         { "string", JS_STRING }, { "number", JS_NUMBER }, { "integer", JS_INTEGER },
@@ -330,7 +361,12 @@ static int compile_type(Compiler *c, int node, const json_t *sch, const char *ty
     for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) {
         if (strcmp(type, leaves[i].name) == 0) {
             json_schema_set_kind(c->s, node, leaves[i].kind);
-            return leaves[i].kind == JS_STRING ? compile_string(c, node, sch) : 0;
+            if (leaves[i].kind == JS_STRING) return compile_string(c, node, sch);
+            if (leaves[i].kind == JS_INTEGER) return compile_range(c, node, sch);
+            for (int k = 0; leaves[i].kind == JS_NUMBER && range_words[k]; k++)
+                if (json_object_get(sch, range_words[k]))
+                    return fail(c, "'%s' is supported on integers only", range_words[k]);
+            return 0; /* (on booleans and null the bounds say nothing) */
         }
     }
     return fail(c, "unknown type '%s'", type);
@@ -355,7 +391,8 @@ static int compile_type_list(Compiler *c, int node, const json_t *sch, const jso
  * beside them (as is "type" beside alternatives; an enum's values are filtered by it). */
 static const char *const beside_enum[] = {
     "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "format", "minLength", "maxLength", NULL,
+    "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", NULL,
 };
 
 static int compile_body(Compiler *c, int node, const json_t *sch) {
@@ -403,6 +440,8 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
     if (array) return compile_array(c, node, sch);
     if (json_object_get(sch, "format") || json_object_get(sch, "minLength") || json_object_get(sch, "maxLength"))
         return compile_type(c, node, sch, "string");
+    for (int k = 0; range_words[k]; k++)
+        if (json_object_get(sch, range_words[k])) return compile_type(c, node, sch, "integer");
     return 0; /* no constraint: any value (the node's kind from json_schema_add_node) */
 }
 

@@ -32,6 +32,7 @@ typedef struct {
     int32_t format;      /* JS_STRING: a JsonFormat, or JF_NONE */
     int32_t min_depth;   /* frames its shortest value takes, itself included (finish) */
     int32_t unused;
+    int64_t lo, hi;      /* JS_INTEGER: the range (INT64_MIN, INT64_MAX: none) */
 } Node;
 
 typedef struct {
@@ -156,6 +157,8 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
     n->kind = JS_ANY;
     n->first_lit = n->first_choice = n->items = -1;
     n->max_items = -1;
+    n->lo = INT64_MIN;
+    n->hi = INT64_MAX;
     return s->n_nodes++;
 }
 
@@ -165,6 +168,11 @@ void json_schema_set_kind(JsonSchema *s, int node, JsonSchemaKind kind) {
 
 void json_schema_set_format(JsonSchema *s, int node, JsonFormat format) {
     s->nodes[node].format = format;
+}
+
+void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi) {
+    s->nodes[node].lo = lo;
+    s->nodes[node].hi = hi;
 }
 
 void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length) {
@@ -360,6 +368,8 @@ int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t
             rc = set_err(err, err_len, "an array whose minItems is above its maxItems");
         else if (n->kind == JS_STRING && n->max_items >= 0 && n->max_items < n->min_items)
             rc = set_err(err, err_len, "a string whose minLength is above its maxLength");
+        else if (n->kind == JS_INTEGER && n->lo > n->hi)
+            rc = set_err(err, err_len, "an integer whose minimum is above its maximum");
         else
             rc = first_bytes(s, i, seen, err, err_len);
     }
@@ -541,9 +551,56 @@ static bool length_byte(const Node *n, JsonSchemaFrame *f, JsonStringAt at, unsi
     return true;
 }
 
+static bool bounded_integer(const Node *n) {
+    return n->kind == JS_INTEGER && (n->lo != INT64_MIN || n->hi != INT64_MAX);
+}
+
+/* Whether some magnitude written as digits after those read (mag, `digits` of them) lies in
+ * [a, b] (a >= 0): mag itself, or mag followed by m more digits, [mag·10^m, mag·10^m +
+ * 10^m - 1]; "0" takes no more digits. No digits yet: any magnitude. */
+static bool magnitude_reaches(uint64_t mag, int digits, int64_t a, int64_t b) {
+    if (b < a || b < 0) return false;
+    if (digits == 0) return true;
+    __int128 from = mag, width = 1;
+    for (int m = 0; m <= 19 - digits && from <= b; m++, from *= 10, width *= 10) {
+        if (from + width - 1 >= a) return true;
+        if (mag == 0) break;
+    }
+    return false;
+}
+
+/* A bounded integer's value, followed before byte c is taken: false when no integer in
+ * [lo, hi] begins with the bytes so far and c, or when c ends it outside [lo, hi].
+ * f->cand: the digits' magnitude; f->index: digits read; f->pos: 1 after a '-'. */
+static bool range_byte(const Node *n, JsonSchemaFrame *f, unsigned char c) {
+    bool negative = f->pos & 1;
+    if (c == '-' && f->index == 0 && !negative) {
+        f->pos = 1;
+        return n->lo <= 0 && n->lo <= n->hi; /* some value <= 0 (-0 is 0) */
+    }
+    if (c >= '0' && c <= '9') {
+        if (f->index >= 19) return false; /* 19 digits hold any int64 bound */
+        f->cand = f->cand * 10 + (uint64_t)(c - '0');
+        f->index++;
+    } else {
+        /* c ends the number */
+        __int128 v = negative ? -(__int128)f->cand : (__int128)f->cand;
+        return f->index > 0 && v >= n->lo && v <= n->hi;
+    }
+    if (negative) /* -mag in [lo, hi]: mag in [-hi, -lo] */
+        return magnitude_reaches(f->cand, f->index, n->hi >= 0 ? 0 : n->hi == INT64_MIN ? INT64_MAX : -n->hi,
+                                 n->lo == INT64_MIN ? INT64_MAX : -n->lo);
+    return magnitude_reaches(f->cand, f->index, n->lo < 0 ? 0 : n->lo, n->hi);
+}
+
 static ByteResult scalar_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                               unsigned char c) {
     const Node *n = &s->nodes[f->node];
+    if (bounded_integer(n)) { /* the range decides first, also for the byte that ends it */
+        JsonSchemaFrame ranged = *f;
+        if (!range_byte(n, &ranged, c)) return fail(st);
+        *f = ranged;
+    }
     bool fraction = c == '.' || c == 'e' || c == 'E';
     JsonPrefix trial = st->scalar;
     JsonSchemaFrame counted = *f;

@@ -73,6 +73,8 @@ void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
 /* JS_STRING: minLength / maxLength in characters (code points; at most INT16_MAX; max < 0:
  * no bound). */
 void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length);
+/* JS_INTEGER: only values in [lo, hi]. */
+void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi);
 /* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
  * items is the node of every value (the bounds unused: 0, -1). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);

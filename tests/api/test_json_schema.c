@@ -185,7 +185,7 @@ static void test_refused(void **state) {
                   "\"maxItems\":2}}}", "minItems");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[]}}}", "enum");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"date\"}}}", "date");
-    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"minimum\":0}}}", "minimum");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"multipleOf\":2}}}", "multipleOf");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"allOf\":[{},{}]}}}", "allOf");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\",\"type\":\"string\"}}}",
                   "beside");
@@ -727,6 +727,72 @@ static void test_string_lengths(void **state) {
     json_decref(doc);
 }
 
+/* ---- integer ranges ------------------------------------------------------------------- */
+
+#define RANGES                                                                                   \
+    "{\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":12},"               \
+    "\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":0},\"c\":{\"type\":[\"integer\",\"null\"],"    \
+    "\"maximum\":-10},\"d\":{\"minimum\":1.5,\"exclusiveMaximum\":3}},"                          \
+    "\"required\":[\"a\",\"b\",\"c\",\"d\"]}"
+
+static void check_ranges(const char *text) {
+    json_t *v = json_loads(text, 0, NULL);
+    json_t *a = json_object_get(v, "a"), *b = json_object_get(v, "b");
+    json_t *c = json_object_get(v, "c"), *d = json_object_get(v, "d");
+    if (!json_is_integer(a) || json_integer_value(a) < -5 || json_integer_value(a) > 12 ||
+        !json_is_integer(b) || json_integer_value(b) < 1 ||
+        !(json_is_null(c) || (json_is_integer(c) && json_integer_value(c) <= -10)) ||
+        !json_is_integer(d) || json_integer_value(d) != 2)
+        fail_msg("out of range: %s", text);
+    json_decref(v);
+}
+
+static void test_integer_ranges(void **state) {
+    (void)state;
+    static const char *const whole[] = {
+        "{\"a\":-5,\"b\":1,\"c\":-10,\"d\":2}", "{\"a\":12,\"b\":99999,\"c\":-123456,\"d\":2}",
+        "{\"a\":0 ,\"b\":7,\"c\":null,\"d\":2}", "{\"a\":-0,\"b\":10,\"c\":-99,\"d\":2}",
+    };
+    EXPECT_ALL(RANGES, whole, 1);
+    static const char *const refused[] = {
+        "{\"a\":13", "{\"a\":-6", "{\"a\":120", "{\"a\":1.", "{\"a\":1,\"b\":0",
+        "{\"a\":1,\"b\":-", "{\"a\":1,\"b\":1,\"c\":-9,", "{\"a\":1,\"b\":1,\"c\":1",
+        "{\"a\":1,\"b\":1,\"c\":null,\"d\":3", "{\"a\":1,\"b\":1,\"c\":null,\"d\":20",
+    };
+    EXPECT_ALL(RANGES, refused, -1);
+    expect(RANGES, "{\"a\":1,\"b\":1,\"c\":-1", 0);
+    expect(RANGES, "{\"a\":1", 0);
+    /* bounds of 19 digits are reachable digit by digit */
+    const char *big = "{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":1000000000000000000}},"
+                      "\"required\":[\"x\"]}";
+    expect(big, "{\"x\":1000000000000000000}", 1);
+    expect(big, "{\"x\":999999999999999999}", -1);
+    compile_error("{\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":0}}}", "integers only");
+    compile_error("{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":2.5}}}",
+                  "minimum is above");
+    compile_error("{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":\"1\"}}}", "a number");
+    json_t *doc = load(RANGES);
+    JsonSchema *s = compile_ok(RANGES);
+    int finished = 0;
+    for (int i = 0; i < 300; i++) {
+        char *text = random_walk(s, 200);
+        if (!text) continue;
+        finished++;
+        check_ranges(text);
+        free(text);
+    }
+    if (finished < 100) fail_msg("only %d of 300 walks finished", finished);
+    for (int i = 0; i < 3000; i++) { /* values around the bounds: accepted exactly when in range */
+        long a = (long)rnd(40) - 20, b = (long)rnd(40) - 20, c = (long)rnd(40) - 30, d = (long)rnd(5);
+        char text[128];
+        snprintf(text, sizeof text, "{\"a\":%ld,\"b\":%ld,\"c\":%ld,\"d\":%ld}", a, b, c, d);
+        bool in = a >= -5 && a <= 12 && b >= 1 && c <= -10 && d == 2;
+        if ((walk(s, text) == 1) != in) fail_msg("%s: %s", in ? "refused" : "accepted", text);
+    }
+    json_schema_free(s);
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_person),
@@ -738,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_copy_and_canonical),
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_string_lengths),
+        cmocka_unit_test(test_integer_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
