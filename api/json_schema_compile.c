@@ -327,27 +327,41 @@ static int compile_string(Compiler *c, int node, const json_t *sch) {
     return compile_format(c, node, sch);
 }
 
-/* An integer's [lo, hi] from its bounds (exclusive ones and real-valued ones rounded in). */
+/* x clamped to +-RANGE_LIMIT (a clamped range holds a subset of the schema's values). */
+static int64_t clamp_range(double x) {
+    return x <= -(double)RANGE_LIMIT ? -RANGE_LIMIT : x >= (double)RANGE_LIMIT ? RANGE_LIMIT : (int64_t)x;
+}
+
+/* An integer bound as the inclusive one it means: integers exactly (a double would round
+ * 2^53 + 1), reals rounded inwards; exclusive ones moved by one in integer arithmetic. */
+static int64_t inclusive_bound(const json_t *v, bool lower, bool exclusive) {
+    int64_t x;
+    if (json_is_integer(v)) {
+        json_int_t i = json_integer_value(v);
+        x = i < -RANGE_LIMIT ? -RANGE_LIMIT : i > RANGE_LIMIT ? RANGE_LIMIT : (int64_t)i;
+    } else {
+        double d = json_real_value(v);
+        x = clamp_range(lower ? (exclusive ? floor(d) : ceil(d)) : (exclusive ? ceil(d) : floor(d)));
+    }
+    if (exclusive) x += lower ? 1 : -1; /* within +-(2^62 + 1): no overflow */
+    return x;
+}
+
+/* An integer's [lo, hi] from its bounds, within +-2^62 whenever any is given. */
 static int compile_range(Compiler *c, int node, const json_t *sch) {
-    double lo = -(double)RANGE_LIMIT, hi = (double)RANGE_LIMIT;
+    int64_t lo = -RANGE_LIMIT, hi = RANGE_LIMIT;
+    bool any = false;
     for (int k = 0; range_words[k]; k++) {
         const json_t *v = json_object_get(sch, range_words[k]);
         if (!v) continue;
         if (!json_is_number(v)) return fail(c, "'%s' must be a number", range_words[k]);
-        double x = json_number_value(v);
-        if (k == 0) x = ceil(x);                 /* minimum */
-        else if (k == 1) x = floor(x);           /* maximum */
-        else if (k == 2) x = floor(x) + 1;       /* exclusiveMinimum */
-        else x = ceil(x) - 1;                    /* exclusiveMaximum */
-        if (k % 2 == 0 && x > lo) lo = x;
-        if (k % 2 == 1 && x < hi) hi = x;
+        bool lower = k % 2 == 0; /* minimum, exclusiveMinimum; maximum, exclusiveMaximum */
+        int64_t x = inclusive_bound(v, lower, k >= 2);
+        if (lower && x > lo) lo = x;
+        if (!lower && x < hi) hi = x;
+        any = true;
     }
-    if (lo < -(double)RANGE_LIMIT) lo = -(double)RANGE_LIMIT;
-    if (hi > (double)RANGE_LIMIT) hi = (double)RANGE_LIMIT;
-    if (lo > (double)RANGE_LIMIT || hi < -(double)RANGE_LIMIT)
-        return fail(c, "%s", "integer bounds beyond +-2^62");
-    if (lo > -(double)RANGE_LIMIT || hi < (double)RANGE_LIMIT)
-        json_schema_set_range(c->s, node, (int64_t)lo, (int64_t)hi);
+    if (any) json_schema_set_range(c->s, node, lo, hi);
     return 0;
 }
 

@@ -452,7 +452,8 @@ void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonS
     if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY && top->phase != P_FORMAT &&
         top->phase != P_SCALAR)
         top->pos = 0, top->cand = 0;
-    if (top && top->phase == P_SCALAR && s->nodes[top->node].max_items < 0 &&
+    if (top && top->phase == P_SCALAR && s->nodes[top->node].kind == JS_STRING &&
+        s->nodes[top->node].max_items < 0 &&
         top->index > s->nodes[top->node].min_items)
         top->index = (int16_t)s->nodes[top->node].min_items; /* past minLength, unbounded */
     for (int i = 0; i < st->depth; i++) {

@@ -767,6 +767,30 @@ static void test_integer_ranges(void **state) {
                       "\"required\":[\"x\"]}";
     expect(big, "{\"x\":1000000000000000000}", 1);
     expect(big, "{\"x\":999999999999999999}", -1);
+    /* a second review: bounds past 2^53 read exactly, bounds past 2^62 still bound */
+    static const struct { const char *bound, *value; int want; } exact[] = {
+        { "\"maximum\":9223372036854775807", "123456789012345678901234567890", -1 },
+        { "\"minimum\":-4611686018427387904", "-4611686018427387905", -1 },
+        { "\"minimum\":-1e300", "-1000000000000000000000", -1 },
+        { "\"maximum\":9007199254740995", "9007199254740996", -1 },
+        { "\"maximum\":9007199254740995", "9007199254740995", 1 },
+        { "\"minimum\":9007199254740993", "9007199254740992", -1 },
+        { "\"minimum\":9007199254740993", "9007199254740993", 1 },
+        { "\"exclusiveMaximum\":18014398509481988", "18014398509481988", -1 },
+        { "\"exclusiveMaximum\":18014398509481988", "18014398509481987", 1 },
+        { "\"exclusiveMinimum\":18014398509481984", "18014398509481984", -1 },
+        { "\"exclusiveMaximum\":1e17", "100000000000000000", -1 },
+        { "\"exclusiveMaximum\":1e17", "99999999999999999", 1 },
+        { "\"exclusiveMinimum\":0.5", "1", 1 },
+        { "\"exclusiveMinimum\":1.0", "1", -1 },
+    };
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++) {
+        char sch[256], text[128];
+        snprintf(sch, sizeof sch, "{\"properties\":{\"a\":{\"type\":\"integer\",%s}},\"required\":[\"a\"]}",
+                 exact[i].bound);
+        snprintf(text, sizeof text, "{\"a\":%s}", exact[i].value);
+        expect(sch, text, exact[i].want);
+    }
     compile_error("{\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":0}}}", "integers only");
     compile_error("{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":2.5}}}",
                   "minimum is above");
