@@ -2,13 +2,14 @@
  * grammar model/json_schema.h walks.
  *
  * The subset is what structured-output clients send (OpenAI's strict mode, Pydantic and
- * zod schemas): type (one or a list), properties / required / additionalProperties,
- * items / minItems / maxItems, enum, const, anyOf / oneOf (alternatives that start
- * differently), allOf of one schema, $ref into the same document ($defs, definitions,
- * "#"), and annotations (title, description, default, examples, ...), which are ignored.
- * A keyword that constrains values in a way the grammar cannot hold (pattern, format,
- * minimum, minLength, ...) is refused with its path rather than ignored: an output that
- * does not match the schema is worse than a 400 that says why.
+ * zod schemas): type (one or a list), properties / required / additionalProperties (maps
+ * too), items / minItems / maxItems, a string's format (date, time, date-time, uuid) or
+ * minLength / maxLength, an integer's bounds, enum, const, anyOf / oneOf (alternatives that
+ * start differently), allOf of one schema, $ref into the same document ($defs,
+ * definitions, "#"), and annotations (title, description, default, examples, ...), which
+ * are ignored. A keyword that constrains values in a way the grammar cannot hold
+ * (pattern, multipleOf, a number's bounds, ...) is refused with its path rather than
+ * ignored: an output that does not match the schema is worse than a 400 that says why.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,10 +24,31 @@
 /* Integer bounds are held within +-2^62 (a model writes no more digits than that). */
 #define RANGE_LIMIT ((int64_t)1 << 62)
 
-/* minimum, maximum, exclusiveMinimum, exclusiveMaximum: held on integers only. */
+/* The keywords that constrain one type each (without a "type" they imply it). The range
+ * words are held on integers only, in this order (compile_range). */
+static const char *const object_words[] = { "properties", "required", "additionalProperties", NULL };
+static const char *const array_words[] = { "items", "minItems", "maxItems", NULL };
+static const char *const string_words[] = { "format", "minLength", "maxLength", NULL };
 static const char *const range_words[] = {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL,
 };
+
+/* The first of words that sch has, or NULL. */
+static const char *first_present(const json_t *sch, const char *const *words) {
+    for (int i = 0; words[i]; i++)
+        if (json_object_get(sch, words[i])) return words[i];
+    return NULL;
+}
+
+/* The first keyword of a type group that sch has, or NULL. */
+static const char *typed_keyword(const json_t *sch) {
+    const char *const *groups[] = { object_words, array_words, string_words, range_words };
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+        const char *k = first_present(sch, groups[g]);
+        if (k) return k;
+    }
+    return NULL;
+}
 
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
@@ -40,8 +62,7 @@ static const char *const unsupported[] = {
 typedef struct {
     const json_t *doc;   /* the whole schema, for $ref */
     JsonSchema *s;
-    const json_t **seen; /* schema objects compiled so far, and their nodes */
-    int *seen_node;
+    struct { const json_t *sch; int node; } *seen; /* schema objects compiled so far */
     int n_seen, cap_seen;
     char **node_path;    /* where each node was compiled, for json_schema_finish's errors */
     int cap_paths;
@@ -74,15 +95,13 @@ static int compile(Compiler *c, const json_t *sch);
 static int remember(Compiler *c, const json_t *sch, int node) {
     if (c->n_seen == c->cap_seen) {
         int cap = c->cap_seen ? 2 * c->cap_seen : 16;
-        const json_t **seen = realloc(c->seen, (size_t)cap * sizeof *seen);
-        if (seen) c->seen = seen;
-        int *nodes = seen ? realloc(c->seen_node, (size_t)cap * sizeof *nodes) : NULL;
-        if (!nodes) return fail(c, "%s", "out of memory");
-        c->seen_node = nodes;
+        void *seen = realloc(c->seen, (size_t)cap * sizeof *c->seen);
+        if (!seen) return fail(c, "%s", "out of memory");
+        c->seen = seen;
         c->cap_seen = cap;
     }
-    c->seen[c->n_seen] = sch;
-    c->seen_node[c->n_seen++] = node;
+    c->seen[c->n_seen].sch = sch;
+    c->seen[c->n_seen++].node = node;
     return 0;
 }
 
@@ -377,9 +396,8 @@ static int compile_type(Compiler *c, int node, const json_t *sch, const char *ty
             json_schema_set_kind(c->s, node, leaves[i].kind);
             if (leaves[i].kind == JS_STRING) return compile_string(c, node, sch);
             if (leaves[i].kind == JS_INTEGER) return compile_range(c, node, sch);
-            for (int k = 0; leaves[i].kind == JS_NUMBER && range_words[k]; k++)
-                if (json_object_get(sch, range_words[k]))
-                    return fail(c, "'%s' is supported on integers only", range_words[k]);
+            const char *bound = leaves[i].kind == JS_NUMBER ? first_present(sch, range_words) : NULL;
+            if (bound) return fail(c, "'%s' is supported on integers only", bound);
             return 0; /* (on booleans and null the bounds say nothing) */
         }
     }
@@ -401,24 +419,15 @@ static int compile_type_list(Compiler *c, int node, const json_t *sch, const jso
     return set_choices(c, node, kids, n);
 }
 
-/* Constraints a value of an enum or of alternatives would have to meet as well: refused
- * beside them (as is "type" beside alternatives; an enum's values are filtered by it). */
-static const char *const beside_enum[] = {
-    "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", NULL,
-};
-
 static int compile_body(Compiler *c, int node, const json_t *sch) {
-    for (int i = 0; unsupported[i]; i++)
-        if (json_object_get(sch, unsupported[i]))
-            return fail(c, "'%s' is not supported (the output could not be held to it)",
-                        unsupported[i]);
+    const char *no = first_present(sch, unsupported);
+    if (no) return fail(c, "'%s' is not supported (the output could not be held to it)", no);
     const json_t *type = json_object_get(sch, "type");
     const json_t *v;
-    const char *key = NULL;
-    for (int i = 0; !key && beside_enum[i]; i++)
-        if (json_object_get(sch, beside_enum[i])) key = beside_enum[i];
+    /* A type's own constraints are refused beside an enum or alternatives, whose values
+     * would have to meet them as well (as is "type" beside alternatives; an enum's values
+     * are filtered by it). */
+    const char *key = typed_keyword(sch);
     bool is_enum = json_object_get(sch, "enum") || json_object_get(sch, "const");
     if (is_enum && key) return fail(c, "'%s' beside 'enum' or 'const' is not supported", key);
     if (json_object_get(sch, "enum") && json_object_get(sch, "const"))
@@ -444,18 +453,12 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
     if (type) return fail(c, "%s", "'type' must be a type name or a list of them");
     /* No type: the keywords say which one (JSON Schema would let other types through too;
      * writing the type they constrain is a valid subset). */
-    static const char *const object_words[] = { "properties", "required", "additionalProperties", NULL };
-    static const char *const array_words[] = { "items", "minItems", "maxItems", NULL };
-    bool object = false, array = false;
-    for (int i = 0; object_words[i]; i++) object |= json_object_get(sch, object_words[i]) != NULL;
-    for (int i = 0; array_words[i]; i++) array |= json_object_get(sch, array_words[i]) != NULL;
+    bool object = first_present(sch, object_words), array = first_present(sch, array_words);
     if (object && array) return fail(c, "%s", "object and array keywords without a 'type'");
     if (object) return compile_object(c, node, sch);
     if (array) return compile_array(c, node, sch);
-    if (json_object_get(sch, "format") || json_object_get(sch, "minLength") || json_object_get(sch, "maxLength"))
-        return compile_type(c, node, sch, "string");
-    for (int k = 0; range_words[k]; k++)
-        if (json_object_get(sch, range_words[k])) return compile_type(c, node, sch, "integer");
+    if (first_present(sch, string_words)) return compile_type(c, node, sch, "string");
+    if (first_present(sch, range_words)) return compile_type(c, node, sch, "integer");
     return 0; /* no constraint: any value (the node's kind from json_schema_add_node) */
 }
 
@@ -494,7 +497,7 @@ static int compile(Compiler *c, const json_t *sch) {
     if (json_is_true(sch)) return add_node(c);
     if (!json_is_object(sch)) return fail(c, "%s", "a schema must be an object");
     for (int i = 0; i < c->n_seen; i++)
-        if (c->seen[i] == sch) return c->seen_node[i];
+        if (c->seen[i].sch == sch) return c->seen[i].node;
     if (++c->nesting > MAX_NESTING) return fail(c, "%s", "nested too deeply (or a $ref loop)");
     int node;
     const json_t *all = json_object_get(sch, "allOf");
@@ -527,7 +530,6 @@ int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e)
         root = fail_build(&c, err);
     }
     free(c.seen);
-    free(c.seen_node);
     for (int i = 0; i < c.cap_paths; i++) free(c.node_path[i]);
     free(c.node_path);
     if (root < 0) {

@@ -240,9 +240,12 @@ int json_schema_add_choice(JsonSchema *s, int node, int choice, char *err, size_
 
 /* ---- finishing: first bytes, checks --------------------------------------------------- */
 
+static void first_put(uint64_t set[4], unsigned char c) {
+    set[c / 64] |= 1ull << (c % 64);
+}
+
 static void first_add(uint64_t set[4], const char *bytes) {
-    for (const unsigned char *b = (const unsigned char *)bytes; *b; b++)
-        set[*b / 64] |= 1ull << (*b % 64);
+    for (const unsigned char *b = (const unsigned char *)bytes; *b; b++) first_put(set, *b);
 }
 
 static bool first_has(const uint64_t set[4], unsigned char c) {
@@ -272,10 +275,8 @@ static int first_bytes(JsonSchema *s, int node, uint8_t *seen, char *err, size_t
     case JS_NULL: first_add(set, "n"); break;
     case JS_LITERALS:
         if (n->count == 0) return set_err(err, err_len, "an enum without values");
-        for (int i = 0; i < n->count; i++) {
-            unsigned char c = (unsigned char)s->text[s->lits[n->first_lit + i].off];
-            set[c / 64] |= 1ull << (c % 64);
-        }
+        for (int i = 0; i < n->count; i++)
+            first_put(set, (unsigned char)s->text[s->lits[n->first_lit + i].off]);
         break;
     case JS_ANY_OF:
         if (n->count == 0) return set_err(err, err_len, "anyOf without alternatives");
@@ -419,10 +420,15 @@ static uint64_t low_bits(int n) {
     return n >= 64 ? ~0ull : (1ull << n) - 1;
 }
 
-/* Whether a value of node, opened below the frames in use, can be finished within
+/* Whether a value of node, in a frame above `below` others, can be finished within
  * JSON_SCHEMA_MAX_DEPTH: then nothing inside it can lead to a dead end. */
+static bool fits_above(int below, const JsonSchema *s, int node) {
+    return (int64_t)below + s->nodes[node].min_depth <= JSON_SCHEMA_MAX_DEPTH;
+}
+
+/* The same for a value opened above the frames in use. */
 static bool fits(const JsonSchemaState *st, const JsonSchema *s, int node) {
-    return (int64_t)st->depth + s->nodes[node].min_depth <= JSON_SCHEMA_MAX_DEPTH;
+    return fits_above(st->depth, s, node);
 }
 
 static void push(JsonSchemaState *st, int node) {
@@ -448,10 +454,8 @@ void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonS
     json_schema_state_trial(out, st);
     if (st->scalar_on) json_prefix_canonical(&st->scalar, &out->scalar);
     else memset(&out->scalar, 0, sizeof out->scalar);
+    /* pos and cand are zero wherever the phase does not use them (push, literal_done). */
     JsonSchemaFrame *top = st->depth ? &out->frames[st->depth - 1] : NULL;
-    if (top && top->phase != P_LITERAL && top->phase != P_OBJ_KEY && top->phase != P_FORMAT &&
-        top->phase != P_SCALAR)
-        top->pos = 0, top->cand = 0;
     if (top && top->phase == P_SCALAR && s->nodes[top->node].kind == JS_STRING &&
         s->nodes[top->node].max_items < 0 &&
         top->index > s->nodes[top->node].min_items)
@@ -597,18 +601,16 @@ static bool range_byte(const Node *n, JsonSchemaFrame *f, unsigned char c) {
 static ByteResult scalar_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                               unsigned char c) {
     const Node *n = &s->nodes[f->node];
-    if (bounded_integer(n)) { /* the range decides first, also for the byte that ends it */
-        JsonSchemaFrame ranged = *f;
-        if (!range_byte(n, &ranged, c)) return fail(st);
-        *f = ranged;
-    }
+    /* (range_byte and length_byte move f on in place: a refused byte fails the state, and a
+     * failed state is never read again) */
+    if (bounded_integer(n) && !range_byte(n, f, c)) /* first, also for the byte ending it */
+        return fail(st);
     bool fraction = c == '.' || c == 'e' || c == 'E';
     JsonPrefix trial = st->scalar;
-    JsonSchemaFrame counted = *f;
-    if (!(n->kind == JS_INTEGER && fraction) && json_prefix_feed(&trial, (const char *)&c, 1) &&
-        (!bounded_string(n) || length_byte(n, &counted, json_prefix_string_at(&st->scalar), c))) {
+    if (!(n->kind == JS_INTEGER && fraction) && json_prefix_feed(&trial, (const char *)&c, 1)) {
+        if (bounded_string(n) && !length_byte(n, f, json_prefix_string_at(&st->scalar), c))
+            return fail(st);
         st->scalar = trial;
-        *f = counted;
         if (json_prefix_complete(&trial)) pop(st, s);
         return B_TAKEN;
     }
@@ -681,7 +683,7 @@ static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSche
     int node = resolve(s, f->node, c);
     bool free_ws = node >= 0 && is_free(s, node) && is_ws(c);
     if (node < 0 || !(first_has(s->nodes[node].first, c) || free_ws)) return fail(st);
-    if ((int64_t)st->depth - 1 + s->nodes[node].min_depth > JSON_SCHEMA_MAX_DEPTH) return fail(st);
+    if (!fits_above(st->depth - 1, s, node)) return fail(st); /* (f is in use already) */
     f->node = (int16_t)node;
     const Node *n = &s->nodes[node];
     switch ((JsonSchemaKind)n->kind) {

@@ -57,8 +57,8 @@ struct Request {
     int32_t n_stop;
     int32_t logprobs;
     bool prompt_logprobs;
-    bool json_object;
-    JsonSchema *json_schema; /* json_object: a copy of the caller's, or any object (owned) */
+    JsonSchema *json_schema; /* the request's json_object: a copy of the caller's schema, or
+                              * any object (owned); NULL: output unconstrained */
     uint64_t cache_salt;
 
     bool cancelled;

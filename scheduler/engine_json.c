@@ -119,8 +119,8 @@ static bool bytes_fit(const Seq *s, const char *bytes, size_t n)
     return json_schema_feed(&trial, s->req->json_schema, bytes, n);
 }
 
-/* Would token t keep s's output a JSON object's prefix? (A token with no text is never
- * drawn: end-of-generation comes from the object closing, not from EOS.) */
+/* Would token t keep s's output on its schema? (A token with no text is never drawn:
+ * end-of-generation comes from the object closing, not from EOS.) */
 static bool token_fits(const Engine *e, const Seq *s, int32_t t)
 {
     if (e->token_len[t] <= 0)
@@ -148,10 +148,12 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
         if (x->used < slot->used)
             slot = x;
     }
-    json_schema_free(slot->schema);
     slot->used = 0; /* empty until filled */
-    if (!(slot->schema = json_schema_copy(schema)))
-        return NULL;
+    if (!slot->schema || !json_schema_equal(slot->schema, schema)) { /* most misses: the same */
+        json_schema_free(slot->schema);
+        if (!(slot->schema = json_schema_copy(schema)))
+            return NULL;
+    }
     memset(slot->bits, 0, c->words * sizeof(uint64_t));
     slot->allowed = 0;
     /* Most tokens fail on their first byte outside strings: try each byte value once. */

@@ -106,18 +106,18 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
 {
     Request *r = s->req;
     int32_t token;
-    if (sampler_is_plain_greedy(&r->sampling) && !r->json_object) { /* row unmodified: no copy */
+    if (sampler_is_plain_greedy(&r->sampling) && !r->json_schema) { /* row unmodified: no copy */
         token = sampler_argmax(raw, e->ops.n_vocab);
     } else {
         memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
-        if (r->json_object && engine_json_mask(e, s, e->scratch_logits) == 0) {
+        if (r->json_schema && engine_json_mask(e, s, e->scratch_logits) == 0) {
             seq_finish(e, s, FINISH_LENGTH, NULL); /* no token continues the JSON: a dead end */
             return;
         }
         token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
                                s->tokens + r->n_prompt, s->n_generated);
     }
-    bool json_done = r->json_object && engine_json_advance(e, s, token);
+    bool json_done = r->json_schema && engine_json_advance(e, s, token);
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
     e->generation_tokens++;

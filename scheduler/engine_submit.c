@@ -120,7 +120,6 @@ static Request *request_copy(const EngineRequest *q)
     r->ignore_eos = q->ignore_eos;
     r->logprobs = q->logprobs;
     r->prompt_logprobs = q->prompt_logprobs;
-    r->json_object = q->json_object;
     r->cache_salt = q->cache_salt;
     detok_init(&r->prompt_detok, true);
     r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);
