@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) __m256 load_w8(const void *p, size_
  * loops unroll and acc and wv live in registers. While it runs, `next` (the panels the
  * following block reads) is prefetched: the first block over a panel would otherwise wait
  * on memory, the others find it in L2; and the lines of pf (the next sub-item's W, see
- * sub_item) are asked for into L2, one per step of k (pf.n is at most in). */
+ * sub_item) are asked for into L2, evenly spaced over the steps of k (pf.n is at most in). */
 static inline __attribute__((always_inline)) void
 block(float *y, int ldy, const float *x, int ldx, const void *p, const void *next,
       MatmulPrefetch pf, size_t panel_elems, int in, int mr, int np, int cols, float beta, int f16)
@@ -73,12 +73,17 @@ block(float *y, int ldy, const float *x, int ldx, const void *p, const void *nex
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < 2 * np; v++)
             acc[i][v] = _mm256_setzero_ps();
+    int pf_every = pf.n > 0 && pf.n < in ? in / pf.n : 1, pf_wait = 0;
     for (int k = 0; k < in; k++) {
         size_t at = (size_t)k * MATMUL_PANEL;
         for (int j = 0; j < np; j++)
             _mm_prefetch((const char *)next + (at + j * panel_elems) * esize, _MM_HINT_T0);
-        if (k < pf.n)
-            _mm_prefetch(pf.p + (size_t)k * 64, _MM_HINT_T1);
+        if (pf.n > 0 && --pf_wait <= 0) {
+            _mm_prefetch(pf.p, _MM_HINT_T1);
+            pf.p += 64;
+            pf.n--;
+            pf_wait = pf_every;
+        }
         for (int j = 0; j < np; j++) {
             wv[2 * j] = load_w8(p, at + j * panel_elems, f16);
             wv[2 * j + 1] = load_w8(p, at + j * panel_elems + 8, f16);
@@ -95,7 +100,7 @@ block(float *y, int ldy, const float *x, int ldx, const void *p, const void *nex
 }
 
 /* mr rows against panels [p0, p1): np panels at a time, then one at a time; pf is asked
- * for while the first of them runs. */
+ * for while they run (matmul_prefetch_pace says over how many of them). */
 static inline __attribute__((always_inline)) void
 sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16, MatmulPrefetch pf)
 {
@@ -104,13 +109,12 @@ sweep(const MatmulTask *t, int r, int p0, int p1, int mr, int np, int f16, Matmu
     const char *panels = t->panels;
     const float *x = t->x + (size_t)r * t->ldx;
     float *yr = t->y + (size_t)r * t->ldy;
-    int p = p0;
-    for (; p + np <= p1; p += np) {
+    int p = p0, calls = matmul_prefetch_pace(pf.n, t->in, (p1 - p0) / np);
+    for (; p + np <= p1; p += np, calls--) {
         const char *w = panels + p * panel_bytes;
         const char *next = p + 2 * np <= p1 ? w + np * panel_bytes : w;
-        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, pf, panel_elems, t->in, mr, np,
-              t->out - p * MATMUL_PANEL, t->beta, f16);
-        pf.n = 0;
+        block(yr + p * MATMUL_PANEL, t->ldy, x, t->ldx, w, next, matmul_prefetch_split(&pf, calls),
+              panel_elems, t->in, mr, np, t->out - p * MATMUL_PANEL, t->beta, f16);
     }
     for (; p < p1; p++) {
         const char *w = panels + p * panel_bytes;

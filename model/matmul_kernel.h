@@ -98,6 +98,30 @@ static inline MatmulPrefetch matmul_prefetch_take(MatmulPrefetch *rest, int bloc
     return pf;
 }
 
+/* Over how many of a sweep's `calls` panel blocks (of `in` steps of k each) a row block
+ * spreads its share of n lines: a dense share (over half a panel's steps: a sub-item of
+ * few row blocks, as decode's 32 rows) over all of them, so that the stream stays steady
+ * instead of a burst per block; a sparser one within the first block, as before. Zen 3,
+ * bench matmul --rows 32 --best, mean over the five shapes, binaries alternated: one
+ * thread 78.7 -> 82.8 GFLOP/s (6 alternations, 5 won), two threads 154.0 -> 159.0 (10, 8
+ * won). Spreading sparse shares too measured worse: 64 rows, two threads 152.6 -> 134.8
+ * (5 of 5 lost); 256 rows, one thread 92.4 -> 76.6. */
+static inline int matmul_prefetch_pace(int n, int in, int calls)
+{
+    return n * 2 > in && calls > 1 ? calls : 1;
+}
+
+/* The part of rest a panel block asks for when `calls` blocks (this one included) share
+ * it: an equal share, taken off rest (all of it when calls <= 1; nothing when calls <= 0). */
+static inline MatmulPrefetch matmul_prefetch_split(MatmulPrefetch *rest, int calls)
+{
+    int n = calls <= 0 ? 0 : (rest->n + calls - 1) / calls;
+    MatmulPrefetch part = { rest->p, n };
+    rest->p += (size_t)n * 64;
+    rest->n -= n;
+    return part;
+}
+
 /* The lines of the sub-item that follows the one ending at panel q1, in a share ending at
  * p1 walked `sub` panels at a time: what that sub-item's later row blocks prefetch. */
 static inline MatmulPrefetch matmul_next_sub_item(const void *panels, size_t panel_bytes, int q1,

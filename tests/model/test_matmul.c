@@ -662,6 +662,42 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, KernelRun *a
     return bad;
 }
 
+/* The prefetch schedule asks for every line of the next sub-item once, in order: shared
+ * among a sub-item's row blocks (none for the first, at most `in` each), then each block's
+ * share over its sweep's panel blocks (all in the first unless dense). A line skipped
+ * would only be slower, so check the arithmetic here rather than trust a benchmark. */
+static void test_prefetch_schedule(void **state)
+{
+    (void)state;
+    static const int ins[] = { 768, 2048, 64 };
+    for (size_t t = 0; t < sizeof ins / sizeof ins[0]; t++)
+        for (int rows = MATMUL_PREFETCH_ROWS; rows <= 256; rows += 7)
+            for (int lines = 0; lines <= 4096; lines += 1021) {
+                int in = ins[t], blocks = (rows + 5) / 6, calls = 4;
+                MatmulPrefetch rest = { (const char *)0x1000, lines };
+                const char *want = rest.p;
+                int asked = 0;
+                for (int b = 0; b < blocks; b++) {
+                    MatmulPrefetch share = matmul_prefetch_take(&rest, b, blocks, in);
+                    assert_true(share.n >= 0 && share.n <= in);
+                    if (b == 0)
+                        assert_int_equal(share.n, 0);
+                    int pace = matmul_prefetch_pace(share.n, in, calls);
+                    assert_true(pace == 1 || (pace == calls && share.n * 2 > in));
+                    for (int j = 0, c = pace; j < calls; j++, c--) {
+                        MatmulPrefetch part = matmul_prefetch_split(&share, c);
+                        assert_ptr_equal(part.p, want);
+                        want += (size_t)part.n * 64;
+                        asked += part.n;
+                    }
+                    assert_int_equal(share.n, 0);
+                }
+                /* Blocks after the first can take `in` lines each; the rest is not asked. */
+                int room = (blocks - 1) * in;
+                assert_int_equal(asked, lines < room ? lines : room);
+            }
+}
+
 /* The AVX-512 kernel for F32 and F16 panels gives the AVX2 kernel's results bit for bit
  * (matmul_avx512.c: the same FMAs in the same order), for every row count up to a few
  * 6-row blocks and their tails, partial last panels, whole and split panel ranges (4-, 2-
@@ -722,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_long_inputs),
         cmocka_unit_test(test_i8_special_inputs),
         cmocka_unit_test(test_i8_extremes),
+        cmocka_unit_test(test_prefetch_schedule),
         cmocka_unit_test(test_avx512_kernel_matches_avx2),
         cmocka_unit_test(test_i8_vnni_kernel_matches_avx2),
     };
