@@ -250,7 +250,8 @@ static int check_model(const GgufFile *f, bool *bpe, BpePre *pre, char *err, siz
         model_errorf(err, err_len, "tokenizer: byte-level BPE with pre-tokenizer \"%s\" "
                 "(tokenizer.ggml.pre) is not supported; supported are SentencePiece \"llama\" "
                 "vocabularies and byte-level BPE with pre-tokenizer \"llama-bpe\" (Llama 3), "
-                "\"smollm\", \"starcoder\", \"refact\" or \"gpt-2\"", name);
+                "\"smollm\", \"starcoder\", \"refact\", \"deepseek-coder\", \"deepseek-llm\" or "
+                "\"gpt-2\"", name);
         return -1;
     }
     return 0;

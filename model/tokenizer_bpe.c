@@ -18,7 +18,8 @@ int bpe_pre_from_name(GgufStr name, BpePre *out)
     static const struct { const char *name; BpePre pre; } known[] = {
         {"gpt-2", BPE_PRE_GPT2}, {"llama-bpe", BPE_PRE_LLAMA3}, {"llama3", BPE_PRE_LLAMA3},
         {"llama-v3", BPE_PRE_LLAMA3}, {"smollm", BPE_PRE_DIGITS}, {"starcoder", BPE_PRE_DIGITS},
-        {"refact", BPE_PRE_DIGITS},
+        {"refact", BPE_PRE_DIGITS}, {"deepseek-coder", BPE_PRE_DEEPSEEK_CODER},
+        {"deepseek-llm", BPE_PRE_DEEPSEEK_LLM},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (name.len == strlen(known[i].name) && memcmp(name.ptr, known[i].name, name.len) == 0) {
@@ -183,8 +184,150 @@ static size_t split_stretch(BpePre pre, const uint32_t *cps, size_t from, size_t
     return words;
 }
 
+/* Expressions that isolate their matches (a tokenizer's Sequence of Splits): each returns
+ * the end of its match at i, or i when none starts there. */
+typedef size_t IsolateFn(const Text *t, size_t i);
+
+static size_t newline_char(const Text *t, size_t i) { return is_newline(t, i) ? i + 1 : i; }
+
+static bool is_punct(const Text *t, size_t i) { return i < t->n && unicode_is_punct(t->cps[i]); }
+
+/* \s?X+ for a class X: the run of X at i, or after one space at i. */
+static size_t space_then_letters(const Text *t, size_t i)
+{
+    size_t j = cls(t, i) == UCLASS_SPACE && cls(t, i + 1) == UCLASS_LETTER ? i + 1 : i;
+    return cls(t, j) == UCLASS_LETTER ? run_of(t, j, UCLASS_LETTER) : i;
+}
+
+static size_t space_then_punct(const Text *t, size_t i)
+{
+    size_t j = cls(t, i) == UCLASS_SPACE && is_punct(t, i + 1) ? i + 1 : i;
+    if (!is_punct(t, j)) return i;
+    while (is_punct(t, j)) j++;
+    return j;
+}
+
+/* [\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+ (CJK ideographs, most scripts from
+ * Samaritan to CJK, Hangul syllables). */
+static bool is_cjk_span(const Text *t, size_t i)
+{
+    if (i >= t->n) return false;
+    uint32_t c = t->cps[i];
+    return (c >= 0x0800 && c <= 0x9fa5) || (c >= 0xac00 && c <= 0xd7ff);
+}
+
+static size_t cjk_run(const Text *t, size_t i)
+{
+    while (is_cjk_span(t, i)) i++;
+    return i;
+}
+
+static size_t number_char(const Text *t, size_t i) { return cls(t, i) == UCLASS_NUMBER ? i + 1 : i; }
+
+static IsolateFn *const deepseek_coder[] = {newline_char, space_then_letters, space_then_punct,
+                                           cjk_run, number_char};
+
+/* DeepSeek LLM's letters: the class its tokenizer.json spells out (the cased letters of
+ * an older Unicode, not \p{L}), as inclusive ranges. */
+static const UnicodeRange deepseek_letters[] = {
+    {0x0041, 0x005a}, {0x0061, 0x007a}, {0x00b5, 0x00b5}, {0x00c0, 0x00d6}, {0x00d8, 0x00f6},
+    {0x00f8, 0x01ba}, {0x01bc, 0x01bf}, {0x01c4, 0x0293}, {0x0295, 0x02af}, {0x0370, 0x0373},
+    {0x0376, 0x0377}, {0x037b, 0x037d}, {0x037f, 0x037f}, {0x0386, 0x0386}, {0x0388, 0x038a},
+    {0x038c, 0x038c}, {0x038e, 0x03a1}, {0x03a3, 0x03f5}, {0x03f7, 0x0481}, {0x048a, 0x052f},
+    {0x0531, 0x0556}, {0x10a0, 0x10c5}, {0x13a0, 0x13f5}, {0x13f8, 0x13fd}, {0x1c90, 0x1cba},
+    {0x1cbd, 0x1cbf}, {0x1d00, 0x1d2b}, {0x1d6b, 0x1d77}, {0x1d79, 0x1d9a}, {0x1e00, 0x1f15},
+    {0x1f18, 0x1f1d}, {0x1f20, 0x1f45}, {0x1f48, 0x1f4d}, {0x1f50, 0x1f57}, {0x1f59, 0x1f59},
+    {0x1f5b, 0x1f5b}, {0x1f5d, 0x1f5d}, {0x1f5f, 0x1f7d}, {0x1f80, 0x1fb4}, {0x1fb6, 0x1fbc},
+    {0x1fbe, 0x1fbe}, {0x1fc2, 0x1fc4}, {0x1fc6, 0x1fcc}, {0x1fd0, 0x1fd3}, {0x1fd6, 0x1fdb},
+    {0x1fe0, 0x1fec}, {0x1ff2, 0x1ff4}, {0x1ff6, 0x1ffc}, {0x2102, 0x2102}, {0x2107, 0x2107},
+    {0x210a, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211d}, {0x2124, 0x2124}, {0x2126, 0x2126},
+    {0x2128, 0x2128}, {0x212a, 0x212d}, {0x212f, 0x2134}, {0x2139, 0x2139}, {0x213c, 0x213f},
+    {0x2145, 0x2149}, {0x214e, 0x214e}, {0x2183, 0x2184}, {0x2c00, 0x2c7b}, {0x2c7e, 0x2ce4},
+    {0x2ceb, 0x2cee}, {0x2cf2, 0x2cf3}, {0xa640, 0xa66d}, {0xa680, 0xa69b}, {0xa722, 0xa76f},
+    {0xa771, 0xa787}, {0xa78b, 0xa78e}, {0xab70, 0xabbf}, {0xfb00, 0xfb06}, {0xfb13, 0xfb17},
+    {0xff21, 0xff3a}, {0xff41, 0xff5a}, {0x10400, 0x1044f}, {0x104b0, 0x104d3},
+    {0x104d8, 0x104fb}, {0x10c80, 0x10cb2}, {0x10cc0, 0x10cf2}, {0x118a0, 0x118df},
+    {0x1e900, 0x1e943},
+};
+
+/* Its punctuation: [!-/:-~！-／：-～‘-‟　-。] (ASCII's symbols too, their full-width forms,
+ * quotation marks, ideographic space, comma and full stop). */
+static const UnicodeRange deepseek_punct[] = {
+    {0x0021, 0x002f}, {0x003a, 0x007e}, {0x2018, 0x201f}, {0x3000, 0x3002},
+    {0xff01, 0xff0f}, {0xff1a, 0xff5e},
+};
+
+static bool in_set(const UnicodeRange *r, size_t n, const Text *t, size_t i)
+{
+    if (i >= t->n) return false;
+    for (size_t k = 0; k < n; k++)
+        if (t->cps[i] >= r[k].first && t->cps[i] <= r[k].last) return true;
+    return false;
+}
+
+/* \s?[set]+ for DeepSeek LLM's two sets. */
+static size_t space_then_set(const UnicodeRange *r, size_t n, const Text *t, size_t i)
+{
+    size_t j = cls(t, i) == UCLASS_SPACE && in_set(r, n, t, i + 1) ? i + 1 : i;
+    if (!in_set(r, n, t, j)) return i;
+    while (in_set(r, n, t, j)) j++;
+    return j;
+}
+
+static size_t deepseek_letter_run(const Text *t, size_t i)
+{
+    return space_then_set(deepseek_letters, sizeof deepseek_letters / sizeof deepseek_letters[0], t, i);
+}
+
+static size_t deepseek_punct_run(const Text *t, size_t i)
+{
+    return space_then_set(deepseek_punct, sizeof deepseek_punct / sizeof deepseek_punct[0], t, i);
+}
+
+/* \s+$: the white space from i, if it runs to the end of the word. */
+static size_t trailing_space(const Text *t, size_t i)
+{
+    size_t end = run_of(t, i, UCLASS_SPACE);
+    return end > i && end == t->n ? end : i;
+}
+
+static size_t number_run(const Text *t, size_t i) { return run_of(t, i, UCLASS_NUMBER); }
+
+static IsolateFn *const deepseek_llm[] = {newline_char, deepseek_letter_run, deepseek_punct_run,
+                                         trailing_space, cjk_run, number_run};
+
+/* Words of cps[from, to) by expressions[0, n_expr): the first one's matches and the
+ * stretches between them, each cut by the rest in turn (an expression sees only the word
+ * it cuts); their ends appended at ends. */
+static size_t split_isolating(IsolateFn *const *expr, int n_expr, const uint32_t *cps,
+                              size_t from, size_t to, size_t *ends)
+{
+    if (to <= from) return 0;
+    if (n_expr == 0) {
+        ends[0] = to;
+        return 1;
+    }
+    Text t = {cps + from, to - from};
+    size_t words = 0, gap = 0;
+    for (size_t i = 0; i < t.n;) {
+        size_t end = expr[0](&t, i);
+        if (end <= i) {
+            i++;
+            continue;
+        }
+        words += split_isolating(expr + 1, n_expr - 1, cps, from + gap, from + i, ends + words);
+        words += split_isolating(expr + 1, n_expr - 1, cps, from + i, from + end, ends + words);
+        gap = i = end;
+    }
+    return words + split_isolating(expr + 1, n_expr - 1, cps, from + gap, to, ends + words);
+}
+
 size_t bpe_split_words(BpePre pre, const uint32_t *cps, size_t n, size_t *ends)
 {
+    if (pre == BPE_PRE_DEEPSEEK_CODER)
+        return split_isolating(deepseek_coder, 5, cps, 0, n, ends);
+    if (pre == BPE_PRE_DEEPSEEK_LLM)
+        return split_isolating(deepseek_llm, 6, cps, 0, n, ends);
     if (pre != BPE_PRE_DIGITS) return split_stretch(pre, cps, 0, n, ends);
     size_t words = 0, from = 0;
     for (size_t i = 0; i <= n; i++) {

@@ -17,6 +17,13 @@ typedef enum {
                      * expression on each stretch between them */
     BPE_PRE_LLAMA3, /* "llama-bpe" (Llama 3): (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
                      * \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+    BPE_PRE_DEEPSEEK_CODER, /* "deepseek-coder": five expressions in turn, each cutting every
+                             * word so far into its matches and the stretches between
+                             * them: [\r\n], \s?\p{L}+, \s?\p{P}+, [\u4e00-\u9fa5
+                             * \u0800-\u4e00\uac00-\ud7ff]+, \p{N} */
+    BPE_PRE_DEEPSEEK_LLM, /* "deepseek-llm": the same way, [\r\n], \s?[cased letters]+,
+                           * \s?[ASCII and full-width punctuation and symbols]+, \s+$,
+                           * the CJK span above, \p{N}+ (tokenizer_bpe.c has the sets) */
 } BpePre;
 
 /* The pre-tokenizer a tokenizer.ggml.pre value names; -1 for one not implemented here. */

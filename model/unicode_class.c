@@ -38,3 +38,8 @@ UnicodeClass unicode_class(uint32_t cp)
     if (in_ranges(unicode_numbers, unicode_numbers_count, cp)) return UCLASS_NUMBER;
     return UCLASS_OTHER;
 }
+
+bool unicode_is_punct(uint32_t cp)
+{
+    return in_ranges(unicode_punct, unicode_punct_count, cp);
+}

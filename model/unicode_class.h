@@ -1,9 +1,11 @@
 /* unicode_class — the three character classes byte-level BPE pre-tokenizers tell apart:
- * \p{L} (letters), \p{N} (numbers) and \s (White_Space), everything else being "other".
+ * \p{L} (letters), \p{N} (numbers) and \s (White_Space), everything else being "other";
+ * and \p{P} (punctuation), a part of "other" that some of them match on its own.
  * Internal to model/ (tokenizer_bpe.c). */
 #ifndef PAGEDSERVE_MODEL_UNICODE_CLASS_H
 #define PAGEDSERVE_MODEL_UNICODE_CLASS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,7 +20,11 @@ extern const UnicodeRange unicode_letters[];
 extern const size_t unicode_letters_count;
 extern const UnicodeRange unicode_numbers[];
 extern const size_t unicode_numbers_count;
+extern const UnicodeRange unicode_punct[];
+extern const size_t unicode_punct_count;
 
 UnicodeClass unicode_class(uint32_t cp);
+/* General category P* (Pc, Pd, Ps, Pe, Pi, Pf, Po). */
+bool unicode_is_punct(uint32_t cp);
 
 #endif

@@ -1,7 +1,8 @@
 /* fuzz_bpe — byte-level BPE (model/tokenizer.h with a "gpt2" vocabulary, tokenizer_bpe.h)
  * on arbitrary text.
  *
- * Input: byte 0 picks the pre-tokenizer (Llama 3, GPT-2 or SmolLM's) and add_bos; the
+ * Input: byte 0 picks the pre-tokenizer (Llama 3, GPT-2, SmolLM's, DeepSeek Coder's or
+ * DeepSeek LLM's) and add_bos; the
  * rest is the text. The vocabulary is built once per pre-tokenizer: the 256 byte characters, then the
  * results of a fixed list of merge rules (ASCII words and digits, spaces, a two-byte
  * character, and one rule whose result is no piece).
@@ -44,7 +45,7 @@ typedef struct {
     int32_t rule_left[N_RULES], rule_right[N_RULES], rule_result[N_RULES]; /* -1: dead */
 } BpeVocab;
 
-static BpeVocab vocabs[3];
+static BpeVocab vocabs[5];
 static bool built;
 
 /* The byte-character spelling of bytes s[0..n). */
@@ -88,8 +89,11 @@ static void build(BpeVocab *b, BpePre pre) {
     b->pieces[b->n++] = strdup("<|end|>"); /* a control piece, never produced by text */
     GgufWriter *w = gguf_writer_new();
     gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre == BPE_PRE_LLAMA3 ? "llama-bpe"
-                                                 : pre == BPE_PRE_DIGITS ? "smollm" : "gpt-2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre == BPE_PRE_LLAMA3           ? "llama-bpe"
+                                                 : pre == BPE_PRE_DIGITS         ? "smollm"
+                                                 : pre == BPE_PRE_DEEPSEEK_CODER ? "deepseek-coder"
+                                                 : pre == BPE_PRE_DEEPSEEK_LLM   ? "deepseek-llm"
+                                                                                 : "gpt-2");
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)b->pieces, (uint64_t)b->n);
     int32_t *types = malloc((size_t)b->n * sizeof *types);
     if (!types) abort();
@@ -233,11 +237,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         build(&vocabs[0], BPE_PRE_LLAMA3);
         build(&vocabs[1], BPE_PRE_GPT2);
         build(&vocabs[2], BPE_PRE_DIGITS);
+        build(&vocabs[3], BPE_PRE_DEEPSEEK_CODER);
+        build(&vocabs[4], BPE_PRE_DEEPSEEK_LLM);
         built = true;
     }
     if (size == 0) return 0;
-    /* bit 0: GPT-2, else bit 2: SmolLM's, else Llama 3; bit 1: add_bos */
-    const BpeVocab *b = &vocabs[data[0] & 1 ? 1 : data[0] & 4 ? 2 : 0];
+    /* bit 0: GPT-2, else bits 2-3: Llama 3, SmolLM's, DeepSeek Coder's, DeepSeek LLM's;
+     * bit 1: add_bos */
+    static const int others[4] = {0, 2, 3, 4};
+    const BpeVocab *b = &vocabs[data[0] & 1 ? 1 : others[(data[0] >> 2) & 3]];
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     check_words(b->pre, text, len);

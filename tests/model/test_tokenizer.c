@@ -98,6 +98,16 @@ static void test_vectors_starcoder_and_refact(void **state)
     check_vectors("vocab/ggml-vocab-refact.gguf", "test_vectors_refact");
 }
 
+/* DeepSeek Coder's and DeepSeek LLM's pre-tokenizers ("deepseek-coder", "deepseek-llm";
+ * Llama-architecture model families): five or six expressions applied in turn, each
+ * isolating its matches. */
+static void test_vectors_deepseek_coder(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-deepseek-coder.gguf", "test_vectors_deepseek_coder");
+    check_vectors("vocab/ggml-vocab-deepseek-llm.gguf", "test_vectors_deepseek_llm");
+}
+
 /* Byte-level BPE loses nothing: every vector text (valid UTF-8) decodes back to itself,
  * also when fed one id at a time through a Detokenizer that was asked to strip a leading
  * space (BPE has no space prefix to strip). */
@@ -172,13 +182,13 @@ static void check_refused(const char *rel, const char *model_name, const char *w
 }
 
 /* WordPiece (BERT) is refused by its model name; byte-level BPE vocabularies whose
- * pre-tokenizer is not implemented here (Falcon's, DeepSeek's) by the pre-tokenizer's. */
+ * pre-tokenizer is not implemented here (Falcon's, MPT's) by the pre-tokenizer's. */
 static void test_refuses_bert_and_other_pretokenizers(void **state)
 {
     (void)state;
     check_refused("vocab/ggml-vocab-bert-bge.gguf", "\"bert\"", "test_refuses_bert");
     check_refused("vocab/ggml-vocab-falcon.gguf", "\"falcon\"", "test_refuses_falcon_pre");
-    check_refused("vocab/ggml-vocab-deepseek-llm.gguf", "\"deepseek-llm\"", "test_refuses_deepseek_pre");
+    check_refused("vocab/ggml-vocab-mpt.gguf", "\"mpt\"", "test_refuses_mpt_pre");
 }
 
 static void test_other_spm_vocab_loads(void **state)
@@ -852,6 +862,7 @@ int main(void)
         cmocka_unit_test(test_vectors_gpt2),
         cmocka_unit_test(test_gpt2_decodes_back),
         cmocka_unit_test(test_vectors_starcoder_and_refact),
+        cmocka_unit_test(test_vectors_deepseek_coder),
         cmocka_unit_test(test_refuses_bert_and_other_pretokenizers),
         cmocka_unit_test(test_phi3_template_special),
         cmocka_unit_test(test_other_spm_vocab_loads),
