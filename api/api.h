@@ -396,5 +396,11 @@ char *api_json_dump(struct json_t *j, size_t *len);
 size_t api_utf8_chars(const char *s, size_t n);
 /* Whether n bytes are strict UTF-8 (no overlongs, surrogates, values past U+10FFFF). */
 bool api_utf8_valid(const char *s, size_t n);
+/* A chat field we do not implement (tools, store, ...: request_neutral.c), or one of
+ * messages[message] when in_message: 1 when its value asks for nothing (null, [], false,
+ * ...: accepted and ignored), -1 with e set (400 naming it) when it asks for more, 0 when
+ * key is no such field. */
+int api_neutral_field(bool in_message, size_t message, const char *key,
+                      const struct json_t *v, ApiError *e);
 
 #endif

@@ -159,15 +159,19 @@ static const char *const chat_known_fields[] = {
     "stream_options", "cache_salt", "logit_bias", "response_format", NULL,
 };
 
+/* Unknown fields are a 400; chat also takes the fields it does not implement at their
+ * neutral values (api_neutral_field). */
 static int check_unknown_fields(const json_t *root, const char *const *known_fields,
-                                ApiError *e) {
+                                bool chat, ApiError *e) {
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)root, key, v) {
         bool known = false;
         for (int i = 0; known_fields[i]; i++)
             if (strcmp(key, known_fields[i]) == 0) known = true;
-        if (!known) {
+        int neutral = known || !chat ? 0 : api_neutral_field(false, 0, key, v, e);
+        if (neutral < 0) return -1;
+        if (!known && !neutral) {
             api_error_set(e, 400, key, "unsupported_parameter",
                           "Unrecognized request field '%s'", key);
             return -1;
@@ -599,7 +603,7 @@ static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, 
 static int read_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
                        ApiRequest *r, ApiError *e) {
     r->max_tokens_given = true; /* 16 when absent, OpenAI's default for completions */
-    return check_unknown_fields(root, known_fields, e) != 0 ||
+    return check_unknown_fields(root, known_fields, false, e) != 0 ||
                    check_unsupported(root, e) != 0 ||
                    read_model(root, served_model, r, e) != 0 ||
                    read_prompt(root, lim, r, e) != 0 ||
@@ -664,7 +668,10 @@ static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **o
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)m, key, v) {
-        if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "name")) {
+        if (!strcmp(key, "role") || !strcmp(key, "content") || !strcmp(key, "name")) continue;
+        int neutral = api_neutral_field(true, i, key, v, e);
+        if (neutral < 0) return -1;
+        if (!neutral) {
             api_error_set(e, 400, "messages", "unsupported_parameter",
                           "messages[%zu].%.64s is not supported (tools and function calls "
                           "are not)", i, key);
@@ -757,7 +764,7 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
     r->chat = true;
-    return check_unknown_fields(root, chat_known_fields, e) != 0 ||
+    return check_unknown_fields(root, chat_known_fields, true, e) != 0 ||
                    read_model(root, served_model, r, e) != 0 ||
                    read_chat_max_tokens(root, lim, r, e) != 0 ||
                    read_common(root, lim, r, e) != 0 ||

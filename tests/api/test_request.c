@@ -668,7 +668,8 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
                API_CHAT_CHATML, "messages", "'tool'");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":\"\","
-               "\"tool_calls\":[]}]}", API_CHAT_CHATML, "messages", "tool_calls");
+               "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\"}]}]}", API_CHAT_CHATML,
+               "messages", "tool_calls");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
                "\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", API_CHAT_CHATML, "messages",
                "only text");
@@ -677,7 +678,8 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\"," MSGS ",\"prompt\":\"x\"}", API_CHAT_CHATML, "prompt",
                "Unrecognized");
     chat_error("{\"model\":\"m\"," MSGS ",\"echo\":true}", API_CHAT_CHATML, "echo", "Unrecognized");
-    chat_error("{\"model\":\"m\"," MSGS ",\"tools\":[]}", API_CHAT_CHATML, "tools", "Unrecognized");
+    chat_error("{\"model\":\"m\"," MSGS ",\"tools\":[{\"type\":\"function\",\"function\":"
+               "{\"name\":\"f\"}}]}", API_CHAT_CHATML, "tools", "not supported");
     chat_error("{\"model\":\"m\"," MSGS ",\"logprobs\":3}", API_CHAT_CHATML, "logprobs", "boolean");
     chat_error("{\"model\":\"m\"," MSGS ",\"top_logprobs\":2}", API_CHAT_CHATML, "top_logprobs",
                "logprobs");
@@ -702,6 +704,64 @@ static void test_chat_request_errors(void **state) {
 #undef MSGS
 }
 
+/* Fields chat does not implement, at the values that ask for nothing, as clients send them
+ * and as a conversation kept from OpenAI's API carries them: accepted, the same prompt as
+ * without them. Any other value is a 400 naming the field; completions know none of them. */
+static void test_chat_neutral_fields(void **state) {
+    (void)state;
+    static const char plain[] =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":\"yes\"},{\"role\":\"user\",\"content\":\"x\"}]}";
+    static const char kept[] =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":\"yes\",\"refusal\":null,\"tool_calls\":null,"
+        "\"function_call\":null,\"audio\":null,\"annotations\":[]},"
+        "{\"role\":\"user\",\"content\":\"x\",\"tool_call_id\":null}],"
+        "\"tools\":null,\"tool_choice\":\"none\",\"parallel_tool_calls\":true,\"functions\":[],"
+        "\"function_call\":null,\"store\":false,\"metadata\":{\"user\":\"u1\"},"
+        "\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"audio\":null,\"prediction\":null,"
+        "\"reasoning_effort\":null,\"web_search_options\":null}";
+    ApiRequest *a = chat_ok(plain), *b = chat_ok(kept);
+    assert_string_equal(a->prompts[0].text, b->prompts[0].text);
+    api_request_free(a);
+    api_request_free(b);
+    static const char *const empties[] = {
+        "\"tools\":[]", "\"parallel_tool_calls\":false", "\"metadata\":null", "\"store\":null",
+        "\"service_tier\":\"default\"", "\"tool_choice\":null",
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"x\"}],%s}", empties[i]);
+        api_request_free(chat_ok(body));
+    }
+    static const struct { const char *field, *param, *words; } asks[] = {
+        {"\"tool_choice\":\"auto\"", "tool_choice", "tools and function calls"},
+        {"\"tool_choice\":\"required\"", "tool_choice", "not supported"},
+        {"\"parallel_tool_calls\":1", "parallel_tool_calls", "not supported"},
+        {"\"functions\":[{\"name\":\"f\"}]", "functions", "not supported"},
+        {"\"function_call\":\"auto\"", "function_call", "not supported"},
+        {"\"store\":true", "store", "stored completions"},
+        {"\"metadata\":\"x\"", "metadata", "not supported"},
+        {"\"service_tier\":\"flex\"", "service_tier", "not supported"},
+        {"\"modalities\":[\"text\",\"audio\"]", "modalities", "not supported"},
+        {"\"audio\":{\"voice\":\"alloy\"}", "audio", "not supported"},
+        {"\"reasoning_effort\":\"low\"", "reasoning_effort", "not supported"},
+        {"\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"refusal\":\"no\"}]",
+         "messages", "messages[0].refusal"},
+        {"\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"annotations\":[1]}]",
+         "messages", "messages[0].annotations"},
+    };
+    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+        bool own_messages = strncmp(asks[i].field, "\"messages\"", 10) == 0;
+        snprintf(body, sizeof body, "{\"model\":\"m\",%s%s}", asks[i].field,
+                 own_messages ? "" : ",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]");
+        chat_error(body, API_CHAT_CHATML, asks[i].param, asks[i].words);
+    }
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"tools\":null}", 400, "tools",
+                 "Unrecognized");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -721,6 +781,7 @@ int main(void) {
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_request),
         cmocka_unit_test(test_chat_request_errors),
+        cmocka_unit_test(test_chat_neutral_fields),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

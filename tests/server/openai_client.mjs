@@ -522,6 +522,21 @@ await runCase("chat.completions.create: response_format json_schema", async () =
         `${e?.constructor?.name} ${e?.param} ${e?.code}: ${e?.message}`);
 });
 
+await runCase("chat: a conversation kept from OpenAI (refusal: null, ...) = the plain one", async () => {
+  check(chatPlain, "needs the plain chat case's result");
+  const answer = chatPlain.choices[0].message.content;
+  const history = (extra) => [...CHAT.messages, { role: "assistant", content: answer, ...extra },
+                              { role: "user", content: "Again." }];
+  const plain = await client.chat.completions.create({ ...CHAT, messages: history({}) });
+  const kept = await client.chat.completions.create({
+    ...CHAT, messages: history({ refusal: null, annotations: [], tool_calls: [] }),
+    tools: [], tool_choice: "none", parallel_tool_calls: true, store: false,
+    metadata: { session: "s1" }, service_tier: "auto" });
+  checkEqual(kept.choices[0].message.content, plain.choices[0].message.content,
+             "kept conversation: the same reply");
+  checkEqual(kept.usage.prompt_tokens, plain.usage.prompt_tokens, "kept conversation: prompt_tokens");
+});
+
 await runCase("chat errors: tools and bad roles are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
     ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }));
