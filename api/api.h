@@ -102,12 +102,13 @@ typedef enum {
     API_CHAT_MISTRAL_V1,        /* " [INST] ... [/INST] answer</s>" (v0.1/v0.2 as now published) */
     API_CHAT_MISTRAL_V3,        /* "[INST] ...[/INST] answer</s>", system in the last turn */
     API_CHAT_MISTRAL_V3_TEKKEN, /* "[INST]...[/INST]answer</s>", system in the last turn (Nemo) */
+    API_CHAT_DEEPSEEK,          /* "User: ...\n\nAssistant: answer</s>" (DeepSeek LLM chat, V2) */
 } ApiChatFormat;
 
 /* Every format's name, for messages and help texts. */
 #define API_CHAT_FORMAT_NAMES                                                                   \
-    "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr " \
-    "or gemma"
+    "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr, " \
+    "gemma or deepseek"
 
 /* The format a GGUF's tokenizer.chat_template is written in, by its marker strings (NULL or
  * unrecognised: NONE). */

@@ -20,7 +20,7 @@ static const char *const format_names[] = {
     [API_CHAT_LLAMA3] = "llama3",   [API_CHAT_PHI3] = "phi3",
     [API_CHAT_ZEPHYR] = "zephyr",   [API_CHAT_GEMMA] = "gemma",
     [API_CHAT_MISTRAL_V1] = "mistral-v1", [API_CHAT_MISTRAL_V3] = "mistral-v3",
-    [API_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
+    [API_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken", [API_CHAT_DEEPSEEK] = "deepseek",
 };
 
 #define N_FORMATS ((int)(sizeof format_names / sizeof *format_names))
@@ -46,6 +46,7 @@ ApiChatFormat api_chat_format_detect(const char *jinja)
     if (strstr(jinja, "<start_of_turn>")) return API_CHAT_GEMMA;
     if (strstr(jinja, "<|assistant|>") && strstr(jinja, "<|end|>")) return API_CHAT_PHI3;
     if (strstr(jinja, "<|user|>")) return API_CHAT_ZEPHYR;
+    if (strstr(jinja, "'Assistant: ' + message['content'] + eos_token")) return API_CHAT_DEEPSEEK;
     if (inst && strstr(jinja, "<<SYS>>")) return API_CHAT_LLAMA2;
     if (!inst || strstr(jinja, "[SYSTEM_PROMPT]")) return API_CHAT_NONE; /* (v7: not ours) */
     /* Mistral's: v3 puts the system text in the last turn; "tekken" (Nemo) has no space
@@ -232,11 +233,24 @@ static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
     put(t, "<start_of_turn>model\n");
 }
 
+/* DeepSeek LLM chat (and V2): "User: " user "\n\n", "Assistant: " answer EOS, a system
+ * message as its bare text and "\n\n", anywhere; the reply opens with "Assistant:" (no
+ * space: the model writes it). */
+static void render_deepseek(Text *t, const ApiChatMessage *m, int n, const ApiChatTokens *tok) {
+    for (int i = 0; i < n; i++) {
+        bool answer = role_is(&m[i], "assistant");
+        put(t, answer ? "Assistant: " : role_is(&m[i], "user") ? "User: " : "");
+        put(t, m[i].content);
+        put(t, answer ? tok->eos : "\n\n");
+    }
+    put(t, "Assistant:");
+}
+
 /* Formats with system turns of their own take messages in any order; the others fold one
  * system message into a user turn, and their templates need user/assistant alternation. */
 static bool has_system_turns(ApiChatFormat f) {
     return f == API_CHAT_CHATML || f == API_CHAT_LLAMA3 || f == API_CHAT_PHI3 ||
-           f == API_CHAT_ZEPHYR;
+           f == API_CHAT_ZEPHYR || f == API_CHAT_DEEPSEEK;
 }
 
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
@@ -286,6 +300,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
         render_mistral(&t, m, n, first, &inst_styles[f], tok);
         break;
     case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
+    case API_CHAT_DEEPSEEK: render_deepseek(&t, m, n, tok); break;
     case API_CHAT_NONE: break; /* refused above */
     }
     size_t len;

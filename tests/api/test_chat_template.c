@@ -1,6 +1,6 @@
 /* api: chat formats — recognising a GGUF's Jinja template by its markers, and each format's
  * prompt for the same conversations, written out from the models' published templates
- * (Llama 2 / Mistral v0.2 / Llama 3 / Phi-3 / Zephyr / Gemma 3 / ChatML; checked once against
+ * (Llama 2 / Mistral v0.2 / Llama 3 / Phi-3 / Zephyr / Gemma 3 / ChatML / DeepSeek; checked once against
  * jinja2 renderings of the published templates), with the BOS left to
  * the tokenizer. */
 #include <setjmp.h>
@@ -57,12 +57,14 @@ static void test_detect_and_names(void **state) {
         {"{{ '<|user|>\\n' + message['content'] + eos_token }}", API_CHAT_ZEPHYR},
         {"{{ bos_token + '[INST] ' + '<<SYS>>\\n' }}", API_CHAT_LLAMA2},
         {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", API_CHAT_MISTRAL},
+        {"{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
+         "{{ 'Assistant: ' + message['content'] + eos_token }}", API_CHAT_DEEPSEEK},
         {"{{ message['content'] }}", API_CHAT_NONE},
         {NULL, API_CHAT_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         assert_int_equal(api_chat_format_detect(cases[i].jinja), cases[i].f);
-    for (int f = API_CHAT_CHATML; f <= API_CHAT_MISTRAL_V3_TEKKEN; f++)
+    for (int f = API_CHAT_CHATML; f <= API_CHAT_DEEPSEEK; f++)
         assert_int_equal(api_chat_format_by_name(api_chat_format_name((ApiChatFormat)f)), f);
     assert_int_equal(api_chat_format_by_name("none"), API_CHAT_NONE);
     assert_int_equal(api_chat_format_by_name("vicuna"), API_CHAT_NONE);
@@ -157,6 +159,17 @@ static void test_gemma(void **state) {
                   "<start_of_turn>user\n Be brief.\n\n\nHi<end_of_turn>\n<start_of_turn>model\n");
 }
 
+/* DeepSeek LLM chat's template (deepseek-llm-7b-chat, DeepSeek-V2), rendered by jinja2
+ * with bos_token "" and eos_token "</s>": system text bare, anywhere; contents as they are. */
+static void test_deepseek(void **state) {
+    (void)state;
+    expect_render(API_CHAT_DEEPSEEK, chat4, 4,
+                  "Be brief.\n\nUser: Hi! \n\nAssistant:  Hello.</s>User: \nWho are you?\n\n"
+                  "Assistant:");
+    const ApiChatMessage late_system[] = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}};
+    expect_render(API_CHAT_DEEPSEEK, late_system, 3, "User: a\n\nAssistant: b</s>c\n\nAssistant:");
+}
+
 static void test_refusals(void **state) {
     (void)state;
     const ApiChatMessage tool[] = {{"user", "x"}, {"tool", "y"}};
@@ -186,7 +199,7 @@ int main(void) {
         cmocka_unit_test(test_llama3),           cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),          cmocka_unit_test(test_phi3_and_zephyr),
         cmocka_unit_test(test_gemma),            cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_mistral_variants),
+        cmocka_unit_test(test_mistral_variants), cmocka_unit_test(test_deepseek),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
