@@ -203,6 +203,8 @@ typedef struct {
     int32_t n_stop;
     int32_t logprobs;       /* -1 = null/absent, else 0 .. max_logprobs */
     bool echo;
+    char *suffix;           /* fill-in-the-middle: the text after the insertion, when a
+                             * non-empty suffix was given (owned); see api_request_tokenize */
     bool ignore_eos;
     bool stream;
     bool include_usage;     /* stream_options.include_usage */
@@ -215,7 +217,7 @@ typedef struct {
  * served_model: the model id this server answers to; a different "model" gives 404
  * (code "model_not_found"); NULL accepts any. Errors: 413 body too large; 400 invalid JSON,
  * not an object, a missing/ill-typed/out-of-range field, an unsupported field (best_of != 1,
- * non-null non-empty suffix, any unknown field) -- message and
+ * suffix with echo or with token-id prompts, any unknown field) -- message and
  * e->param name the field. Returns 0 and a request to free with api_request_free, or -1. */
 int api_request_parse(const char *body, size_t len, const ApiLimits *lim,
                       const char *served_model, ApiRequest **out, ApiError *e);
@@ -240,7 +242,10 @@ int api_chat_request_parse(const char *body, size_t len, const ApiLimits *lim,
                            const ApiChatTokens *tok, ApiRequest **out, ApiError *e);
 
 /* Tokenise every string prompt (BOS first when v->add_bos), decode every token-id prompt
- * (for echo), and check: ids (prompt and logit_bias) in [0, n_vocab); each prompt
+ * (for echo), and check: with a suffix, each prompt becomes the fill-in-the-middle prompt
+ * of the vocabulary's markers (prefix marker, prompt, suffix marker, suffix, middle
+ * marker: DeepSeek Coder's, StarCoder's or Qwen Coder's, whichever the vocabulary has as
+ * single tokens; none: 400 naming "suffix"); then ids (prompt and logit_bias) in [0, n_vocab); each prompt
  * <= lim->max_prompt_tokens (when > 0); prompt + max_tokens <= ctx_len (400, code
  * "context_length_exceeded", message with the context length, the total and both parts,
  * as OpenAI words it). 0 or -1. */

@@ -36,6 +36,7 @@ void api_request_free(ApiRequest *r) {
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->cache_salt);
+    free(r->suffix);
     free((LogitBias *)r->sampling.logit_bias); /* owned here, see ApiRequest */
     json_schema_free(r->json_schema);
     free(r);
@@ -180,8 +181,10 @@ static int check_unknown_fields(const json_t *root, const char *const *known_fie
     return 0;
 }
 
-/* Fields accepted only at their neutral value: we do not implement them. */
-static int check_unsupported(const json_t *root, ApiError *e) {
+/* best_of is accepted only at its neutral value (we do not implement it); a non-empty
+ * suffix asks for fill-in-the-middle (api_request_tokenize), of string prompts and
+ * without echo (OpenAI refuses echo with suffix too). */
+static int read_best_of_and_suffix(const json_t *root, ApiRequest *r, ApiError *e) {
     const json_t *v = json_object_get(root, "best_of");
     if (v && !json_is_null(v)) {
         json_int_t x;
@@ -192,14 +195,20 @@ static int check_unsupported(const json_t *root, ApiError *e) {
             return -1;
         }
     }
-    v = json_object_get(root, "suffix");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v)) return bad(e, "suffix", "a string", v);
-        if (json_string_length(v) > 0) {
-            api_error_set(e, 400, "suffix", "unsupported_parameter",
-                          "'suffix' is not supported");
-            return -1;
-        }
+    if (read_string(root, "suffix", false, &r->suffix, e) != 0) return -1;
+    if (r->suffix && !r->suffix[0]) {
+        free(r->suffix);
+        r->suffix = NULL;
+    }
+    if (!r->suffix) return 0;
+    if (r->echo) {
+        api_error_set(e, 400, "suffix", "invalid_value", "'echo' cannot be used with 'suffix'");
+        return -1;
+    }
+    if (r->n_prompts > 0 && r->prompts[0].given_as_tokens) {
+        api_error_set(e, 400, "suffix", "invalid_value",
+                      "'suffix' needs string prompts, not token ids");
+        return -1;
     }
     return 0;
 }
@@ -604,13 +613,13 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
                        ApiRequest *r, ApiError *e) {
     r->max_tokens_given = true; /* 16 when absent, OpenAI's default for completions */
     return check_unknown_fields(root, known_fields, false, e) != 0 ||
-                   check_unsupported(root, e) != 0 ||
                    read_model(root, served_model, r, e) != 0 ||
                    read_prompt(root, lim, r, e) != 0 ||
                    read_int(root, "max_tokens", 0, lim->max_tokens_cap, &r->max_tokens, e) != 0 ||
                    read_common(root, lim, r, e) != 0 ||
                    read_logprobs(root, lim, r, e) != 0 ||
                    read_bool(root, "echo", &r->echo, e) != 0 ||
+                   read_best_of_and_suffix(root, r, e) != 0 ||
                    read_response_format(root, r, e) != 0
                ? -1
                : 0;

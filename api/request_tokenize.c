@@ -1,5 +1,6 @@
 /* After parsing: prompts to token ids (and token-id prompts to text for echo), the context
  * checks that need those counts, and the hand-over to the engine. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,65 @@ static int encode_text(const ApiVocab *v, const char *text, bool add_bos, int32_
         cap = n;
     }
     return -1;
+}
+
+/* Fill-in-the-middle markers, as code models' vocabularies hold them: the prompt is
+ * prefix marker + the text before the hole + suffix marker + the text after it + middle
+ * marker, and the model writes the middle (the "PSM" order each of them was trained on). */
+typedef struct {
+    const char *prefix, *suffix, *middle;
+} FimMarkers;
+
+static const FimMarkers fim_formats[] = {
+    {"<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",
+     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"}, /* DeepSeek Coder: <｜fim▁begin｜> */
+    {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"},          /* StarCoder, Refact, SmolLM */
+    {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"},    /* Qwen Coder, CodeGemma */
+};
+
+/* Whether text encodes (special tokens parsed, no BOS) to exactly one token. */
+static bool is_one_token(const ApiVocab *v, const char *text) {
+    int32_t id;
+    return v->encode(v->arg, text, strlen(text), false, &id, 1) == 1;
+}
+
+static const FimMarkers *find_fim_markers(const ApiVocab *v) {
+    for (size_t i = 0; i < sizeof fim_formats / sizeof fim_formats[0]; i++) {
+        const FimMarkers *f = &fim_formats[i];
+        if (is_one_token(v, f->prefix) && is_one_token(v, f->suffix) && is_one_token(v, f->middle))
+            return f;
+    }
+    return NULL;
+}
+
+/* Every prompt's text becomes its fill-in-the-middle prompt with r->suffix. */
+static int make_fim_prompts(ApiRequest *r, const ApiVocab *v, ApiError *e) {
+    const FimMarkers *f = find_fim_markers(v);
+    if (!f) {
+        api_error_set(e, 400, "suffix", "unsupported_parameter",
+                      "'suffix' needs a model with fill-in-the-middle tokens (DeepSeek Coder's "
+                      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>, StarCoder's <fim_prefix> or "
+                      "Qwen Coder's <|fim_prefix|> and theirs); this model has none");
+        return -1;
+    }
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        ApiBuf b;
+        api_buf_init(&b);
+        const char *parts[] = {f->prefix, r->prompts[i].text, f->suffix, r->suffix, f->middle};
+        int rc = 0;
+        for (size_t k = 0; k < 5 && rc == 0; k++) rc = api_buf_append_str(&b, parts[k]);
+        size_t len;
+        char *text = rc == 0 ? api_buf_take(&b, &len) : NULL;
+        api_buf_free(&b);
+        if (!text) {
+            api_error_set(e, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        free(r->prompts[i].text);
+        r->prompts[i].text = text;
+    }
+    return 0;
 }
 
 static int tokenize_one(ApiPrompt *p, int32_t index, const ApiVocab *v, ApiError *e) {
@@ -105,6 +165,7 @@ static int check_logit_bias(const ApiRequest *r, const ApiVocab *v, ApiError *e)
 int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
                          const ApiLimits *lim, ApiError *e) {
     if (check_logit_bias(r, v, e) != 0) return -1;
+    if (r->suffix && make_fim_prompts(r, v, e) != 0) return -1;
     for (int32_t i = 0; i < r->n_prompts; i++) {
         if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
         int64_t room = (int64_t)ctx_len - r->prompts[i].n_tokens;

@@ -228,7 +228,7 @@ static void test_bad_values(void **state) {
         {"\"cache_salt\":\"\"", 400, "cache_salt"},
         {"\"best_of\":2", 400, "best_of"},
         {"\"best_of\":\"x\"", 400, "best_of"},
-        {"\"suffix\":\"abc\"", 400, "suffix"},
+        {"\"suffix\":\"abc\",\"echo\":true", 400, "suffix"},
         {"\"suffix\":5", 400, "suffix"},
         {"\"logit_bias\":5", 400, "logit_bias"},
         {"\"logit_bias\":[[1,5]]", 400, "logit_bias"},
@@ -259,6 +259,16 @@ static void test_bad_values(void **state) {
     for (int i = 0; i < 257; i++) body[o++] = 's';
     snprintf(body + o, sizeof body - o, "\"}");
     expect_error(body, 400, "stop", "256");
+    /* fill-in-the-middle takes string prompts, without echo; an empty suffix is none */
+    expect_error("{\"model\":\"m\",\"prompt\":[1,2],\"suffix\":\"x\"}", 400, "suffix", "string");
+    expect_error("{\"model\":\"m\",\"prompt\":\"a\",\"suffix\":\"x\",\"echo\":true}", 400, "suffix",
+                 "echo");
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"a\",\"suffix\":\"\",\"echo\":true}");
+    assert_null(r->suffix);
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"a\",\"suffix\":\"b\"}");
+    assert_string_equal(r->suffix, "b");
+    api_request_free(r);
 }
 
 static void test_messages_are_specific(void **state) {

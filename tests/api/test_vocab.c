@@ -1,6 +1,7 @@
 /* api: ApiVocab over the real SentencePiece tokenizer (stories260K's 512-token vocabulary).
  * Needs PAGEDSERVE_SHARED_DIR; without it every test says why it skipped and passes. */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -146,6 +147,74 @@ static void test_wrapper_basics(void **state) {
     assert_string_equal(buf, " a");
     assert_false(control);
     assert_int_equal(vocab.token_text(vocab.arg, 512, buf, sizeof buf, &control), -1);
+}
+
+/* A shared vocabulary (models/vocab/NAME) as an ApiVocab; false (saying so) without it. */
+static bool load_vocab(const char *name, GgufFile **f, Tokenizer **t, ApiVocab *v) {
+    const char *dir = getenv("PAGEDSERVE_SHARED_DIR");
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/models/vocab/%s", dir ? dir : "", name);
+    if (!dir || gguf_open(path, f, err, sizeof err) != 0) {
+        printf("SKIP: %s not found (PAGEDSERVE_SHARED_DIR=%s)\n", path, dir ? dir : "(unset)");
+        return false;
+    }
+    if (tokenizer_load(*f, t, err, sizeof err) != 0) fail_msg("tokenizer_load %s: %s", name, err);
+    api_vocab_from_tokenizer(v, *t);
+    return true;
+}
+
+/* suffix: each prompt becomes prefix marker + prompt + suffix marker + suffix + middle
+ * marker in the vocabulary's own markers (written out here from the models' cards), with
+ * BOS as the vocabulary adds it; a vocabulary without such markers is a 400 naming suffix. */
+static void test_fill_in_the_middle(void **state) {
+    (void)state;
+    static const struct {
+        const char *vocab, *pre, *suf, *mid; /* pre NULL: no markers */
+    } cases[] = {
+        {"ggml-vocab-deepseek-coder.gguf", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+         "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",
+         "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+        {"ggml-vocab-starcoder.gguf", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
+        {"ggml-vocab-gpt-2.gguf", NULL, NULL, NULL},
+    };
+    static const char body[] = "{\"model\":\"m\",\"prompt\":[\"def f(x):\\n    \",\"y = \"],"
+                               "\"suffix\":\"\\n    return y\\n\",\"max_tokens\":4}";
+    static const char *const prompts[] = {"def f(x):\n    ", "y = "};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        GgufFile *f;
+        Tokenizer *t;
+        ApiVocab v;
+        if (!load_vocab(cases[c].vocab, &f, &t, &v)) continue;
+        ApiLimits l;
+        api_limits_default(&l);
+        ApiRequest *r;
+        ApiError e;
+        assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
+        int rc = api_request_tokenize(r, &v, 2048, &l, &e);
+        if (!cases[c].pre) {
+            assert_int_equal(rc, -1);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, "suffix");
+        }
+        for (int i = 0; cases[c].pre && i < 2; i++) {
+            assert_int_equal(rc, 0);
+            char want_text[256];
+            snprintf(want_text, sizeof want_text, "%s%s%s\n    return y\n%s", cases[c].pre,
+                     prompts[i], cases[c].suf, cases[c].mid);
+            int32_t want[128];
+            int n = tokenizer_encode_special(t, want_text, strlen(want_text), v.add_bos, want, 128);
+            assert_true(n > 3 && n <= 128);
+            assert_int_equal(r->prompts[i].n_tokens, n);
+            assert_memory_equal(r->prompts[i].tokens, want, (size_t)n * sizeof want[0]);
+            int32_t mid;
+            assert_int_equal(tokenizer_encode_special(t, cases[c].mid, strlen(cases[c].mid), false,
+                                                      &mid, 1), 1);
+            assert_int_equal(r->prompts[i].tokens[n - 1], mid); /* the model writes next */
+        }
+        api_request_free(r);
+        tokenizer_free(t);
+        gguf_close(f);
+    }
 }
 
 static void test_request_round_trip(void **state) {
@@ -298,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_prompts_parse_special_tokens),
         cmocka_unit_test(test_bpe_token_texts),
         cmocka_unit_test(test_request_round_trip),
+        cmocka_unit_test(test_fill_in_the_middle),
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_echo_text_offsets),
     };
