@@ -103,12 +103,15 @@ typedef enum {
     API_CHAT_MISTRAL_V3,        /* "[INST] ...[/INST] answer</s>", system in the last turn */
     API_CHAT_MISTRAL_V3_TEKKEN, /* "[INST]...[/INST]answer</s>", system in the last turn (Nemo) */
     API_CHAT_DEEPSEEK,          /* "User: ...\n\nAssistant: answer</s>" (DeepSeek LLM chat, V2) */
+    API_CHAT_DEEPSEEK3,         /* "<｜User｜>...<｜Assistant｜>answer<｜end▁of▁sentence｜>" (V3, R1) */
+    API_CHAT_DEEPSEEK_R1,       /* the same, the reply opened with "<think>\n" (R1 and its
+                                 * distills as updated in 2025) */
 } ApiChatFormat;
 
 /* Every format's name, for messages and help texts. */
 #define API_CHAT_FORMAT_NAMES                                                                   \
     "chatml, llama2, llama3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, phi3, zephyr, " \
-    "gemma or deepseek"
+    "gemma, deepseek, deepseek3 or deepseek-r1"
 
 /* The format a GGUF's tokenizer.chat_template is written in, by its marker strings (NULL or
  * unrecognised: NONE). */

@@ -21,7 +21,13 @@ static const char *const format_names[] = {
     [API_CHAT_ZEPHYR] = "zephyr",   [API_CHAT_GEMMA] = "gemma",
     [API_CHAT_MISTRAL_V1] = "mistral-v1", [API_CHAT_MISTRAL_V3] = "mistral-v3",
     [API_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken", [API_CHAT_DEEPSEEK] = "deepseek",
+    [API_CHAT_DEEPSEEK3] = "deepseek3", [API_CHAT_DEEPSEEK_R1] = "deepseek-r1",
 };
+
+/* DeepSeek V3 / R1's turn markers (full-width bars, U+2581 in the end marker). */
+#define DS3_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
+#define DS3_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
+#define DS3_END "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 
 #define N_FORMATS ((int)(sizeof format_names / sizeof *format_names))
 
@@ -47,6 +53,8 @@ ApiChatFormat api_chat_format_detect(const char *jinja)
     if (strstr(jinja, "<|assistant|>") && strstr(jinja, "<|end|>")) return API_CHAT_PHI3;
     if (strstr(jinja, "<|user|>")) return API_CHAT_ZEPHYR;
     if (strstr(jinja, "'Assistant: ' + message['content'] + eos_token")) return API_CHAT_DEEPSEEK;
+    if (strstr(jinja, "'" DS3_USER "' + message['content']"))
+        return strstr(jinja, DS3_ASSISTANT "<think>") ? API_CHAT_DEEPSEEK_R1 : API_CHAT_DEEPSEEK3;
     if (inst && strstr(jinja, "<<SYS>>")) return API_CHAT_LLAMA2;
     if (!inst || strstr(jinja, "[SYSTEM_PROMPT]")) return API_CHAT_NONE; /* (v7: not ours) */
     /* Mistral's: v3 puts the system text in the last turn; "tekken" (Nemo) has no space
@@ -246,11 +254,37 @@ static void render_deepseek(Text *t, const ApiChatMessage *m, int n, const ApiCh
     put(t, "Assistant:");
 }
 
+/* DeepSeek V3 / R1: the last system message's text first (the template keeps only that
+ * one), then "<｜User｜>" user and "<｜Assistant｜>" answer "<｜end▁of▁sentence｜>", where an
+ * answer keeps only what follows its last "</think>" (earlier reasoning is not replayed);
+ * the reply opens with "<｜Assistant｜>", R1's also with "<think>\n". */
+static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think) {
+    for (int i = n - 1; i >= 0; i--)
+        if (role_is(&m[i], "system")) {
+            put(t, m[i].content);
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        if (role_is(&m[i], "user")) {
+            put(t, DS3_USER);
+            put(t, m[i].content);
+        } else if (role_is(&m[i], "assistant")) {
+            const char *answer = m[i].content, *after;
+            while ((after = strstr(answer, "</think>"))) answer = after + strlen("</think>");
+            put(t, DS3_ASSISTANT);
+            put(t, answer);
+            put(t, DS3_END);
+        }
+    }
+    put(t, think ? DS3_ASSISTANT "<think>\n" : DS3_ASSISTANT);
+}
+
 /* Formats with system turns of their own take messages in any order; the others fold one
  * system message into a user turn, and their templates need user/assistant alternation. */
 static bool has_system_turns(ApiChatFormat f) {
     return f == API_CHAT_CHATML || f == API_CHAT_LLAMA3 || f == API_CHAT_PHI3 ||
-           f == API_CHAT_ZEPHYR || f == API_CHAT_DEEPSEEK;
+           f == API_CHAT_ZEPHYR || f == API_CHAT_DEEPSEEK || f == API_CHAT_DEEPSEEK3 ||
+           f == API_CHAT_DEEPSEEK_R1;
 }
 
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
@@ -301,6 +335,8 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
         break;
     case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
     case API_CHAT_DEEPSEEK: render_deepseek(&t, m, n, tok); break;
+    case API_CHAT_DEEPSEEK3:
+    case API_CHAT_DEEPSEEK_R1: render_deepseek3(&t, m, n, f == API_CHAT_DEEPSEEK_R1); break;
     case API_CHAT_NONE: break; /* refused above */
     }
     size_t len;

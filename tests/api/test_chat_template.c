@@ -16,6 +16,10 @@
 
 static const ApiChatTokens tokens = {"<s>", "</s>"};
 
+/* U+FF5C FULLWIDTH VERTICAL LINE, of DeepSeek's markers (a string of its own: a hex escape
+ * must not run into the letters after it). */
+#define FW "\xef\xbd\x9c" ""
+
 /* system, user, assistant, user: the conversation every format is shown with. */
 static const ApiChatMessage chat4[] = {
     {"system", "Be brief."},
@@ -59,12 +63,15 @@ static void test_detect_and_names(void **state) {
         {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", API_CHAT_MISTRAL},
         {"{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
          "{{ 'Assistant: ' + message['content'] + eos_token }}", API_CHAT_DEEPSEEK},
+        {"{{'<" FW "User" FW ">' + message['content']}}{{'<" FW "Assistant" FW ">'}}", API_CHAT_DEEPSEEK3},
+        {"{{'<" FW "User" FW ">' + message['content']}}{{'<" FW "Assistant" FW "><think>\\n'}}",
+         API_CHAT_DEEPSEEK_R1},
         {"{{ message['content'] }}", API_CHAT_NONE},
         {NULL, API_CHAT_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         assert_int_equal(api_chat_format_detect(cases[i].jinja), cases[i].f);
-    for (int f = API_CHAT_CHATML; f <= API_CHAT_DEEPSEEK; f++)
+    for (int f = API_CHAT_CHATML; f <= API_CHAT_DEEPSEEK_R1; f++)
         assert_int_equal(api_chat_format_by_name(api_chat_format_name((ApiChatFormat)f)), f);
     assert_int_equal(api_chat_format_by_name("none"), API_CHAT_NONE);
     assert_int_equal(api_chat_format_by_name("vicuna"), API_CHAT_NONE);
@@ -170,6 +177,28 @@ static void test_deepseek(void **state) {
     expect_render(API_CHAT_DEEPSEEK, late_system, 3, "User: a\n\nAssistant: b</s>c\n\nAssistant:");
 }
 
+/* DeepSeek V3 / R1 (the R1 distills' published template, rendered by jinja2 with
+ * bos_token ""): the last system text first, earlier reasoning dropped from answers, R1's
+ * reply opened with "<think>\n". */
+#define USR "<" FW "User" FW ">"
+#define AST "<" FW "Assistant" FW ">"
+#define EOS_DS "<" FW "end\xe2\x96\x81of\xe2\x96\x81sentence" FW ">"
+static void test_deepseek3(void **state) {
+    (void)state;
+    const ApiChatMessage chat[] = {{"system", "Be brief."}, {"user", "Hi! "},
+                                   {"assistant", "<think>\nhm</think>\n\n Hello."},
+                                   {"user", "\nWho are you?"}};
+    expect_render(API_CHAT_DEEPSEEK_R1, chat, 4,
+                  "Be brief." USR "Hi! " AST "\n\n Hello." EOS_DS USR "\nWho are you?" AST "<think>\n");
+    expect_render(API_CHAT_DEEPSEEK3, chat, 4,
+                  "Be brief." USR "Hi! " AST "\n\n Hello." EOS_DS USR "\nWho are you?" AST);
+    const ApiChatMessage two_systems[] = {{"system", "A"}, {"user", "u"}, {"system", "B"}};
+    expect_render(API_CHAT_DEEPSEEK_R1, two_systems, 3, "B" USR "u" AST "<think>\n");
+}
+#undef USR
+#undef AST
+#undef EOS_DS
+
 static void test_refusals(void **state) {
     (void)state;
     const ApiChatMessage tool[] = {{"user", "x"}, {"tool", "y"}};
@@ -200,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_mistral),          cmocka_unit_test(test_phi3_and_zephyr),
         cmocka_unit_test(test_gemma),            cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_mistral_variants), cmocka_unit_test(test_deepseek),
+        cmocka_unit_test(test_deepseek3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
