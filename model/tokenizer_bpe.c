@@ -284,11 +284,14 @@ static size_t deepseek_punct_run(const Text *t, size_t i)
     return space_then_set(deepseek_punct, sizeof deepseek_punct / sizeof deepseek_punct[0], t, i);
 }
 
-/* \s+$: the white space from i, if it runs to the end of the word. */
+/* \s+$: the white space from i, if it runs to the end of the word. Only the start of a
+ * run is looked at: inside a run the answer is its start's (the run ends where it ends),
+ * which keeps a long run that stops short of the end linear, not quadratic. */
 static size_t trailing_space(const Text *t, size_t i)
 {
+    if (cls(t, i) != UCLASS_SPACE || (i > 0 && cls(t, i - 1) == UCLASS_SPACE)) return i;
     size_t end = run_of(t, i, UCLASS_SPACE);
-    return end > i && end == t->n ? end : i;
+    return end == t->n ? end : i;
 }
 
 static size_t number_run(const Text *t, size_t i) { return run_of(t, i, UCLASS_NUMBER); }

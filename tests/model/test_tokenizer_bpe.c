@@ -51,7 +51,9 @@ static char *words_of(BpePre pre, const char *text)
 static void expect_words(BpePre pre, const char *text, const char *want)
 {
     static const char *const names[] = {[BPE_PRE_GPT2] = "gpt-2", [BPE_PRE_DIGITS] = "smollm",
-                                        [BPE_PRE_LLAMA3] = "llama3"};
+                                        [BPE_PRE_LLAMA3] = "llama3",
+                                        [BPE_PRE_DEEPSEEK_CODER] = "deepseek-coder",
+                                        [BPE_PRE_DEEPSEEK_LLM] = "deepseek-llm"};
     char *got = words_of(pre, text);
     if (strcmp(got, want) != 0)
         fail_msg("%s words of '%s': '%s', expected '%s'", names[pre], text, got, want);
@@ -98,6 +100,51 @@ static void test_llama3_words(void **state)
     expect_words(BPE_PRE_LLAMA3, "a  \n  \n b", "a|  \n  \n| b"); /* to the last newline */
     expect_words(BPE_PRE_LLAMA3, "a   b", "a|  | b");
     expect_words(BPE_PRE_LLAMA3, "end   ", "end|   ");
+}
+
+/* DeepSeek's: expressions in turn, each isolating its matches inside the words left by the
+ * ones before (expected words from Python's regex module applying them so). */
+static void test_deepseek_words(void **state)
+{
+    (void)state;
+    for (int llm = 0; llm < 2; llm++) {
+        BpePre pre = llm ? BPE_PRE_DEEPSEEK_LLM : BPE_PRE_DEEPSEEK_CODER;
+        expect_words(pre, "Hello, world!  x", "Hello|,| world|!| | x");
+        expect_words(pre, "a  \n1234 b", llm ? "a|  |\n|1234| b" : "a|  |\n|1|2|3|4| b");
+        expect_words(pre, "  1", "  |1");
+        expect_words(pre, "\xe4\xb8\xad\xe6\x96\x87 abc", "\xe4\xb8\xad\xe6\x96\x87| abc");
+        /* U+3000 is \s and inside the CJK span, so the span splits it off the punctuation */
+        expect_words(pre, "x\xe3\x80\x80\xef\xbc\x81y", "x|\xe3\x80\x80|\xef\xbc\x81|y");
+        expect_words(pre, "end  ", "end|  ");
+    }
+}
+
+/* A long run of white space that does not end its word: every pre-tokenizer cuts it in
+ * time linear in its length (DeepSeek LLM's \s+$ once tried the whole run again at each
+ * of its spaces: 1 MiB took minutes, past this test's timeout). */
+static void test_long_space_runs(void **state)
+{
+    (void)state;
+    size_t n = (size_t)1 << 20;
+    uint32_t *cps = malloc((n + 1) * sizeof *cps);
+    size_t *ends = malloc((n + 1) * sizeof *ends);
+    assert_non_null(cps);
+    assert_non_null(ends);
+    for (size_t i = 0; i < n; i++) cps[i] = ' ';
+    cps[n] = '1';
+    static const BpePre pres[] = {BPE_PRE_GPT2, BPE_PRE_DIGITS, BPE_PRE_LLAMA3,
+                                  BPE_PRE_DEEPSEEK_CODER, BPE_PRE_DEEPSEEK_LLM};
+    for (size_t k = 0; k < sizeof pres / sizeof pres[0]; k++) {
+        size_t words = bpe_split_words(pres[k], cps, n + 1, ends);
+        assert_true(words >= 2 && words <= 3);
+        assert_int_equal(ends[words - 1], n + 1);
+        if (pres[k] == BPE_PRE_DEEPSEEK_LLM || pres[k] == BPE_PRE_DEEPSEEK_CODER) {
+            assert_int_equal(words, 2); /* the run, then "1" */
+            assert_int_equal(ends[0], n);
+        }
+    }
+    free(cps);
+    free(ends);
 }
 
 static void test_byte_map(void **state)
@@ -317,6 +364,8 @@ int main(void)
         cmocka_unit_test(test_gpt2_words),
         cmocka_unit_test(test_llama3_words),
         cmocka_unit_test(test_smollm_words),
+        cmocka_unit_test(test_deepseek_words),
+        cmocka_unit_test(test_long_space_runs),
         cmocka_unit_test(test_byte_map),
         cmocka_unit_test(test_invalid_utf8_reads_as_replacement),
         cmocka_unit_test(test_unicode_classes),
