@@ -87,6 +87,22 @@ typedef struct {
 
 void api_limits_default(ApiLimits *l);
 
+/* ---- reasoning (reasoning.c) --------------------------------------------------------------- */
+
+/* A reply that opens inside "<think>" (API_CHAT_DEEPSEEK_R1), cut as it arrives into
+ * reasoning (before the first "</think>") and content (after it). Zeroed to start. */
+typedef struct {
+    bool done;     /* "</think>" seen: the rest is content */
+    uint8_t n_held;
+    char held[8];  /* the end of the text so far while it could begin "</think>" */
+} ApiReasoningSplit;
+
+/* Append the reasoning and the content parts of n more bytes; 0, or -1 out of memory. */
+int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, ApiBuf *reasoning,
+                       ApiBuf *content);
+/* The reply ended: what was held back is reasoning after all. */
+int api_reasoning_flush(ApiReasoningSplit *s, ApiBuf *reasoning);
+
 /* ---- chat templates (chat_template.c) ------------------------------------------------------- */
 
 /* The chat formats we write ourselves (GGUF templates are Jinja; we recognise, not run, them). */
@@ -195,6 +211,8 @@ typedef struct {
     JsonSchema *json_schema; /* json_schema: the object's grammar (owned); NULL: any object */
     bool chat;              /* a /v1/chat/completions request (one prompt: the rendered
                              * messages; the response is chat.completion shaped) */
+    bool reasoning;         /* chat in API_CHAT_DEEPSEEK_R1: the reply opens inside <think>;
+                             * answered as reasoning_content + content (api/reasoning.c) */
     int32_t n;              /* choices per prompt, default 1 */
     SamplerParams sampling; /* temperature 1, top_p 1, top_k 0 (-1 given -> 0), min_p 0,
                              * penalties 0 / repetition 1 when absent; its logit_bias

@@ -31,6 +31,7 @@ typedef struct {
     bool started;      /* streamed: the echo chunk went out */
     bool has_token;
     double last_token_at;
+    ApiReasoningSplit split; /* req->reasoning, streamed: where the reply is */
 } Choice;
 
 typedef struct {
@@ -320,21 +321,27 @@ static json_t *envelope(const ApiCompletion *c, json_t *choices) {
 }
 
 /* A chat choice carries its text as message (whole) or delta (streamed): the role in a
- * stream's first chunk, content when there is text, nothing in the closing chunk. */
-static json_t *chat_message(const ApiCompletion *c, json_t *text, bool role) {
+ * stream's first chunk, content when there is text, nothing in the closing chunk; with
+ * reasoning (req->reasoning), reasoning_content the same way, before content. */
+static json_t *chat_message(const ApiCompletion *c, json_t *text, json_t *reasoning, bool role) {
     json_t *m = json_object();
     bool empty = json_string_length(text) == 0;
     if (role || !c->req->stream) json_object_set_new(m, "role", json_string("assistant"));
+    if (reasoning && (!c->req->stream || json_string_length(reasoning) > 0))
+        json_object_set(m, "reasoning_content", reasoning);
     if (!c->req->stream || role || !empty) json_object_set(m, "content", text);
     json_decref(text);
+    json_decref(reasoning);
     return m;
 }
 
-static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text,
+/* reasoning: NULL, or (chat with req->reasoning) the reasoning part beside text. */
+static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, json_t *reasoning,
                            json_t *logprobs, FinishReason fin, bool role) {
     json_t *ch = json_object();
     if (!c->req->chat) json_object_set_new(ch, "text", text);
-    else json_object_set_new(ch, c->req->stream ? "delta" : "message", chat_message(c, text, role));
+    else json_object_set_new(ch, c->req->stream ? "delta" : "message",
+                             chat_message(c, text, reasoning, role));
     json_object_set_new(ch, "index", json_integer(index));
     json_object_set_new(ch, "logprobs", logprobs ? logprobs : json_null());
     const char *reason = api_finish_reason_str(fin);
@@ -377,11 +384,14 @@ static int emit(ApiBuf *out, json_t *root) {
     return rc;
 }
 
+/* One chunk of choice index: text (and, when reasoning is not NULL, its reasoning part). */
 static int emit_chunk(const ApiCompletion *c, int32_t index, const char *text, size_t len,
-                      json_t *logprobs, FinishReason fin, ApiBuf *out) {
+                      const ApiBuf *reasoning, json_t *logprobs, FinishReason fin, ApiBuf *out) {
+    json_t *why = reasoning ? api_json_string(reasoning->data ? reasoning->data : "", reasoning->len)
+                            : NULL;
     json_t *choices = json_array();
-    json_array_append_new(choices, choice_json(c, index, api_json_string(text, len), logprobs,
-                                               fin, false));
+    json_array_append_new(choices, choice_json(c, index, api_json_string(text, len), why,
+                                               logprobs, fin, false));
     json_t *root = envelope(c, choices);
     if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
     return emit(out, root);
@@ -395,7 +405,7 @@ static int stream_start_choice(ApiCompletion *c, int32_t p, int32_t k, ApiBuf *o
     if (c->req->chat) { /* the first delta names the role */
         json_t *choices = json_array();
         json_array_append_new(choices, choice_json(c, p * c->req->n + k, json_string(""), NULL,
-                                                   FINISH_NONE, true));
+                                                   NULL, FINISH_NONE, true));
         json_t *root = envelope(c, choices);
         if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
         return emit(out, root);
@@ -403,7 +413,24 @@ static int stream_start_choice(ApiCompletion *c, int32_t p, int32_t k, ApiBuf *o
     if (!c->req->echo) return 0;
     const char *text = c->req->prompts[p].text ? c->req->prompts[p].text : "";
     json_t *lp = c->req->logprobs >= 0 ? prompt_logprobs(c, p) : NULL;
-    return emit_chunk(c, p * c->req->n + k, text, strlen(text), lp, FINISH_NONE, out);
+    return emit_chunk(c, p * c->req->n + k, text, strlen(text), NULL, lp, FINISH_NONE, out);
+}
+
+/* A whole reply (req->reasoning) as its reasoning and content strings. */
+static int split_whole(const ApiBuf *text, json_t **reasoning, json_t **content) {
+    ApiReasoningSplit s = {0};
+    ApiBuf why, said;
+    api_buf_init(&why);
+    api_buf_init(&said);
+    int rc = api_reasoning_feed(&s, text->data ? text->data : "", text->len, &why, &said);
+    if (rc == 0) rc = api_reasoning_flush(&s, &why);
+    if (rc == 0) {
+        *reasoning = api_json_string(why.data ? why.data : "", why.len);
+        *content = api_json_string(said.data ? said.data : "", said.len);
+    }
+    api_buf_free(&why);
+    api_buf_free(&said);
+    return rc;
 }
 
 static int write_body(ApiCompletion *c, ApiBuf *out) {
@@ -427,10 +454,16 @@ static int write_body(ApiCompletion *c, ApiBuf *out) {
                     json_array_extend(json_object_get(lp, keys[i]),
                                       json_object_get(ch->logprobs, keys[i]));
             }
+            json_t *why = NULL, *said = NULL;
+            if (r->reasoning && split_whole(&text, &why, &said) != 0) {
+                json_decref(lp);
+                api_buf_free(&text);
+                json_decref(choices);
+                return -1;
+            }
+            if (!said) said = api_json_string(text.data ? text.data : "", text.len);
             json_array_append_new(choices,
-                                  choice_json(c, p * r->n + k,
-                                              api_json_string(text.data ? text.data : "", text.len),
-                                              lp, ch->finish, false));
+                                  choice_json(c, p * r->n + k, said, why, lp, ch->finish, false));
             api_buf_free(&text);
         }
     }
@@ -486,6 +519,25 @@ static void observe_token_times(ApiCompletion *c, Choice *ch, double now) {
     ch->last_token_at = now;
 }
 
+/* Streamed with req->reasoning: text through the choice's split, then one chunk with
+ * what became reasoning and content (none when nothing did, unless it carries logprobs
+ * or a finish); last: the reply ended, so what was held back is reasoning. */
+static int emit_split(const ApiCompletion *c, Choice *ch, int32_t index, const char *text,
+                      size_t len, bool last, json_t *lp, FinishReason fin, ApiBuf *out) {
+    ApiBuf why, said;
+    api_buf_init(&why);
+    api_buf_init(&said);
+    int rc = api_reasoning_feed(&ch->split, text, len, &why, &said);
+    if (rc == 0 && last) rc = api_reasoning_flush(&ch->split, &why);
+    if (rc == 0 && (why.len || said.len || lp || fin != FINISH_NONE))
+        rc = emit_chunk(c, index, said.data ? said.data : "", said.len, &why, lp, fin, out);
+    else
+        json_decref(lp);
+    api_buf_free(&why);
+    api_buf_free(&said);
+    return rc;
+}
+
 static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
                     ApiBuf *out) {
     int32_t index = p * c->req->n + ev->choice;
@@ -505,7 +557,8 @@ static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double n
             if (!lp) return -1;
             logprobs_push_event(c->vocab, lp, ev, offset);
         }
-        return emit_chunk(c, index, text, len, lp, FINISH_NONE, out);
+        if (c->req->reasoning) return emit_split(c, ch, index, text, len, false, lp, FINISH_NONE, out);
+        return emit_chunk(c, index, text, len, NULL, lp, FINISH_NONE, out);
     }
     if (api_buf_append(&ch->text, text, len) != 0) return -1;
     if (c->req->logprobs >= 0) {
@@ -538,7 +591,10 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     int rc = 0;
     if (c->req->stream) {
         rc = stream_start_choice(c, p, ev->choice, out);
-        if (rc == 0) rc = emit_chunk(c, index, text, len, NULL, ev->finish, out);
+        if (rc == 0 && c->req->reasoning)
+            rc = emit_split(c, ch, index, text, len, true, NULL, ev->finish, out);
+        else if (rc == 0)
+            rc = emit_chunk(c, index, text, len, NULL, NULL, ev->finish, out);
     } else {
         rc = api_buf_append(&ch->text, text, len);
     }

@@ -773,15 +773,18 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
     r->chat = true;
-    return check_unknown_fields(root, chat_known_fields, true, e) != 0 ||
-                   read_model(root, served_model, r, e) != 0 ||
-                   read_chat_max_tokens(root, lim, r, e) != 0 ||
-                   read_common(root, lim, r, e) != 0 ||
-                   read_chat_logprobs(root, lim, r, e) != 0 ||
-                   read_response_format(root, r, e) != 0 ||
-                   read_messages(root, lim, fmt, tok, r, e) != 0
-               ? -1
-               : 0;
+    int rc = check_unknown_fields(root, chat_known_fields, true, e) != 0 ||
+                     read_model(root, served_model, r, e) != 0 ||
+                     read_chat_max_tokens(root, lim, r, e) != 0 ||
+                     read_common(root, lim, r, e) != 0 ||
+                     read_chat_logprobs(root, lim, r, e) != 0 ||
+                     read_response_format(root, r, e) != 0 ||
+                     read_messages(root, lim, fmt, tok, r, e) != 0
+                 ? -1
+                 : 0;
+    /* A reply held to JSON has no room to reason: it is all content. */
+    r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object;
+    return rc;
 }
 
 /* ---- entry points ---------------------------------------------------------------------------- */

@@ -671,7 +671,7 @@ static void test_latency_metrics(void **state) {
 
 /* ---- chat ---------------------------------------------------------------------------------- */
 
-static ApiRequest *chat_request(const char *fields) {
+static ApiRequest *chat_request_in(ApiChatFormat fmt, const char *fields) {
     char body[512];
     snprintf(body, sizeof body,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}", fields);
@@ -679,10 +679,15 @@ static ApiRequest *chat_request(const char *fields) {
     api_limits_default(&l);
     ApiRequest *r = NULL;
     ApiError e;
-    if (api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_CHATML, NULL, &r, &e) != 0)
+    static const ApiChatTokens tok = {"<s>", "</s>"};
+    if (api_chat_request_parse(body, strlen(body), &l, "m", fmt, &tok, &r, &e) != 0)
         fail_msg("parse: %s", e.message);
     if (api_request_tokenize(r, &fake_vocab_bytes, 1000, &l, &e) != 0) fail_msg("tokenize: %s", e.message);
     return r;
+}
+
+static ApiRequest *chat_request(const char *fields) {
+    return chat_request_in(API_CHAT_CHATML, fields);
 }
 
 /* {"token", "logprob", "bytes"} of one chat logprob entry. */
@@ -783,8 +788,110 @@ static void test_chat_stream(void **state) {
     api_request_free(r);
 }
 
+/* The split alone: a reply fed in every cut into two pieces, and one byte at a time, gives
+ * what it gives whole: reasoning before the first "</think>", content after it (a later
+ * "</think>" is content), all reasoning when there is none; a near miss is reasoning. */
+static void check_split(const char *reply, const char *want_reasoning, const char *want_content) {
+    size_t n = strlen(reply);
+    for (size_t cut = 0; cut <= n + 1; cut++) {
+        ApiReasoningSplit sp = {0};
+        ApiBuf why, said;
+        api_buf_init(&why);
+        api_buf_init(&said);
+        if (cut <= n) { /* two pieces */
+            assert_int_equal(api_reasoning_feed(&sp, reply, cut, &why, &said), 0);
+            assert_int_equal(api_reasoning_feed(&sp, reply + cut, n - cut, &why, &said), 0);
+        } else { /* a byte at a time */
+            for (size_t i = 0; i < n; i++)
+                assert_int_equal(api_reasoning_feed(&sp, reply + i, 1, &why, &said), 0);
+        }
+        assert_int_equal(api_reasoning_flush(&sp, &why), 0);
+        assert_int_equal(why.len, strlen(want_reasoning));
+        assert_memory_equal(why.data ? why.data : "", want_reasoning, why.len);
+        assert_int_equal(said.len, strlen(want_content));
+        assert_memory_equal(said.data ? said.data : "", want_content, said.len);
+        api_buf_free(&why);
+        api_buf_free(&said);
+    }
+}
+
+static void test_reasoning_split(void **state) {
+    (void)state;
+    check_split("Let me think.</think>\n\nIt is 4.", "Let me think.", "\n\nIt is 4.");
+    check_split("</think>", "", "");
+    check_split("a</think>b</think>c", "a", "b</think>c");
+    check_split("no end <</thin", "no end <</thin", "");
+    check_split("</thinking> then </think>x", "</thinking> then ", "x");
+    check_split("", "", "");
+}
+
+/* DeepSeek R1's format: the reply comes back as reasoning_content and content, whole and
+ * streamed (reasoning deltas first, a held-back "</th" released as reasoning when it turns
+ * out not to end the block); any other format, or a reply held to JSON, is all content. */
+static void test_chat_reasoning(void **state) {
+    (void)state;
+    ApiRequest *r = chat_request_in(API_CHAT_DEEPSEEK_R1, "");
+    assert_true(r->reasoning);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('h'), "hm </th", 0), &out);
+    feed(c, 0, ev_token(0, T('i'), "ink>\n\nOk", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", r->prompts[0].n_tokens, 2, 0), &out);
+    json_t *o = parse_json(out.data, out.len);
+    json_t *msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    assert_string_equal(jstr(msg, "reasoning_content"), "hm ");
+    assert_string_equal(jstr(msg, "content"), "\n\nOk");
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    r = chat_request_in(API_CHAT_DEEPSEEK_R1, ",\"stream\":true");
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('a'), "a </th", 0), &out);
+    feed(c, 0, ev_token(0, T('b'), "e", 0), &out);
+    feed(c, 0, ev_token(0, T('c'), "n</think>Y", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "es", r->prompts[0].n_tokens, 3, 0), &out);
+    Frames f;
+    frames_parse(&out, &f);
+    static const struct {
+        const char *reasoning, *content, *finish;
+    } want[] = {
+        {NULL, "", NULL}, /* the role */
+        {"a ", NULL, NULL}, {"</the", NULL, NULL}, {"n", "Y", NULL}, {NULL, "es", "length"},
+    };
+    assert_int_equal(f.n, 6);
+    for (int i = 0; i < 5; i++) {
+        json_t *fo = frame_json(&f, i);
+        json_t *ch = json_array_get(json_object_get(fo, "choices"), 0);
+        json_t *delta = json_object_get(ch, "delta");
+        if (want[i].reasoning) assert_string_equal(jstr(delta, "reasoning_content"), want[i].reasoning);
+        else assert_null(json_object_get(delta, "reasoning_content"));
+        if (want[i].content) assert_string_equal(jstr(delta, "content"), want[i].content);
+        else assert_null(json_object_get(delta, "content"));
+        if (want[i].finish) assert_string_equal(jstr(ch, "finish_reason"), want[i].finish);
+        json_decref(fo);
+    }
+    assert_string_equal(f.data[5], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    r = chat_request_in(API_CHAT_DEEPSEEK_R1, ",\"response_format\":{\"type\":\"json_object\"}");
+    assert_false(r->reasoning);
+    api_request_free(r);
+    r = chat_request_in(API_CHAT_DEEPSEEK3, "");
+    assert_false(r->reasoning);
+    api_request_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reasoning_split),
+        cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_body_single),
         cmocka_unit_test(test_body_n2_two_prompts),
         cmocka_unit_test(test_body_logprobs),
