@@ -1,5 +1,5 @@
 /* fuzz_request — api/api.h's request-body surfaces on arbitrary bytes, default limits:
- * api_request_parse and api_chat_request_parse (in the ChatML, Llama 2 and DeepSeek
+ * api_request_parse and api_chat_request_parse (in the ChatML, Llama 2 and DeepSeek R1
  * formats; then api_request_tokenize, api_request_engine, an ApiCompletion's life,
  * api_request_free),
  * api_tokenize_handle and api_detokenize_handle.
@@ -243,7 +243,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_completions(body, size, &tight, "m", &vocabs[1], API_CHAT_NONE);
     fuzz_completions(body, size, &l, NULL, &vocabs[0], API_CHAT_CHATML);
     fuzz_completions(body, size, &tight, "m", &vocabs[1], API_CHAT_LLAMA2);
-    fuzz_completions(body, size, &l, NULL, &vocabs[0], API_CHAT_DEEPSEEK);
+    fuzz_completions(body, size, &l, NULL, &vocabs[0], API_CHAT_DEEPSEEK_R1);
     fuzz_tokenize(body, size, &l, NULL, &vocabs[0]);
     fuzz_tokenize(body, size, &tight, "m", &vocabs[1]);
     fuzz_detokenize(body, size, &l, NULL, &vocabs[0]);
