@@ -1,7 +1,9 @@
 /* fuzz_sse — api/api.h's ApiCompletion fed synthetic EngineEvents.
  *
  * Input: a header that shapes the request (1..3 prompts given as text or token ids, n 1..3,
- * stream, echo, logprobs -1..5, include_usage, force_usage, metrics on/off), then a
+ * stream, echo, logprobs -1..5, include_usage, force_usage, metrics on/off; or a chat
+ * request of one message, in ChatML or in DeepSeek R1's format, whose replies are cut
+ * into reasoning_content and content), then a
  * script of events: kind, prompt index and choice (sometimes out of range), token id,
  * text (arbitrary bytes, or the same bytes made valid UTF-8), logprob and top
  * alternatives (any float bit pattern), finish reason, usage numbers and an error message.
@@ -15,7 +17,9 @@
  * string; non-streamed output stays empty until done and is then one JSON object (a
  * text_completion body with every choice in order and a usage, or an error body).
  * When every event text is valid UTF-8 and the request did not fail, the text of each
- * choice equals (echo prompt +) its TOKEN texts + its FINISH text, streamed or not.
+ * choice equals (echo prompt +) its TOKEN texts + its FINISH text, streamed or not; for
+ * chat, reasoning_content + content does, less its first "</think>" in R1's format, where
+ * a stream never sends reasoning after content.
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +47,9 @@ static void setup(void) {
     ready = true;
 }
 
+/* This input's request: chat (deltas / message instead of text), and in R1's format. */
+static bool chat_mode, reasoning_mode;
+
 /* What the harness expects each choice's text to be. */
 typedef struct {
     char *text;
@@ -56,6 +63,60 @@ static void expect_add(Expect *x, const char *s) {
     if (!x->text) abort();
     memcpy(x->text + x->len, s, n + 1);
     x->len += n;
+}
+
+/* Appends s (n bytes) to *buf (*len bytes so far). */
+static void grow_add(char **buf, size_t *len, const char *s, size_t n) {
+    char *grown = realloc(*buf, *len + n + 1);
+    if (!grown) abort();
+    memcpy(grown + *len, s, n);
+    grown[*len + n] = '\0';
+    *buf = grown;
+    *len += n;
+}
+
+/* A choice's text parts: "text" (completions), or the chat message / delta's content and
+ * reasoning_content (either may be absent from a delta; the message always has content). */
+static void choice_parts(json_t *ch, bool delta, const char **said, size_t *said_len,
+                         const char **why, size_t *why_len) {
+    *said = *why = "";
+    *said_len = *why_len = 0;
+    json_t *text = json_object_get(ch, "text");
+    if (chat_mode) {
+        json_t *m = json_object_get(ch, delta ? "delta" : "message");
+        FZ_CHECK(json_is_object(m), "chat choice without %s", delta ? "delta" : "message");
+        text = json_object_get(m, "content");
+        FZ_CHECK(delta || json_is_string(text), "message without content");
+        json_t *r = json_object_get(m, "reasoning_content");
+        FZ_CHECK(!r || (reasoning_mode && json_is_string(r)), "reasoning_content out of place");
+        FZ_CHECK(delta || !reasoning_mode || r, "R1 message without reasoning_content");
+        if (r) {
+            *why = json_string_value(r);
+            *why_len = json_string_length(r);
+        }
+        if (!text) return;
+    }
+    FZ_CHECK(json_is_string(text), "choice text is not a string");
+    *said = json_string_value(text);
+    *said_len = json_string_length(text);
+}
+
+/* What a choice's text parts should join to: its events' text, less its first "</think>"
+ * where replies are cut at it. */
+static void expected_joined(const Expect *x, const char **a, size_t *a_len, const char **b,
+                            size_t *b_len) {
+    const char *end = reasoning_mode ? memmem(x->text, x->len, "</think>", 8) : NULL;
+    *a = x->text;
+    *a_len = end ? (size_t)(end - x->text) : x->len;
+    *b = end ? end + 8 : "";
+    *b_len = end ? x->len - *a_len - 8 : 0;
+}
+
+static bool joined_equal(const Expect *x, const char *got, size_t got_len) {
+    const char *a, *b;
+    size_t al, bl;
+    expected_joined(x, &a, &al, &b, &bl);
+    return got_len == al + bl && memcmp(got, a, al) == 0 && memcmp(got + al, b, bl) == 0;
 }
 
 static json_t *parse_json(const char *s, size_t len, const char *what) {
@@ -89,9 +150,24 @@ static char *request_body(FzReader *r, int *n_prompts_out, int *n_out) {
             free(clean);
         }
     }
-    json_t *req = json_pack("{s:s, s:o, s:i, s:i, s:b, s:b}", "model", "m", "prompt", prompts,
-                            "max_tokens", 16, "n", n, "stream", stream, "echo", echo);
-    if (logprobs >= 0) json_object_set_new(req, "logprobs", json_integer(logprobs));
+    json_t *req;
+    if (chat_mode) { /* one message: the first prompt's text (or a fixed one) */
+        json_t *first = json_array_get(prompts, 0);
+        json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content",
+                                json_is_string(first) ? json_string_value(first) : "hi");
+        req = json_pack("{s:s, s:[o], s:i, s:i, s:b}", "model", "m", "messages", msg,
+                        "max_tokens", 16, "n", n, "stream", stream);
+        json_decref(prompts);
+        if (logprobs >= 0) {
+            json_object_set_new(req, "logprobs", json_true());
+            json_object_set_new(req, "top_logprobs", json_integer(logprobs));
+        }
+        n_prompts = 1;
+    } else {
+        req = json_pack("{s:s, s:o, s:i, s:i, s:b, s:b}", "model", "m", "prompt", prompts,
+                        "max_tokens", 16, "n", n, "stream", stream, "echo", echo);
+        if (logprobs >= 0) json_object_set_new(req, "logprobs", json_integer(logprobs));
+    }
     if (stream && (b & 0x10))
         json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
     char *body = json_dumps(req, JSON_COMPACT);
@@ -107,8 +183,8 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
     size_t i = 0;
     int frames = 0;
     bool saw_done = false;
-    char *streamed[MAX_CHOICES] = {0};
-    size_t streamed_len[MAX_CHOICES] = {0};
+    char *streamed[MAX_CHOICES] = {0}, *thought[MAX_CHOICES] = {0};
+    size_t streamed_len[MAX_CHOICES] = {0}, thought_len[MAX_CHOICES] = {0};
     while (i < out->len) {
         FZ_CHECK(!saw_done, "bytes after data: [DONE]");
         FZ_CHECK(out->len - i >= 8 && memcmp(out->data + i, "data: ", 6) == 0,
@@ -136,16 +212,15 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
                 json_t *ch;
                 json_array_foreach(choices, k, ch) {
                     json_int_t index = json_integer_value(json_object_get(ch, "index"));
-                    json_t *text = json_object_get(ch, "text");
                     FZ_CHECK(index >= 0 && index < n_choices, "chunk index %lld",
                              (long long)index);
-                    FZ_CHECK(json_is_string(text), "chunk text is not a string");
-                    size_t tl = json_string_length(text);
-                    char *grown = realloc(streamed[index], streamed_len[index] + tl + 1);
-                    if (!grown) abort();
-                    memcpy(grown + streamed_len[index], json_string_value(text), tl);
-                    streamed[index] = grown;
-                    streamed_len[index] += tl;
+                    const char *said, *why;
+                    size_t said_len, why_len;
+                    choice_parts(ch, true, &said, &said_len, &why, &why_len);
+                    FZ_CHECK(why_len == 0 || streamed_len[index] == 0,
+                             "choice %lld: reasoning after content", (long long)index);
+                    grow_add(&thought[index], &thought_len[index], why, why_len);
+                    grow_add(&streamed[index], &streamed_len[index], said, said_len);
                 }
             }
             json_decref(j);
@@ -157,13 +232,14 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
              done ? "done" : "not done");
     for (int c = 0; c < n_choices; c++) {
         if (check_text) {
-            FZ_CHECK(streamed_len[c] == expect[c].len &&
-                         (expect[c].len == 0 ||
-                          memcmp(streamed[c], expect[c].text, expect[c].len) == 0),
-                     "choice %d streamed %zu bytes of text, expected %zu", c, streamed_len[c],
+            grow_add(&thought[c], &thought_len[c], streamed[c] ? streamed[c] : "",
+                     streamed_len[c]);
+            FZ_CHECK(joined_equal(&expect[c], thought[c] ? thought[c] : "", thought_len[c]),
+                     "choice %d streamed %zu bytes of text, expected %zu", c, thought_len[c],
                      expect[c].len);
         }
         free(streamed[c]);
+        free(thought[c]);
     }
     return frames;
 }
@@ -183,12 +259,17 @@ static void check_body_output(const ApiBuf *out, const ApiCompletion *c, int n_c
     for (int k = 0; k < n_choices; k++) {
         json_t *ch = json_array_get(choices, (size_t)k);
         FZ_CHECK(json_integer_value(json_object_get(ch, "index")) == k, "choice order");
-        json_t *text = json_object_get(ch, "text");
-        FZ_CHECK(json_is_string(text), "choice text is not a string");
+        const char *said, *why;
+        size_t said_len, why_len;
+        choice_parts(ch, false, &said, &said_len, &why, &why_len);
+        char *joined = NULL;
+        size_t joined_len = 0;
+        grow_add(&joined, &joined_len, why, why_len);
+        grow_add(&joined, &joined_len, said, said_len);
         if (check_text)
-            FZ_CHECK(json_string_length(text) == expect[k].len &&
-                         memcmp(json_string_value(text), expect[k].text, expect[k].len) == 0,
+            FZ_CHECK(joined_equal(&expect[k], joined, joined_len),
                      "choice %d text differs from its events", k);
+        free(joined);
     }
     json_decref(j);
 }
@@ -198,14 +279,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FzReader r = {data, size};
     uint8_t flags = fz_u8(&r);
     const ApiVocab *v = &vocabs[(flags >> 4) & 1];
+    chat_mode = flags & 0x20;
+    reasoning_mode = chat_mode && (flags & 0x40);
     int n_prompts, n;
     char *body = request_body(&r, &n_prompts, &n);
     ApiLimits lim;
     api_limits_default(&lim);
     ApiRequest *req = NULL;
     ApiError e;
-    FZ_CHECK(api_request_parse(body, strlen(body), &lim, "m", &req, &e) == 0,
-             "harness request refused: %s (%s)", e.message, body);
+    static const ApiChatTokens chat_tokens = {"<s>", "</s>"};
+    int parsed = chat_mode ? api_chat_request_parse(body, strlen(body), &lim, "m",
+                                                    reasoning_mode ? API_CHAT_DEEPSEEK_R1
+                                                                   : API_CHAT_CHATML,
+                                                    &chat_tokens, &req, &e)
+                           : api_request_parse(body, strlen(body), &lim, "m", &req, &e);
+    FZ_CHECK(parsed == 0, "harness request refused: %s (%s)", e.message, body);
+    FZ_CHECK(req->reasoning == reasoning_mode, "reasoning flag %d", (int)req->reasoning);
     FZ_CHECK(api_request_tokenize(req, v, 4096, &lim, &e) == 0,
              "harness request not tokenised: %s", e.message);
     ApiMetrics *metrics = NULL;
