@@ -228,7 +228,7 @@ static IsolateFn *const deepseek_coder[] = {newline_char, space_then_letters, sp
                                            cjk_run, number_char};
 
 /* DeepSeek LLM's letters: the class its tokenizer.json spells out (the cased letters of
- * an older Unicode, not \p{L}), as inclusive ranges. */
+ * an older Unicode, not \p{L}), as sorted inclusive ranges. */
 static const UnicodeRange deepseek_letters[] = {
     {0x0041, 0x005a}, {0x0061, 0x007a}, {0x00b5, 0x00b5}, {0x00c0, 0x00d6}, {0x00d8, 0x00f6},
     {0x00f8, 0x01ba}, {0x01bc, 0x01bf}, {0x01c4, 0x0293}, {0x0295, 0x02af}, {0x0370, 0x0373},
@@ -251,7 +251,7 @@ static const UnicodeRange deepseek_letters[] = {
 };
 
 /* Its punctuation: [!-/:-~！-／：-～‘-‟　-。] (ASCII's symbols too, their full-width forms,
- * quotation marks, ideographic space, comma and full stop). */
+ * quotation marks, ideographic space, comma and full stop), sorted. */
 static const UnicodeRange deepseek_punct[] = {
     {0x0021, 0x002f}, {0x003a, 0x007e}, {0x2018, 0x201f}, {0x3000, 0x3002},
     {0xff01, 0xff0f}, {0xff1a, 0xff5e},
@@ -259,10 +259,7 @@ static const UnicodeRange deepseek_punct[] = {
 
 static bool in_set(const UnicodeRange *r, size_t n, const Text *t, size_t i)
 {
-    if (i >= t->n) return false;
-    for (size_t k = 0; k < n; k++)
-        if (t->cps[i] >= r[k].first && t->cps[i] <= r[k].last) return true;
-    return false;
+    return i < t->n && unicode_in_ranges(r, n, t->cps[i]);
 }
 
 /* \s?[set]+ for DeepSeek LLM's two sets. */
@@ -327,10 +324,12 @@ static size_t split_isolating(IsolateFn *const *expr, int n_expr, const uint32_t
 
 size_t bpe_split_words(BpePre pre, const uint32_t *cps, size_t n, size_t *ends)
 {
+#define N_EXPR(a) ((int)(sizeof a / sizeof a[0]))
     if (pre == BPE_PRE_DEEPSEEK_CODER)
-        return split_isolating(deepseek_coder, 5, cps, 0, n, ends);
+        return split_isolating(deepseek_coder, N_EXPR(deepseek_coder), cps, 0, n, ends);
     if (pre == BPE_PRE_DEEPSEEK_LLM)
-        return split_isolating(deepseek_llm, 6, cps, 0, n, ends);
+        return split_isolating(deepseek_llm, N_EXPR(deepseek_llm), cps, 0, n, ends);
+#undef N_EXPR
     if (pre != BPE_PRE_DIGITS) return split_stretch(pre, cps, 0, n, ends);
     size_t words = 0, from = 0;
     for (size_t i = 0; i <= n; i++) {

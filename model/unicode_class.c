@@ -11,7 +11,7 @@ static bool is_white_space(uint32_t cp)
            cp == 0x205f || cp == 0x3000;
 }
 
-static bool in_ranges(const UnicodeRange *r, size_t n, uint32_t cp)
+bool unicode_in_ranges(const UnicodeRange *r, size_t n, uint32_t cp)
 {
     size_t lo = 0, hi = n;
     while (lo < hi) {
@@ -34,12 +34,12 @@ UnicodeClass unicode_class(uint32_t cp)
         return is_white_space(cp) ? UCLASS_SPACE : UCLASS_OTHER;
     }
     if (is_white_space(cp)) return UCLASS_SPACE;
-    if (in_ranges(unicode_letters, unicode_letters_count, cp)) return UCLASS_LETTER;
-    if (in_ranges(unicode_numbers, unicode_numbers_count, cp)) return UCLASS_NUMBER;
+    if (unicode_in_ranges(unicode_letters, unicode_letters_count, cp)) return UCLASS_LETTER;
+    if (unicode_in_ranges(unicode_numbers, unicode_numbers_count, cp)) return UCLASS_NUMBER;
     return UCLASS_OTHER;
 }
 
 bool unicode_is_punct(uint32_t cp)
 {
-    return in_ranges(unicode_punct, unicode_punct_count, cp);
+    return unicode_in_ranges(unicode_punct, unicode_punct_count, cp);
 }

@@ -24,6 +24,8 @@ extern const UnicodeRange unicode_punct[];
 extern const size_t unicode_punct_count;
 
 UnicodeClass unicode_class(uint32_t cp);
+/* Whether cp is in one of n sorted, disjoint, inclusive ranges (a binary search). */
+bool unicode_in_ranges(const UnicodeRange *r, size_t n, uint32_t cp);
 /* General category P* (Pc, Pd, Ps, Pe, Pi, Pf, Po). */
 bool unicode_is_punct(uint32_t cp);
 
