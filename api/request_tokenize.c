@@ -76,7 +76,8 @@ static int make_fim_prompts(ApiRequest *r, const ApiVocab *v, ApiError *e) {
         api_buf_init(&b);
         const char *parts[] = {f->prefix, r->prompts[i].text, f->suffix, r->suffix, f->middle};
         int rc = 0;
-        for (size_t k = 0; k < 5 && rc == 0; k++) rc = api_buf_append_str(&b, parts[k]);
+        for (size_t k = 0; k < sizeof parts / sizeof parts[0] && rc == 0; k++)
+            rc = api_buf_append_str(&b, parts[k]);
         size_t len;
         char *text = rc == 0 ? api_buf_take(&b, &len) : NULL;
         api_buf_free(&b);
