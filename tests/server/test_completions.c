@@ -1,7 +1,7 @@
 /* End to end completions on a random-weight model held with F16 weight matrices: non-streamed and streamed (every SSE
  * frame is JSON, one id, [DONE] last), the two agree; n=2; stop strings; logprobs; echo;
  * logit_bias; chat completions (the rendered prompt's completion, streamed too, and the
- * default length); JSON-object output; usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
+ * default length; DeepSeek R1's reasoning_content); JSON-object output; usage equal to /tokenize's count; 32 concurrent streams each equal to the same request
  * run alone; and a stream dropped mid-way whose engine work is cancelled and whose KV
  * blocks come back. */
 #include "tests/server/server_test.h"
@@ -392,6 +392,40 @@ static void test_chat_is_completion_of_rendered_prompt(void **state)
     json_decref(t);
 }
 
+/* In DeepSeek R1's format (a second server, same model and settings) the reply opens inside
+ * <think>: answered as reasoning_content + content, which join to the completion of the
+ * rendered prompt (less its first "</think>", if the random model wrote one). */
+static void test_chat_reasoning_split(void **state)
+{
+    (void)state;
+    ServerProc r1;
+    const char *extra[] = {"--kv-dtype", "f32", "--weight-type", "f16", "--chat-template",
+                           "deepseek-r1", NULL};
+    assert_int_equal(start_random_server(&r1, extra), 0);
+    const char *opts = "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\":\"random\"," CHAT_MSGS ",%s}", opts);
+    int status = 0;
+    json_t *c = post_json(r1.port, "/v1/chat/completions", body, &status);
+    assert_int_equal(status, 200);
+    json_t *msg = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message");
+    const char *why = json_string_value(json_object_get(msg, "reasoning_content"));
+    const char *said = json_string_value(json_object_get(msg, "content"));
+    assert_non_null(why);
+    assert_non_null(said);
+    json_t *t = complete("Be brief.<\xef\xbd\x9cUser\xef\xbd\x9c>Tell me a story<\xef\xbd\x9c"
+                         "Assistant\xef\xbd\x9c><think>\n", opts);
+    const char *text = choice_text(t, 0), *end = strstr(text, "</think>");
+    size_t head = end ? (size_t)(end - text) : strlen(text);
+    assert_int_equal(strlen(why), head);
+    assert_memory_equal(why, text, head);
+    assert_string_equal(said, end ? end + 8 : "");
+    assert_int_equal(usage_field(c, "prompt_tokens"), usage_field(t, "prompt_tokens"));
+    json_decref(c);
+    json_decref(t);
+    assert_int_equal(server_proc_stop(&r1, 20.0), 0);
+}
+
 /* A follow-up turn repeats the conversation so far: its prompt starts with the first
  * turn's, whose full KV blocks the prefix cache still holds. */
 static void test_chat_follow_up_hits_prefix_cache(void **state)
@@ -763,6 +797,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
+        cmocka_unit_test(test_chat_reasoning_split),
         cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_json_schema),
