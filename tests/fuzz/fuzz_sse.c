@@ -14,8 +14,8 @@
  * Checked, always: streamed output is a sequence of "data: <payload>\n\n" frames whose
  * payloads are JSON objects, except one final "[DONE]" (there exactly when the request is
  * done); nothing comes after it; chunks name a choice index in range and carry a "text"
- * string; non-streamed output stays empty until done and is then one JSON object (a
- * text_completion body with every choice in order and a usage, or an error body).
+ * string (chat: a delta); non-streamed output stays empty until done and is then one JSON
+ * object (a body with every choice in order and a usage, or an error body).
  * When every event text is valid UTF-8 and the request did not fail, the text of each
  * choice equals (echo prompt +) its TOKEN texts + its FINISH text, streamed or not; for
  * chat, reasoning_content + content does, less its first "</think>" in R1's format, where
