@@ -15,6 +15,7 @@
 #include "api/api.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "tests/model/tokenizer_test_util.h"
 
 static Tokenizer *tok;
 static ApiVocab vocab;
@@ -44,14 +45,6 @@ static int teardown(void **state) {
     (void)state;
     tokenizer_free(tok);
     return 0;
-}
-
-static int32_t find_piece(const char *piece) {
-    for (int32_t id = 0; id < tokenizer_n_vocab(tok); id++) {
-        GgufStr p = tokenizer_piece(tok, id);
-        if (p.len == strlen(piece) && memcmp(p.ptr, piece, p.len) == 0) return id;
-    }
-    return -1;
 }
 
 /* The server encodes prompts with special-token parsing: "<s>" and "</s>" written in a
@@ -130,7 +123,7 @@ static void test_wrapper_basics(void **state) {
     assert_int_equal(vocab.token_text(vocab.arg, 1, buf, sizeof buf, &control), 3);
     assert_string_equal(buf, "<s>");
     assert_true(control);
-    int32_t nl = find_piece("<0x0A>"), c3 = find_piece("<0xC3>");
+    int32_t nl = find_piece(tok, "<0x0A>"), c3 = find_piece(tok, "<0xC3>");
     assert_true(nl >= 0 && c3 >= 0);
     vocab.token_text(vocab.arg, nl, buf, sizeof buf, &control);
     assert_string_equal(buf, "\n");
@@ -147,20 +140,6 @@ static void test_wrapper_basics(void **state) {
     assert_string_equal(buf, " a");
     assert_false(control);
     assert_int_equal(vocab.token_text(vocab.arg, 512, buf, sizeof buf, &control), -1);
-}
-
-/* A shared vocabulary (models/vocab/NAME) as an ApiVocab; false (saying so) without it. */
-static bool load_vocab(const char *name, GgufFile **f, Tokenizer **t, ApiVocab *v) {
-    const char *dir = getenv("PAGEDSERVE_SHARED_DIR");
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s/models/vocab/%s", dir ? dir : "", name);
-    if (!dir || gguf_open(path, f, err, sizeof err) != 0) {
-        printf("SKIP: %s not found (PAGEDSERVE_SHARED_DIR=%s)\n", path, dir ? dir : "(unset)");
-        return false;
-    }
-    if (tokenizer_load(*f, t, err, sizeof err) != 0) fail_msg("tokenizer_load %s: %s", name, err);
-    api_vocab_from_tokenizer(v, *t);
-    return true;
 }
 
 /* suffix: each prompt becomes prefix marker + prompt + suffix marker + suffix + middle
@@ -181,10 +160,13 @@ static void test_fill_in_the_middle(void **state) {
                                "\"suffix\":\"\\n    return y\\n\",\"max_tokens\":4}";
     static const char *const prompts[] = {"def f(x):\n    ", "y = "};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        GgufFile *f;
-        Tokenizer *t;
+        char rel[128];
+        snprintf(rel, sizeof rel, "vocab/%s", cases[c].vocab);
+        LoadedVocab lv;
+        if (!load_shared_vocab(rel, "test_fill_in_the_middle", &lv)) continue;
+        Tokenizer *t = lv.tok;
         ApiVocab v;
-        if (!load_vocab(cases[c].vocab, &f, &t, &v)) continue;
+        api_vocab_from_tokenizer(&v, t);
         ApiLimits l;
         api_limits_default(&l);
         ApiRequest *r;
@@ -212,8 +194,7 @@ static void test_fill_in_the_middle(void **state) {
             assert_int_equal(r->prompts[i].tokens[n - 1], mid); /* the model writes next */
         }
         api_request_free(r);
-        tokenizer_free(t);
-        gguf_close(f);
+        loaded_vocab_free(&lv);
     }
 }
 
