@@ -57,14 +57,6 @@ typedef struct {
     bool finished;
 } Expect;
 
-static void expect_add(Expect *x, const char *s) {
-    size_t n = strlen(s);
-    x->text = realloc(x->text, x->len + n + 1);
-    if (!x->text) abort();
-    memcpy(x->text + x->len, s, n + 1);
-    x->len += n;
-}
-
 /* Appends s (n bytes) to *buf (*len bytes so far). */
 static void grow_add(char **buf, size_t *len, const char *s, size_t n) {
     char *grown = realloc(*buf, *len + n + 1);
@@ -74,6 +66,8 @@ static void grow_add(char **buf, size_t *len, const char *s, size_t n) {
     *buf = grown;
     *len += n;
 }
+
+static void expect_add(Expect *x, const char *s) { grow_add(&x->text, &x->len, s, strlen(s)); }
 
 /* A choice's text parts: "text" (completions), or the chat message / delta's content and
  * reasoning_content (either may be absent from a delta; the message always has content). */
