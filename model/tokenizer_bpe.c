@@ -190,22 +190,25 @@ typedef size_t IsolateFn(const Text *t, size_t i);
 
 static size_t newline_char(const Text *t, size_t i) { return is_newline(t, i) ? i + 1 : i; }
 
+/* Whether the character at i (if any) is of some class. */
+typedef bool CharIs(const Text *t, size_t i);
+
+static bool is_letter(const Text *t, size_t i) { return cls(t, i) == UCLASS_LETTER; }
+
 static bool is_punct(const Text *t, size_t i) { return i < t->n && unicode_is_punct(t->cps[i]); }
 
-/* \s?X+ for a class X: the run of X at i, or after one space at i. */
-static size_t space_then_letters(const Text *t, size_t i)
+/* \s?X+ for a class X: the run of X at i, or after one space at i (its end, or i). */
+static size_t space_then_run(const Text *t, size_t i, CharIs *is)
 {
-    size_t j = cls(t, i) == UCLASS_SPACE && cls(t, i + 1) == UCLASS_LETTER ? i + 1 : i;
-    return cls(t, j) == UCLASS_LETTER ? run_of(t, j, UCLASS_LETTER) : i;
-}
-
-static size_t space_then_punct(const Text *t, size_t i)
-{
-    size_t j = cls(t, i) == UCLASS_SPACE && is_punct(t, i + 1) ? i + 1 : i;
-    if (!is_punct(t, j)) return i;
-    while (is_punct(t, j)) j++;
+    size_t j = cls(t, i) == UCLASS_SPACE && is(t, i + 1) ? i + 1 : i;
+    if (!is(t, j)) return i;
+    while (is(t, j)) j++;
     return j;
 }
+
+static size_t space_then_letters(const Text *t, size_t i) { return space_then_run(t, i, is_letter); }
+
+static size_t space_then_punct(const Text *t, size_t i) { return space_then_run(t, i, is_punct); }
 
 /* [\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+ (CJK ideographs, most scripts from
  * Samaritan to CJK, Hangul syllables). */
@@ -257,28 +260,22 @@ static const UnicodeRange deepseek_punct[] = {
     {0xff01, 0xff0f}, {0xff1a, 0xff5e},
 };
 
-static bool in_set(const UnicodeRange *r, size_t n, const Text *t, size_t i)
-{
-    return i < t->n && unicode_in_ranges(r, n, t->cps[i]);
-}
+#define IN_SET(set, t, i) ((i) < (t)->n && unicode_in_ranges(set, sizeof set / sizeof set[0], (t)->cps[i]))
 
-/* \s?[set]+ for DeepSeek LLM's two sets. */
-static size_t space_then_set(const UnicodeRange *r, size_t n, const Text *t, size_t i)
-{
-    size_t j = cls(t, i) == UCLASS_SPACE && in_set(r, n, t, i + 1) ? i + 1 : i;
-    if (!in_set(r, n, t, j)) return i;
-    while (in_set(r, n, t, j)) j++;
-    return j;
-}
+static bool is_deepseek_letter(const Text *t, size_t i) { return IN_SET(deepseek_letters, t, i); }
+
+static bool is_deepseek_punct(const Text *t, size_t i) { return IN_SET(deepseek_punct, t, i); }
+
+#undef IN_SET
 
 static size_t deepseek_letter_run(const Text *t, size_t i)
 {
-    return space_then_set(deepseek_letters, sizeof deepseek_letters / sizeof deepseek_letters[0], t, i);
+    return space_then_run(t, i, is_deepseek_letter);
 }
 
 static size_t deepseek_punct_run(const Text *t, size_t i)
 {
-    return space_then_set(deepseek_punct, sizeof deepseek_punct / sizeof deepseek_punct[0], t, i);
+    return space_then_run(t, i, is_deepseek_punct);
 }
 
 /* \s+$: the white space from i, if it runs to the end of the word. Only the start of a
