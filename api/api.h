@@ -97,11 +97,10 @@ typedef struct {
     char held[8];  /* the end of the text so far while it could begin "</think>" */
 } ApiReasoningSplit;
 
-/* Append the reasoning and the content parts of n more bytes; 0, or -1 out of memory. */
-int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, ApiBuf *reasoning,
-                       ApiBuf *content);
-/* The reply ended: what was held back is reasoning after all. */
-int api_reasoning_flush(ApiReasoningSplit *s, ApiBuf *reasoning);
+/* Append the reasoning and the content parts of n more bytes; last: the reply ends with
+ * them, so what is still held back is reasoning after all. 0, or -1 out of memory. */
+int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, bool last,
+                       ApiBuf *reasoning, ApiBuf *content);
 
 /* ---- chat templates (chat_template.c) ------------------------------------------------------- */
 

@@ -422,8 +422,7 @@ static int split_whole(const ApiBuf *text, json_t **reasoning, json_t **content)
     ApiBuf why, said;
     api_buf_init(&why);
     api_buf_init(&said);
-    int rc = api_reasoning_feed(&s, text->data ? text->data : "", text->len, &why, &said);
-    if (rc == 0) rc = api_reasoning_flush(&s, &why);
+    int rc = api_reasoning_feed(&s, text->data ? text->data : "", text->len, true, &why, &said);
     if (rc == 0) {
         *reasoning = api_json_string(why.data ? why.data : "", why.len);
         *content = api_json_string(said.data ? said.data : "", said.len);
@@ -527,8 +526,7 @@ static int emit_split(const ApiCompletion *c, Choice *ch, int32_t index, const c
     ApiBuf why, said;
     api_buf_init(&why);
     api_buf_init(&said);
-    int rc = api_reasoning_feed(&ch->split, text, len, &why, &said);
-    if (rc == 0 && last) rc = api_reasoning_flush(&ch->split, &why);
+    int rc = api_reasoning_feed(&ch->split, text, len, last, &why, &said);
     if (rc == 0 && (why.len || said.len || lp || fin != FINISH_NONE))
         rc = emit_chunk(c, index, said.data ? said.data : "", said.len, &why, lp, fin, out);
     else

@@ -21,8 +21,8 @@ static size_t marker_start(const char *s, size_t n) {
     return 0;
 }
 
-int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, ApiBuf *reasoning,
-                       ApiBuf *content) {
+int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, bool last,
+                       ApiBuf *reasoning, ApiBuf *content) {
     if (s->done) return api_buf_append(content, text, n);
     ApiBuf seen; /* what is held, then the new text */
     api_buf_init(&seen);
@@ -42,17 +42,11 @@ int api_reasoning_feed(ApiReasoningSplit *s, const char *text, size_t n, ApiBuf 
         rc = api_buf_append(reasoning, all, at);
         if (rc == 0) rc = api_buf_append(content, all + after, len - after);
     } else {
-        size_t keep = marker_start(all, len);
+        size_t keep = last ? 0 : marker_start(all, len);
         rc = api_buf_append(reasoning, all, len - keep);
         memcpy(s->held, all + len - keep, keep);
         s->n_held = (uint8_t)keep;
     }
     api_buf_free(&seen);
-    return rc;
-}
-
-int api_reasoning_flush(ApiReasoningSplit *s, ApiBuf *reasoning) {
-    int rc = api_buf_append(reasoning, s->held, s->n_held);
-    s->n_held = 0;
     return rc;
 }

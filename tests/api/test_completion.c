@@ -799,13 +799,13 @@ static void check_split(const char *reply, const char *want_reasoning, const cha
         api_buf_init(&why);
         api_buf_init(&said);
         if (cut <= n) { /* two pieces */
-            assert_int_equal(api_reasoning_feed(&sp, reply, cut, &why, &said), 0);
-            assert_int_equal(api_reasoning_feed(&sp, reply + cut, n - cut, &why, &said), 0);
-        } else { /* a byte at a time */
+            assert_int_equal(api_reasoning_feed(&sp, reply, cut, false, &why, &said), 0);
+            assert_int_equal(api_reasoning_feed(&sp, reply + cut, n - cut, true, &why, &said), 0);
+        } else { /* a byte at a time, then the end with no more text */
             for (size_t i = 0; i < n; i++)
-                assert_int_equal(api_reasoning_feed(&sp, reply + i, 1, &why, &said), 0);
+                assert_int_equal(api_reasoning_feed(&sp, reply + i, 1, false, &why, &said), 0);
+            assert_int_equal(api_reasoning_feed(&sp, "", 0, true, &why, &said), 0);
         }
-        assert_int_equal(api_reasoning_flush(&sp, &why), 0);
         assert_int_equal(why.len, strlen(want_reasoning));
         assert_memory_equal(why.data ? why.data : "", want_reasoning, why.len);
         assert_int_equal(said.len, strlen(want_content));
