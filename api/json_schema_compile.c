@@ -26,7 +26,9 @@
 
 /* The keywords that constrain one type each (without a "type" they imply it). The range
  * words are held on integers only, in this order (compile_range). */
-static const char *const object_words[] = { "properties", "required", "additionalProperties", NULL };
+static const char *const object_words[] = {
+    "properties", "required", "additionalProperties", "minProperties", "maxProperties", NULL,
+};
 static const char *const array_words[] = { "items", "minItems", "maxItems", NULL };
 static const char *const string_words[] = { "format", "minLength", "maxLength", NULL };
 static const char *const range_words[] = {
@@ -53,7 +55,7 @@ static const char *typed_keyword(const json_t *sch) {
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
     "pattern", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "not", "if", "then", "else", "dependentRequired",
+    "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
     "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
     "contentEncoding", "contentMediaType", NULL,
@@ -248,12 +250,31 @@ static int compile_map(Compiler *c, int node, const json_t *values) {
     return 0;
 }
 
+/* minProperties / maxProperties: held only as both 1 over properties none of which is
+ * required (exactly one of them: a reply of one of several shapes); *one tells. */
+static int read_property_counts(Compiler *c, const json_t *sch, bool *one) {
+    const json_t *lo = json_object_get(sch, "minProperties");
+    const json_t *hi = json_object_get(sch, "maxProperties");
+    const json_t *props = json_object_get(sch, "properties");
+    const json_t *required = json_object_get(sch, "required");
+    *one = lo || hi;
+    if (!*one) return 0;
+    if (!json_is_integer(lo) || !json_is_integer(hi) || json_integer_value(lo) != 1 ||
+        json_integer_value(hi) != 1 || json_object_size(props) == 0 ||
+        json_array_size(required) != 0)
+        return fail(c, "%s", "'minProperties' / 'maxProperties' are held only as both 1 over "
+                    "'properties' none of which is required (exactly one of them)");
+    return 0;
+}
+
 static int compile_object(Compiler *c, int node, const json_t *sch) {
     const json_t *props = json_object_get(sch, "properties");
     const json_t *required = json_object_get(sch, "required");
     const json_t *extra = json_object_get(sch, "additionalProperties");
+    bool one;
     if (props && !json_is_object(props)) return fail(c, "%s", "'properties' must be an object");
     if (required && !json_is_array(required)) return fail(c, "%s", "'required' must be an array");
+    if (read_property_counts(c, sch, &one) != 0) return -1;
     size_t i;
     const json_t *v;
     json_array_foreach(required, i, v)
@@ -277,6 +298,7 @@ static int compile_object(Compiler *c, int node, const json_t *sch) {
         if (kids[i++] < 0) return -1;
     }
     json_schema_set_kind(c->s, node, JS_OBJECT);
+    if (one) json_schema_set_one_property(c->s, node);
     i = 0;
     json_object_foreach((json_t *)props, name, v) {
         char *text, err[160];

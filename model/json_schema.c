@@ -31,7 +31,7 @@ typedef struct {
     int32_t items, min_items, max_items; /* JS_STRING: min/max length in characters */
     int32_t format;      /* JS_STRING: a JsonFormat, or JF_NONE */
     int32_t min_depth;   /* frames its shortest value takes, itself included (finish) */
-    int32_t unused;
+    int32_t one_property; /* JS_OBJECT: exactly one of its properties (none required) */
     int64_t lo, hi;      /* JS_INTEGER: the range (INT64_MIN, INT64_MAX: none) */
 } Node;
 
@@ -180,6 +180,10 @@ void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_len
     s->nodes[node].max_items = max_length;
 }
 
+void json_schema_set_one_property(JsonSchema *s, int node) {
+    s->nodes[node].one_property = 1;
+}
+
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items) {
     Node *n = &s->nodes[node];
     n->items = items;
@@ -319,10 +323,11 @@ static int32_t depth_from_children(const JsonSchema *s, const Node *n) {
     int32_t below = 0;
     switch ((JsonSchemaKind)n->kind) {
     case JS_OBJECT:
+        if (n->one_property) below = INT32_MAX; /* the shallowest of its properties */
         for (int i = 0; i < n->count; i++)
-            if ((n->required >> i) & 1) {
+            if (n->one_property || ((n->required >> i) & 1)) {
                 int32_t d = s->nodes[s->lits[n->first_lit + i].value].min_depth;
-                below = d > below ? d : below;
+                below = n->one_property ? (d < below ? d : below) : (d > below ? d : below);
             }
         break;
     case JS_ARRAY:
@@ -371,6 +376,9 @@ int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t
             rc = set_err(err, err_len, "a string whose minLength is above its maxLength");
         else if (n->kind == JS_INTEGER && n->lo > n->hi)
             rc = set_err(err, err_len, "an integer whose minimum is above its maximum");
+        else if (n->kind == JS_OBJECT && n->one_property && (n->count == 0 || n->required))
+            rc = set_err(err, err_len, "an object of exactly one property needs properties, "
+                         "none of them required");
         else
             rc = first_bytes(s, i, seen, err, err_len);
     }
@@ -747,9 +755,10 @@ static ByteResult object_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
     bool map = n->kind == JS_MAP;
     if (is_ws(c)) return take_ws(st, c);
     bool rest_optional = map || f->index >= 64 || (n->required >> f->index) == 0;
+    bool one = !map && n->one_property;
     switch ((Phase)f->phase) {
     case P_OBJ_FIRST:
-        if (c == '}' && rest_optional) break;
+        if (c == '}' && rest_optional && !one) break;
         /* fall through */
     case P_OBJ_NEXT:
         if (c != '"' || !name_may_follow(st, s, n, f->index)) return fail(st);
@@ -759,7 +768,7 @@ static ByteResult object_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
         open_child(st, s, f, map ? n->items : s->lits[n->first_lit + f->index - 1].value, P_OBJ_AFTER);
         return st->failed ? B_FAIL : B_TAKEN;
     case P_OBJ_AFTER:
-        if (c == ',' && name_may_follow(st, s, n, f->index)) {
+        if (c == ',' && !one && name_may_follow(st, s, n, f->index)) {
             f->phase = P_OBJ_NEXT;
             return B_TAKEN;
         }

@@ -78,6 +78,11 @@ void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi);
 /* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
  * items is the node of every value (the bounds unused: 0, -1). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
+/* JS_OBJECT: exactly one of its properties comes, whichever (JSON Schema's minProperties =
+ * maxProperties = 1; none may be required). A reply that is one thing of several shapes
+ * ({"content": ...} or {"tool_calls": ...}) is held to this: anyOf needs different first
+ * bytes. */
+void json_schema_set_one_property(JsonSchema *s, int node);
 /* JS_OBJECT: the next property, its name as JSON string text with the quotes ("\"name\""). */
 int json_schema_add_property(JsonSchema *s, int node, const char *name_json, size_t len,
                              int value, bool required, char *err, size_t err_len);

@@ -43,6 +43,16 @@
     "\"required\":[\"address\",\"mood\",\"scores\",\"ok\"],\"title\":\"Report\","                \
     "\"type\":\"object\",\"additionalProperties\":false}"
 
+/* A reply of one of two shapes, each call one of two functions (exactly one property:
+ * minProperties = maxProperties = 1), the grammar chat's tool calls are held to. */
+#define REPLY                                                                                    \
+    "{\"type\":\"object\",\"minProperties\":1,\"maxProperties\":1,\"properties\":{"          \
+    "\"content\":{\"type\":\"string\"},\"tool_calls\":{\"type\":\"array\",\"minItems\":1,"  \
+    "\"items\":{\"type\":\"object\",\"minProperties\":1,\"maxProperties\":1,\"properties\":{" \
+    "\"get_weather\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"  \
+    "\"required\":[\"city\"]},\"noop\":{\"type\":\"object\",\"properties\":{},"             \
+    "\"additionalProperties\":false}}}}}}"
+
 static json_t *load(const char *text) {
     json_error_t err;
     json_t *j = json_loads(text, JSON_DECODE_ANY, &err);
@@ -155,6 +165,29 @@ static void test_optional_and_alternatives(void **state) {
     expect(TREE, "{\"value\":1,\"children\":[{\"value\":2}", -1);
 }
 
+static void test_one_property(void **state) {
+    (void)state;
+    static const char *const whole[] = {
+        "{\"content\":\"hi\"}",
+        "{\"tool_calls\":[{\"noop\":{}}]}",
+        "{ \"tool_calls\" : [ {\"get_weather\":{\"city\":\"Oslo\"}}, {\"noop\":{}} ] }",
+        "{\"tool_calls\":[{\"noop\":{}},{\"noop\":{}}]}",
+    };
+    EXPECT_ALL(REPLY, whole, 1);
+    static const char *const prefixes[] = { "{", "{\"tool_calls\":[{\"noop\":{}}", "{\"con" };
+    EXPECT_ALL(REPLY, prefixes, 0);
+    static const char *const refused[] = {
+        "{}",                                             /* one property must come */
+        "{\"content\":\"hi\",",                          /* and only one */
+        "{\"tool_calls\":[{}",                            /* each call names a function */
+        "{\"tool_calls\":[{\"noop\":{},",                 /* one function a call */
+        "{\"tool_calls\":[]",                             /* minItems 1 */
+        "{\"tool_calls\":[{\"get_weather\":{}",           /* its required argument */
+        "{\"tool_calls\":[{\"other\"",
+    };
+    EXPECT_ALL(REPLY, refused, -1);
+}
+
 static void compile_error(const char *schema_text, const char *words) {
     json_t *j = load(schema_text);
     JsonSchema *s = NULL;
@@ -194,6 +227,12 @@ static void test_refused(void **state) {
     compile_error("{\"$ref\":\"#/$defs/A\",\"$defs\":{\"A\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"}]}}}",
                   "refer back");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":5}}", "must be an object");
+    compile_error("{\"type\":\"object\",\"minProperties\":2,\"maxProperties\":2,\"properties\""
+                  ":{\"x\":{},\"y\":{}}}", "both 1");
+    compile_error("{\"type\":\"object\",\"maxProperties\":1,\"properties\":{\"x\":{}}}", "both 1");
+    compile_error("{\"type\":\"object\",\"minProperties\":1,\"maxProperties\":1}", "both 1");
+    compile_error("{\"type\":\"object\",\"minProperties\":1,\"maxProperties\":1,\"properties\""
+                  ":{\"x\":{}},\"required\":[\"x\"]}", "both 1");
     char big[4096] = "{\"type\":\"object\",\"properties\":{";
     for (int i = 0; i < 65; i++)
         snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"p%d\":{}", i ? "," : "", i);
@@ -353,6 +392,9 @@ static bool valid(const json_t *doc, const json_t *sch, const json_t *v) {
         const json_t *props = json_object_get(sch, "properties");
         json_array_foreach(json_object_get(sch, "required"), i, x)
             if (!json_object_get(v, json_string_value(x))) return false;
+        const json_t *mn = json_object_get(sch, "minProperties"), *mx = json_object_get(sch, "maxProperties");
+        if (mn && (json_int_t)json_object_size(v) < json_integer_value(mn)) return false;
+        if (mx && (json_int_t)json_object_size(v) > json_integer_value(mx)) return false;
         const char *key;
         json_object_foreach((json_t *)v, key, x) {
             const json_t *ps = json_object_get(props, key);
@@ -409,7 +451,7 @@ static char *random_walk(const JsonSchema *s, size_t max) {
 
 static void test_walks_are_valid(void **state) {
     (void)state;
-    const char *schemas[] = { PERSON, TREE, PYDANTIC };
+    const char *schemas[] = { PERSON, TREE, PYDANTIC, REPLY };
     for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
         json_t *doc = load(schemas[k]);
         JsonSchema *s = compile_ok(schemas[k]);
@@ -458,13 +500,17 @@ static json_t *instance(const json_t *doc, const json_t *sch, int depth) {
     if (strcmp(t, "object") == 0) {
         json_t *o = json_object();
         const json_t *req = json_object_get(sch, "required");
+        const json_t *props = json_object_get(sch, "properties");
+        bool one = json_object_get(sch, "maxProperties") != NULL; /* exactly one: REPLY's */
+        size_t pick = one ? rnd((uint32_t)json_object_size(props)) : 0, at = 0;
         const char *key;
-        json_object_foreach((json_t *)json_object_get(sch, "properties"), key, x) {
+        json_object_foreach((json_t *)props, key, x) {
             bool required = false;
             size_t i;
             const json_t *r;
             json_array_foreach(req, i, r) required |= strcmp(json_string_value(r), key) == 0;
-            if (required || rnd(2)) json_object_set_new(o, key, instance(doc, x, depth + 1));
+            if (one ? at++ == pick : required || rnd(2))
+                json_object_set_new(o, key, instance(doc, x, depth + 1));
         }
         const json_t *extra = json_object_get(sch, "additionalProperties");
         if (!json_object_get(sch, "properties") && json_is_object(extra))
@@ -477,7 +523,7 @@ static json_t *instance(const json_t *doc, const json_t *sch, int depth) {
 
 static void test_instances_are_accepted(void **state) {
     (void)state;
-    const char *schemas[] = { PERSON, TREE, PYDANTIC };
+    const char *schemas[] = { PERSON, TREE, PYDANTIC, REPLY };
     for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
         json_t *doc = load(schemas[k]);
         JsonSchema *s = compile_ok(schemas[k]);
@@ -821,6 +867,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_person),
         cmocka_unit_test(test_optional_and_alternatives),
+        cmocka_unit_test(test_one_property),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_walks_are_valid),
