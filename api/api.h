@@ -197,6 +197,14 @@ typedef struct {
     bool given_as_tokens;
 } ApiPrompt;
 
+/* What a chat's tools ask of the reply (api/tool_calls.c). */
+typedef enum {
+    API_TOOLS_OFF = 0,  /* no tools, or tool_choice "none": a reply of text */
+    API_TOOLS_AUTO,     /* {"content": ...} or {"tool_calls": [...]} */
+    API_TOOLS_REQUIRED, /* {"tool_calls": [...]} */
+    API_TOOLS_NAMED,    /* {"tool_calls": [...]} of the one function tool_choice names */
+} ApiToolMode;
+
 typedef struct {
     char *model;
     ApiPrompt *prompts;
@@ -210,6 +218,9 @@ typedef struct {
     JsonSchema *json_schema; /* json_schema: the object's grammar (owned); NULL: any object */
     bool chat;              /* a /v1/chat/completions request (one prompt: the rendered
                              * messages; the response is chat.completion shaped) */
+    ApiToolMode tools;      /* chat with tools: the reply is held to their JSON (json_object
+                             * and json_schema set) and answered as content or
+                             * message.tool_calls (api_tool_reply) */
     bool reasoning;         /* chat in API_CHAT_DEEPSEEK_R1: the reply opens inside <think>;
                              * answered as reasoning_content + content (api/reasoning.c) */
     int32_t n;              /* choices per prompt, default 1 */
@@ -249,6 +260,11 @@ void api_request_free(ApiRequest *r);
  * with a 400 (code invalid_json_schema) naming the schema's part. */
 typedef struct json_t json_t;
 int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e);
+/* The same into s beside the nodes it has (tools' parameters share one grammar), checked as
+ * json_schema_finish checks a whole one: its top node, or -1 with a 400 whose param is
+ * `param` and whose message names `where` and the schema's part. */
+int api_json_schema_add(JsonSchema *s, const json_t *schema, const char *param,
+                        const char *where, ApiError *e);
 
 /* POST /v1/chat/completions: the same request, from "messages" rendered in format fmt
  * (API_CHAT_NONE: every request gets 400 "chat_template_missing"), with chat's fields:
@@ -413,11 +429,39 @@ struct json_t *api_json_string(const char *s, size_t n);
 /* A JSON number for a log-probability: -inf and NaN become -9999.0 (as vLLM does). */
 struct json_t *api_json_logprob(float lp);
 /* A chat's "messages" array (JSON) as its prompt text in format f: malloc'd, or NULL and e
- * (400 naming "messages"). */
+ * (400 naming "messages"). tools_text (NULL: none): the tools offered (api_tools_read),
+ * joined to the system message; assistant turns are then written as the replies the tools'
+ * grammar allows. Tool calls and results of the conversation are written as
+ * api/tool_calls.c says either way. */
 char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
-                                const ApiChatTokens *tok, ApiError *e);
+                                const ApiChatTokens *tok, const char *tools_text, ApiError *e);
+/* A message's content: a string, null, or text parts joined with newlines; *owned is set
+ * (to free) when the text had to be put together. 0, or -1 with a 400 naming messages[i]. */
+int api_chat_message_text(const struct json_t *content, size_t i, const char **text,
+                          char **owned, ApiError *e);
+
+/* ---- tools (tool_calls.c) -------------------------------------------------------------------- */
+
+/* A chat body's "tools", "tool_choice" and "parallel_tool_calls" (after response_format and
+ * logprobs, which tools exclude): r->tools, and unless off r->json_object and the reply's
+ * grammar in r->json_schema, and *system_text (malloc'd) describing the tools and the
+ * reply's form. 0, or -1 with a 400 naming the field. */
+int api_tools_read(const struct json_t *root, ApiRequest *r, char **system_text, ApiError *e);
+/* messages[i].tool_calls as the reply {"tool_calls": [{"<name>": {args}}]} that made them. */
+int api_tool_calls_text(const struct json_t *calls, size_t i, char **out, ApiError *e);
+/* messages[from..to) (role "tool") as one user turn {"tool_results": [{"name", "content"}]}
+ * (each name found by its tool_call_id among the calls before it). */
+int api_tool_results_text(const struct json_t *messages, size_t from, size_t to, char **out,
+                          ApiError *e);
+/* A reply of a request with tools: *content (a JSON string) or *calls (OpenAI's tool_calls
+ * array: id, type "function", function {name, arguments as compact JSON text}), both new
+ * references; -1 when text is not such a reply (cut short: then it is answered as text). */
+int api_tool_reply(const char *text, size_t len, struct json_t **content,
+                   struct json_t **calls);
 /* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
 char *api_json_dump(struct json_t *j, size_t *len);
+/* prefix + 32 random hex digits into out (a response's or a tool call's id). */
+void api_random_id(char *out, size_t cap, const char *prefix);
 /* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */
 size_t api_utf8_chars(const char *s, size_t n);
 /* Whether n bytes are strict UTF-8 (no overlongs, surrogates, values past U+10FFFF). */

@@ -1,12 +1,12 @@
 /* ApiCompletion: one request's engine events turned into OpenAI text_completion bytes.
  *
  * Streamed, every event that carries something becomes one SSE chunk at once; the last
- * FINISH adds the usage chunk (when asked) and [DONE]. Non-streamed, text and logprobs
+ * FINISH adds the usage chunk (when asked) and [DONE] (a chat with tools holds its reply to
+ * the end: a call is not known to be one until it is whole). Non-streamed, text and logprobs
  * pile up per choice and the last FINISH writes the whole body. Either way the caller
  * feeds events in and writes out whatever bytes appear. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -58,22 +58,6 @@ struct ApiCompletion {
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
-static void make_id(char *out, size_t cap, const char *prefix) {
-    unsigned char raw[16];
-    if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uintptr_t)out;
-        for (size_t i = 0; i < sizeof raw; i++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            raw[i] = (unsigned char)(x >> 56);
-        }
-    }
-    size_t o = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof raw && o + 2 < cap; i++, o += 2)
-        snprintf(out + o, cap - o, "%02x", raw[i]);
-}
-
 ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
                                   const char *model_name, double now, ApiMetrics *metrics) {
     ApiCompletion *c = calloc(1, sizeof *c);
@@ -84,7 +68,7 @@ ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
     c->arrival = now;
     c->created = (int64_t)time(NULL);
     c->status = 200;
-    make_id(c->id, sizeof c->id, r->chat ? "chatcmpl-" : "cmpl-");
+    api_random_id(c->id, sizeof c->id, r->chat ? "chatcmpl-" : "cmpl-");
     c->model = strdup(model_name ? model_name : r->model);
     c->n_choices = r->n_prompts * r->n;
     c->prompts = calloc((size_t)r->n_prompts, sizeof *c->prompts);
@@ -349,6 +333,33 @@ static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, 
     return ch;
 }
 
+/* A choice of a request with tools, once finished: its reply as content or tool calls
+ * (streamed: the whole of it in one delta, each call with its index). A reply cut short
+ * (max_tokens, a stop string) is no such reply: it is answered as text. finish_reason
+ * "tool_calls" when calls were made, but "stop" when tool_choice named the function (as
+ * OpenAI answers). */
+static json_t *tool_choice_json(const ApiCompletion *c, int32_t index, const Choice *ch) {
+    json_t *content = NULL, *calls = NULL;
+    if (api_tool_reply(ch->text.data, ch->text.len, &content, &calls) != 0)
+        content = api_json_string(ch->text.data ? ch->text.data : "", ch->text.len);
+    json_t *m = json_object();
+    if (!c->req->stream) json_object_set_new(m, "role", json_string("assistant"));
+    json_object_set_new(m, "content", content ? content : json_null());
+    size_t k;
+    json_t *call;
+    json_array_foreach(calls, k, call)
+        if (c->req->stream) json_object_set_new(call, "index", json_integer((json_int_t)k));
+    if (calls) json_object_set_new(m, "tool_calls", calls);
+    const char *reason = api_finish_reason_str(ch->finish);
+    if (calls && ch->finish == FINISH_STOP && c->req->tools != API_TOOLS_NAMED) reason = "tool_calls";
+    json_t *o = json_object();
+    json_object_set_new(o, c->req->stream ? "delta" : "message", m);
+    json_object_set_new(o, "index", json_integer(index));
+    json_object_set_new(o, "logprobs", json_null());
+    json_object_set_new(o, "finish_reason", reason ? json_string(reason) : json_null());
+    return o;
+}
+
 static json_t *usage_json(const ApiCompletion *c) {
     int64_t prompt = 0, completion = 0, cached = 0;
     for (int32_t p = 0; p < c->req->n_prompts; p++) {
@@ -438,6 +449,10 @@ static int write_body(ApiCompletion *c, ApiBuf *out) {
     for (int32_t p = 0; p < r->n_prompts; p++) {
         for (int32_t k = 0; k < r->n; k++) {
             Choice *ch = &c->choices[p * r->n + k];
+            if (r->tools != API_TOOLS_OFF) {
+                json_array_append_new(choices, tool_choice_json(c, p * r->n + k, ch));
+                continue;
+            }
             ApiBuf text;
             api_buf_init(&text);
             if (r->echo && r->prompts[p].text) api_buf_append_str(&text, r->prompts[p].text);
@@ -536,6 +551,18 @@ static int emit_split(const ApiCompletion *c, Choice *ch, int32_t index, const c
     return rc;
 }
 
+/* Streamed with tools: the reply was held back whole (a call's arguments are not known to
+ * be a call until it ends); now it goes out as one chunk. */
+static int emit_tool_reply(const ApiCompletion *c, Choice *ch, int32_t index, const char *text,
+                           size_t len, ApiBuf *out) {
+    if (api_buf_append(&ch->text, text, len) != 0) return -1;
+    json_t *choices = json_array();
+    json_array_append_new(choices, tool_choice_json(c, index, ch));
+    json_t *root = envelope(c, choices);
+    if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+    return emit(out, root);
+}
+
 static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
                     ApiBuf *out) {
     int32_t index = p * c->req->n + ev->choice;
@@ -548,6 +575,7 @@ static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double n
     ch->chars += api_utf8_chars(text, len);
     if (c->req->stream) {
         if (stream_start_choice(c, p, ev->choice, out) != 0) return -1;
+        if (c->req->tools != API_TOOLS_OFF) return api_buf_append(&ch->text, text, len);
         if (len == 0 && c->req->logprobs < 0) return 0; /* held-back text: nothing to say */
         json_t *lp = NULL;
         if (c->req->logprobs >= 0) {
@@ -589,7 +617,9 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     int rc = 0;
     if (c->req->stream) {
         rc = stream_start_choice(c, p, ev->choice, out);
-        if (rc == 0 && c->req->reasoning)
+        if (rc == 0 && c->req->tools != API_TOOLS_OFF)
+            rc = emit_tool_reply(c, ch, index, text, len, out);
+        else if (rc == 0 && c->req->reasoning)
             rc = emit_split(c, ch, index, text, len, true, NULL, ev->finish, out);
         else if (rc == 0)
             rc = emit_chunk(c, index, text, len, NULL, NULL, ev->finish, out);

@@ -124,7 +124,7 @@ static int read_text(const json_t *root, const ApiVocab *vocab, const char **tex
         return -1;
     }
     if (m) {
-        *owned = api_chat_prompt_from_json(m, vocab->chat_format, &vocab->chat_tokens, e);
+        *owned = api_chat_prompt_from_json(m, vocab->chat_format, &vocab->chat_tokens, NULL, e);
         *text = *owned;
         *len = *owned ? strlen(*owned) : 0;
         return *owned ? 0 : -1;

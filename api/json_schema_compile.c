@@ -70,14 +70,16 @@ typedef struct {
     int cap_paths;
     int nesting;
     char path[256];      /* where the schema being read is, for messages */
+    const char *param;   /* the request field it came in */
+    const char *where;   /* the schema's place in the request, before path */
     ApiError *e;
 } Compiler;
 
 static int fail(Compiler *c, const char *fmt, const char *what) {
     char msg[320];
     snprintf(msg, sizeof msg, fmt, what);
-    api_error_set(c->e, 400, "response_format", "invalid_json_schema",
-                  "'response_format.json_schema.schema%s': %s", c->path, msg);
+    api_error_set(c->e, 400, c->param, "invalid_json_schema", "'%s%s': %s", c->where, c->path,
+                  msg);
     return -1;
 }
 
@@ -538,13 +540,9 @@ static int compile(Compiler *c, const json_t *sch) {
     return node;
 }
 
-int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e) {
-    Compiler c = { .doc = schema, .e = e };
-    *out = NULL;
-    if (!(c.s = json_schema_new())) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
-        return -1;
-    }
+int api_json_schema_add(JsonSchema *s, const json_t *schema, const char *param,
+                        const char *where, ApiError *e) {
+    Compiler c = { .doc = schema, .s = s, .param = param, .where = where, .e = e };
     int root = compile(&c, schema), bad = -1;
     char err[160];
     if (root >= 0 && json_schema_finish(c.s, root, &bad, err, sizeof err) != 0) {
@@ -554,10 +552,21 @@ int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e)
     free(c.seen);
     for (int i = 0; i < c.cap_paths; i++) free(c.node_path[i]);
     free(c.node_path);
-    if (root < 0) {
-        json_schema_free(c.s);
+    return root;
+}
+
+int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e) {
+    JsonSchema *s = json_schema_new();
+    *out = NULL;
+    if (!s) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    *out = c.s;
+    if (api_json_schema_add(s, schema, "response_format", "response_format.json_schema.schema",
+                            e) < 0) {
+        json_schema_free(s);
+        return -1;
+    }
+    *out = s;
     return 0;
 }

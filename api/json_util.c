@@ -1,8 +1,11 @@
 /* Small JSON helpers: strings that never fail on bad UTF-8, log-probabilities that JSON can
  * hold, and one dump format for every response. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -79,4 +82,20 @@ size_t api_utf8_chars(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (((unsigned char)s[i] & 0xC0) != 0x80) chars++;
     return chars;
+}
+
+void api_random_id(char *out, size_t cap, const char *prefix) {
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uintptr_t)out;
+        for (size_t i = 0; i < sizeof raw; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            raw[i] = (unsigned char)(x >> 56);
+        }
+    }
+    size_t o = (size_t)snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof raw && o + 2 < cap; i++, o += 2)
+        snprintf(out + o, cap - o, "%02x", raw[i]);
 }

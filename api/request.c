@@ -157,7 +157,8 @@ static const char *const chat_known_fields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logprobs", "top_logprobs", "ignore_eos", "user", "stream",
-    "stream_options", "cache_salt", "logit_bias", "response_format", NULL,
+    "stream_options", "cache_salt", "logit_bias", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", NULL,
 };
 
 /* Unknown fields are a 400; chat also takes the fields it does not implement at their
@@ -630,8 +631,8 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
 /* A message's content: a string, null (an assistant turn), or text parts
  * [{"type":"text","text":...}] joined with newlines (vLLM's rule). *owned is set when the
  * text had to be put together. */
-static int message_content(const json_t *c, size_t i, const char **text, char **owned,
-                           ApiError *e) {
+int api_chat_message_text(const json_t *c, size_t i, const char **text, char **owned,
+                          ApiError *e) {
     *owned = NULL;
     if (!c || json_is_null(c)) return *text = "", 0;
     if (json_is_string(c)) return *text = json_string_value(c), 0;
@@ -665,25 +666,51 @@ bad_form:
     return -1;
 }
 
-/* messages[i]: {"role", "content", "name"?}; "developer" is OpenAI's newer "system". */
-static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **owned,
-                        ApiError *e) {
+/* An assistant turn's text: its tool calls as the reply that made them, or (tool_replies:
+ * the conversation offers tools) its content as {"content": ...}, the reply's other shape. */
+static int assistant_text(const json_t *m, size_t i, bool tool_replies, ApiChatMessage *out,
+                          char **owned, ApiError *e) {
+    const json_t *calls = json_object_get(m, "tool_calls");
+    if (json_array_size(calls) > 0) {
+        if (api_tool_calls_text(calls, i, owned, e) != 0) return -1;
+        out->content = *owned;
+        return 0;
+    }
+    if (api_chat_message_text(json_object_get(m, "content"), i, &out->content, owned, e) != 0)
+        return -1;
+    if (!tool_replies) return 0;
+    json_t *reply = json_pack("{s:o}", "content", api_json_string(out->content, strlen(out->content)));
+    free(*owned);
+    *owned = reply ? json_dumps(reply, JSON_COMPACT) : NULL;
+    json_decref(reply);
+    out->content = *owned;
+    if (*owned) return 0;
+    api_error_set(e, 500, NULL, NULL, "out of memory");
+    return -1;
+}
+
+/* messages[i]: {"role", "content", "name"?}, an assistant's "tool_calls"; "developer" is
+ * OpenAI's newer "system". (Tool results: tool_results_turn.) */
+static int read_message(const json_t *m, size_t i, bool tool_replies, ApiChatMessage *out,
+                        char **owned, ApiError *e) {
     const json_t *role = json_object_get(m, "role");
     if (!json_is_object(m) || !json_is_string(role)) {
         api_error_set(e, 400, "messages", "invalid_value",
                       "messages[%zu] must be an object with a string 'role'", i);
         return -1;
     }
+    const char *r = json_string_value(role);
+    bool assistant = strcmp(r, "assistant") == 0;
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)m, key, v) {
         if (!strcmp(key, "role") || !strcmp(key, "content") || !strcmp(key, "name")) continue;
+        if (assistant && !strcmp(key, "tool_calls") && json_array_size(v) > 0) continue;
         int neutral = api_neutral_field(true, i, key, v, e);
         if (neutral < 0) return -1;
         if (!neutral) {
             api_error_set(e, 400, "messages", "unsupported_parameter",
-                          "messages[%zu].%.64s is not supported (tools and function calls "
-                          "are not)", i, key);
+                          "messages[%zu].%.64s is not supported", i, key);
             return -1;
         }
     }
@@ -693,27 +720,71 @@ static int read_message(const json_t *m, size_t i, ApiChatMessage *out, char **o
                       i);
         return -1;
     }
-    const char *r = json_string_value(role);
     out->role = strcmp(r, "developer") == 0 ? "system" : r;
-    return message_content(json_object_get(m, "content"), i, &out->content, owned, e);
+    if (assistant) return assistant_text(m, i, tool_replies, out, owned, e);
+    return api_chat_message_text(json_object_get(m, "content"), i, &out->content, owned, e);
+}
+
+static bool is_tool_result(const json_t *m) {
+    const json_t *role = json_object_get(m, "role");
+    return json_is_string(role) && strcmp(json_string_value(role), "tool") == 0;
+}
+
+/* The tools' description joins the first system message, or comes first as one. */
+static int add_tools_text(ApiChatMessage *msgs, char **owned, int *n, const char *text,
+                          ApiError *e) {
+    if (*n > 0 && strcmp(msgs[0].role, "system") == 0) {
+        size_t a = strlen(msgs[0].content), b = strlen(text);
+        char *joined = malloc(a + b + 3);
+        if (!joined) {
+            api_error_set(e, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        memcpy(joined, msgs[0].content, a);
+        memcpy(joined + a, "\n\n", 2);
+        memcpy(joined + a + 2, text, b + 1);
+        free(owned[0]);
+        owned[0] = joined;
+        msgs[0].content = joined;
+        return 0;
+    }
+    memmove(msgs + 1, msgs, (size_t)*n * sizeof *msgs);
+    memmove(owned + 1, owned, (size_t)*n * sizeof *owned);
+    msgs[0] = (ApiChatMessage){ "system", text };
+    owned[0] = NULL;
+    (*n)++;
+    return 0;
 }
 
 char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiChatTokens *tok,
-                                ApiError *e) {
+                                const char *tools_text, ApiError *e) {
     if (!json_is_array(v)) {
         bad(e, "messages", "an array of messages", v);
         return NULL;
     }
     size_t n = json_array_size(v);
-    ApiChatMessage *msgs = calloc(n ? n : 1, sizeof *msgs);
-    char **owned = calloc(n ? n : 1, sizeof *owned);
-    int rc = msgs && owned ? 0 : -1;
+    ApiChatMessage *msgs = calloc(n + 1, sizeof *msgs);
+    char **owned = calloc(n + 1, sizeof *owned);
+    int rc = msgs && owned ? 0 : -1, used = 0;
     if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = read_message(json_array_get(v, i), i, &msgs[i], &owned[i], e);
+    for (size_t i = 0; rc == 0 && i < n; used++) {
+        size_t to = i;
+        while (to < n && is_tool_result(json_array_get(v, to))) to++;
+        if (to > i) { /* consecutive tool results: one user turn */
+            msgs[used].role = "user";
+            rc = api_tool_results_text(v, i, to, &owned[used], e);
+            msgs[used].content = owned[used];
+            i = to;
+        } else {
+            rc = read_message(json_array_get(v, i), i, tools_text != NULL, &msgs[used],
+                              &owned[used], e);
+            i++;
+        }
+    }
+    if (rc == 0 && tools_text) rc = add_tools_text(msgs, owned, &used, tools_text, e);
     char *text = NULL;
-    if (rc == 0) text = api_chat_render(fmt, msgs, (int)n, tok, e);
-    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
+    if (rc == 0) text = api_chat_render(fmt, msgs, used, tok, e);
+    for (size_t i = 0; owned && i <= n; i++) free(owned[i]);
     free(owned);
     free(msgs);
     return text;
@@ -721,14 +792,15 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiCha
 
 /* The messages rendered in the server's chat format become the request's one prompt. */
 static int read_messages(const json_t *root, const ApiLimits *lim, ApiChatFormat fmt,
-                         const ApiChatTokens *tok, ApiRequest *r, ApiError *e) {
+                         const ApiChatTokens *tok, const char *tools_text, ApiRequest *r,
+                         ApiError *e) {
     const json_t *v = json_object_get(root, "messages");
     if (!v || json_is_null(v)) {
         api_error_set(e, 400, "messages", "missing_required_parameter",
                       "'messages' is required");
         return -1;
     }
-    char *text = api_chat_prompt_from_json(v, fmt, tok, e);
+    char *text = api_chat_prompt_from_json(v, fmt, tok, tools_text, e);
     if (!text) return -1;
     if (alloc_prompts(r, 1, lim, e) != 0) {
         free(text);
@@ -773,15 +845,18 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
     r->chat = true;
+    char *tools_text = NULL; /* the tools offered, for the system message */
     int rc = check_unknown_fields(root, chat_known_fields, true, e) != 0 ||
                      read_model(root, served_model, r, e) != 0 ||
                      read_chat_max_tokens(root, lim, r, e) != 0 ||
                      read_common(root, lim, r, e) != 0 ||
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
-                     read_messages(root, lim, fmt, tok, r, e) != 0
+                     api_tools_read(root, r, &tools_text, e) != 0 ||
+                     read_messages(root, lim, fmt, tok, tools_text, r, e) != 0
                  ? -1
                  : 0;
+    free(tools_text);
     /* A reply held to JSON has no room to reason: it is all content. */
     r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object;
     return rc;

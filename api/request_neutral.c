@@ -1,11 +1,11 @@
-/* request_neutral — OpenAI Chat Completions fields pagedserve does not implement (tools,
- * stored completions, audio, ...), accepted where their value asks for nothing.
+/* request_neutral — OpenAI Chat Completions fields pagedserve does not implement (the older
+ * "functions", stored completions, audio, ...), accepted where their value asks for nothing.
  *
- * Why: clients and frameworks send some of them filled with their defaults ("tools": null,
- * "parallel_tool_calls": true, "store": false), and a conversation kept from OpenAI's own
+ * Why: clients and frameworks send some of them filled with their defaults ("functions": [],
+ * "store": false), and a conversation kept from OpenAI's own
  * API carries them on every assistant message ("refusal": null, "annotations": []). Such a
  * request means exactly what it would without the field, so refusing it would only break
- * the client. Any other value is still a 400 naming the field: a request for tools that
+ * the client. Any other value is still a 400 naming the field: a request for something that
  * cannot be honoured must not be answered as if it had been. */
 #include <stdbool.h>
 #include <string.h>
@@ -23,11 +23,8 @@ typedef struct {
 } NeutralField;
 
 static const NeutralField request_fields[] = {
-    {"tools", "[[]]", "tools and function calls"},
-    {"tool_choice", "[\"none\"]", "tools and function calls"},
-    {"parallel_tool_calls", "[true, false]", "tools and function calls"},
-    {"functions", "[[]]", "tools and function calls"},
-    {"function_call", "[\"none\"]", "tools and function calls"},
+    {"functions", "[[]]", "function calls (the older form of tools)"},
+    {"function_call", "[\"none\"]", "function calls (the older form of tools)"},
     {"store", "[false]", "stored completions"},
     {"metadata", NULL, "stored completions"},
     {"service_tier", "[\"auto\", \"default\"]", "service tiers"},

@@ -48,6 +48,7 @@ struct JsonSchema {
     int32_t n_nodes, n_lits, n_choices, n_text;
     int32_t cap_nodes, cap_lits, cap_choices, cap_text;
     int32_t root;
+    bool compact;   /* no whitespace between its tokens (json_schema_set_compact) */
 };
 
 typedef enum {
@@ -139,7 +140,7 @@ static bool same(const void *a, const void *b, size_t n) {
 
 bool json_schema_equal(const JsonSchema *a, const JsonSchema *b) {
     if (a == b) return true;
-    return a->root == b->root && a->n_nodes == b->n_nodes && a->n_lits == b->n_lits &&
+    return a->root == b->root && a->compact == b->compact && a->n_nodes == b->n_nodes && a->n_lits == b->n_lits &&
            a->n_choices == b->n_choices && a->n_text == b->n_text &&
            same(a->nodes, b->nodes, (size_t)a->n_nodes * sizeof *a->nodes) &&
            same(a->lits, b->lits, (size_t)a->n_lits * sizeof *a->lits) &&
@@ -178,6 +179,10 @@ void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi) {
 void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length) {
     s->nodes[node].min_items = min_length;
     s->nodes[node].max_items = max_length;
+}
+
+void json_schema_set_compact(JsonSchema *s) {
+    s->compact = true;
 }
 
 void json_schema_set_one_property(JsonSchema *s, int node) {
@@ -446,6 +451,7 @@ static void push(JsonSchemaState *st, int node) {
 void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws) {
     memset(st, 0, sizeof *st);
     st->max_ws = (uint8_t)(max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws);
+    st->compact = s->compact && max_ws > 0; /* 0: judging a text, any whitespace */
     push(st, s->root);
 }
 
@@ -483,8 +489,10 @@ static ByteResult fail(JsonSchemaState *st) {
     return B_FAIL;
 }
 
-/* Whitespace between the schema's tokens: JSON_SCHEMA_MAX_WS (json_schema.h). */
+/* Whitespace between the schema's tokens: JSON_SCHEMA_MAX_WS (json_schema.h), none in a
+ * compact schema. */
 static ByteResult take_ws(JsonSchemaState *st, unsigned char c) {
+    if (st->compact) return fail(st);
     if (c == '\n') {
         if (st->max_ws && st->breaks >= 1) return fail(st);
         st->breaks++;
@@ -614,8 +622,11 @@ static ByteResult scalar_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
     if (bounded_integer(n) && !range_byte(n, f, c)) /* first, also for the byte ending it */
         return fail(st);
     bool fraction = c == '.' || c == 'e' || c == 'E';
+    /* compact: whitespace ends a number, true, false or null (and is then refused) */
+    bool ws_ends = st->compact && is_ws(c) && n->kind != JS_STRING && !is_free(s, f->node);
     JsonPrefix trial = st->scalar;
-    if (!(n->kind == JS_INTEGER && fraction) && json_prefix_feed(&trial, (const char *)&c, 1)) {
+    if (!ws_ends && !(n->kind == JS_INTEGER && fraction) &&
+        json_prefix_feed(&trial, (const char *)&c, 1)) {
         if (bounded_string(n) && !length_byte(n, f, json_prefix_string_at(&st->scalar), c))
             return fail(st);
         st->scalar = trial;

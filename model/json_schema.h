@@ -78,6 +78,9 @@ void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi);
 /* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
  * items is the node of every value (the bounds unused: 0, -1). */
 void json_schema_set_items(JsonSchema *s, int node, int items, int min_items, int max_items);
+/* No whitespace between the schema's own tokens (inside "any value" parts json_prefix's
+ * limits still apply): for replies read by a program, where whitespace only costs tokens. */
+void json_schema_set_compact(JsonSchema *s);
 /* JS_OBJECT: exactly one of its properties comes, whichever (JSON Schema's minProperties =
  * maxProperties = 1; none may be required). A reply that is one thing of several shapes
  * ({"content": ...} or {"tool_calls": ...}) is held to this: anyOf needs different first
@@ -118,7 +121,7 @@ typedef struct {
     uint8_t max_ws;
     bool failed, done;
     bool scalar_on;    /* the top frame reads its value with `scalar` */
-    uint8_t unused;
+    bool compact;      /* the schema's json_schema_set_compact */
     JsonPrefix scalar;
     uint8_t pad[4];    /* named: states are compared byte for byte (json_schema_canonical) */
     JsonSchemaFrame frames[JSON_SCHEMA_MAX_DEPTH]; /* last: a trial copies only the used ones */

@@ -672,7 +672,7 @@ static void test_latency_metrics(void **state) {
 /* ---- chat ---------------------------------------------------------------------------------- */
 
 static ApiRequest *chat_request_in(ApiChatFormat fmt, const char *fields) {
-    char body[512];
+    char body[2048];
     snprintf(body, sizeof body,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}", fields);
     ApiLimits l;
@@ -888,8 +888,106 @@ static void test_chat_reasoning(void **state) {
     api_request_free(r);
 }
 
+/* Two functions: f(a: integer), g() */
+#define TOOLS                                                                                    \
+    ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"      \
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}},"\
+    "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
+
+/* The whole body of a one-choice request with tools whose reply was `reply`. */
+static json_t *tool_body(const char *fields, const char *reply, FinishReason fin) {
+    ApiRequest *r = chat_request(fields);
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('{'), reply, 0), &out);
+    assert_int_equal(out.len, 0);
+    feed(c, 0, ev_finish(0, fin, "", r->prompts[0].n_tokens, 9, 0), &out);
+    json_t *o = parse_json(out.data, out.len);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+    return o;
+}
+
+static void check_call(const json_t *call, const char *name, const char *arguments) {
+    assert_memory_equal(jstr(call, "id"), "call_", 5);
+    assert_string_equal(jstr(call, "type"), "function");
+    const json_t *f = json_object_get(call, "function");
+    assert_string_equal(jstr(f, "name"), name);
+    assert_string_equal(jstr(f, "arguments"), arguments);
+}
+
+/* A reply with tools that is answered as text (no tool_calls). */
+static void check_text_reply(const char *reply, FinishReason fin, const char *content,
+                             const char *finish) {
+    json_t *o = tool_body(TOOLS, reply, fin);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *msg = json_object_get(ch, "message");
+    assert_string_equal(jstr(msg, "content"), content);
+    assert_null(json_object_get(msg, "tool_calls"));
+    assert_string_equal(jstr(ch, "finish_reason"), finish);
+    json_decref(o);
+}
+
+/* With tools the reply is read back: calls as message.tool_calls (ids of their own,
+ * arguments as compact JSON text, content null, finish_reason "tool_calls", or "stop" when
+ * tool_choice named the function), {"content"} as content; a reply cut short is text.
+ * Streamed, the reply is held to the end and goes out as one delta. */
+static void test_chat_tool_reply(void **state) {
+    (void)state;
+    json_t *o = tool_body(TOOLS, "{\"tool_calls\":[{\"f\":{\"a\":1}},{\"g\":{}}]}", FINISH_STOP);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *msg = json_object_get(ch, "message");
+    assert_string_equal(jstr(msg, "role"), "assistant");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    json_t *calls = json_object_get(msg, "tool_calls");
+    assert_int_equal(json_array_size(calls), 2);
+    check_call(json_array_get(calls, 0), "f", "{\"a\":1}");
+    check_call(json_array_get(calls, 1), "g", "{}");
+    assert_string_not_equal(jstr(json_array_get(calls, 0), "id"), jstr(json_array_get(calls, 1), "id"));
+    assert_string_equal(jstr(ch, "finish_reason"), "tool_calls");
+    json_decref(o);
+
+    check_text_reply("{\"content\":\"no \\\"need\\\"\"}", FINISH_STOP, "no \"need\"", "stop");
+
+    o = tool_body(TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}",
+                  "{\"tool_calls\":[{\"g\":{}}]}", FINISH_STOP);
+    ch = json_array_get(json_object_get(o, "choices"), 0);
+    check_call(json_array_get(json_object_get(json_object_get(ch, "message"), "tool_calls"), 0), "g", "{}");
+    assert_string_equal(jstr(ch, "finish_reason"), "stop");
+    json_decref(o);
+
+    check_text_reply("{\"tool_calls\":[{\"f\":{\"a\":", FINISH_LENGTH,
+                     "{\"tool_calls\":[{\"f\":{\"a\":", "length");
+
+    ApiRequest *r = chat_request(TOOLS ",\"stream\":true");
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('{'), "{\"tool_calls\":[{\"f\":", 0), &out);
+    feed(c, 0, ev_token(0, T('{'), "{\"a\":-2}}]", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "}", r->prompts[0].n_tokens, 2, 0), &out);
+    Frames f;
+    frames_parse(&out, &f);
+    assert_int_equal(f.n, 3); /* the role, the reply, [DONE] */
+    o = frame_json(&f, 1);
+    ch = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *call = json_array_get(json_object_get(json_object_get(ch, "delta"), "tool_calls"), 0);
+    check_call(call, "f", "{\"a\":-2}");
+    assert_int_equal(jint(call, "index"), 0);
+    assert_string_equal(jstr(ch, "finish_reason"), "tool_calls");
+    json_decref(o);
+    assert_string_equal(f.data[2], "[DONE]");
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_tool_reply),
         cmocka_unit_test(test_reasoning_split),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_body_single),

@@ -188,6 +188,29 @@ static void test_one_property(void **state) {
     EXPECT_ALL(REPLY, refused, -1);
 }
 
+/* A compact schema takes no whitespace between its tokens, also none ending a number, but
+ * keeps it inside strings. */
+static void test_compact(void **state) {
+    (void)state;
+    JsonSchema *s = compile_ok(PERSON);
+    json_schema_set_compact(s);
+    assert_int_equal(walk(s, "{\"name\":\"a b\",\"age\":7,\"kind\":12}"), 1);
+    static const char *const refused[] = {
+        " {", "{ ", "{\"name\" :", "{\"name\":\"a\",\"age\":7 ", "{\"name\":\"a\",\"age\":7\n",
+        "{\"name\":\"a\",\"age\":7,\"tags\":[ ", "{\"name\":\"a\",\"age\":7}\n",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (walk(s, refused[i]) != -1) fail_msg("compact took: '%s'", refused[i]);
+    JsonSchema *loose = compile_ok(PERSON);
+    assert_false(json_schema_equal(s, loose));
+    JsonSchemaState st; /* judging (max_ws 0) takes any whitespace */
+    json_schema_state_init(&st, s, 0);
+    const char *spaced = "{ \"name\" : \"a\" , \"age\" : 7 }";
+    assert_true(json_schema_feed(&st, s, spaced, strlen(spaced)) && json_schema_complete(&st));
+    json_schema_free(loose);
+    json_schema_free(s);
+}
+
 static void compile_error(const char *schema_text, const char *words) {
     json_t *j = load(schema_text);
     JsonSchema *s = NULL;
@@ -868,6 +891,7 @@ int main(void) {
         cmocka_unit_test(test_person),
         cmocka_unit_test(test_optional_and_alternatives),
         cmocka_unit_test(test_one_property),
+        cmocka_unit_test(test_compact),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_walks_are_valid),

@@ -676,7 +676,7 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\",\"messages\":[{\"content\":\"x\"}]}", API_CHAT_CHATML, "messages",
                "role");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
-               API_CHAT_CHATML, "messages", "'tool'");
+               API_CHAT_CHATML, "messages", "must answer a call");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":\"\","
                "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\"}]}]}", API_CHAT_CHATML,
                "messages", "tool_calls");
@@ -688,8 +688,6 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\"," MSGS ",\"prompt\":\"x\"}", API_CHAT_CHATML, "prompt",
                "Unrecognized");
     chat_error("{\"model\":\"m\"," MSGS ",\"echo\":true}", API_CHAT_CHATML, "echo", "Unrecognized");
-    chat_error("{\"model\":\"m\"," MSGS ",\"tools\":[{\"type\":\"function\",\"function\":"
-               "{\"name\":\"f\"}}]}", API_CHAT_CHATML, "tools", "not supported");
     chat_error("{\"model\":\"m\"," MSGS ",\"logprobs\":3}", API_CHAT_CHATML, "logprobs", "boolean");
     chat_error("{\"model\":\"m\"," MSGS ",\"top_logprobs\":2}", API_CHAT_CHATML, "top_logprobs",
                "logprobs");
@@ -737,7 +735,7 @@ static void test_chat_neutral_fields(void **state) {
     api_request_free(b);
     static const char *const empties[] = {
         "\"tools\":[]", "\"parallel_tool_calls\":false", "\"metadata\":null", "\"store\":null",
-        "\"service_tier\":\"default\"", "\"tool_choice\":null",
+        "\"service_tier\":\"default\"", "\"tool_choice\":null", "\"tool_choice\":\"auto\"",
     };
     char body[512];
     for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
@@ -746,9 +744,8 @@ static void test_chat_neutral_fields(void **state) {
         api_request_free(chat_ok(body));
     }
     static const struct { const char *field, *param, *words; } asks[] = {
-        {"\"tool_choice\":\"auto\"", "tool_choice", "tools and function calls"},
-        {"\"tool_choice\":\"required\"", "tool_choice", "not supported"},
-        {"\"parallel_tool_calls\":1", "parallel_tool_calls", "not supported"},
+        {"\"tool_choice\":\"required\"", "tool_choice", "'tools' is empty"},
+        {"\"parallel_tool_calls\":1", "parallel_tool_calls", "boolean"},
         {"\"functions\":[{\"name\":\"f\"}]", "functions", "not supported"},
         {"\"function_call\":\"auto\"", "function_call", "not supported"},
         {"\"store\":true", "store", "stored completions"},
@@ -772,6 +769,167 @@ static void test_chat_neutral_fields(void **state) {
                  "Unrecognized");
 }
 
+/* tools: f(city: string), g() */
+#define TOOLS                                                                                    \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"Weather\","\
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"    \
+    "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
+
+static int walk(const ApiRequest *r, const char *text) {
+    JsonSchemaState st;
+    json_schema_state_init(&st, r->json_schema, 64);
+    if (!json_schema_feed(&st, r->json_schema, text, strlen(text))) return -1;
+    return json_schema_complete(&st) ? 1 : 0;
+}
+
+static ApiRequest *tools_ok(const char *fields) {
+    char body[2048];
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"x\"}],%s}", fields);
+    return chat_ok(body);
+}
+
+/* The tools are described in the system message and the reply is held to their JSON:
+ * {"content"} or {"tool_calls"} with auto, calls only with required, calls of the named
+ * function, one call without parallel_tool_calls, no whitespace. */
+static void test_chat_tools(void **state) {
+    (void)state;
+    ApiRequest *r = tools_ok(TOOLS);
+    assert_int_equal(r->tools, API_TOOLS_AUTO);
+    assert_true(r->json_object);
+    assert_memory_equal(r->prompts[0].text, "<|im_start|>system\nFunctions you can call", 37);
+    assert_non_null(strstr(r->prompts[0].text, "[{\"name\":\"f\",\"description\":\"Weather\","
+                                               "\"parameters\":{\"type\":\"object\""));
+    assert_non_null(strstr(r->prompts[0].text, "{\"content\":\"<reply>\"}"));
+    assert_non_null(strstr(r->prompts[0].text, "<|im_end|>\n<|im_start|>user\nx<|im_end|>"));
+    assert_int_equal(walk(r, "{\"content\":\"hi\"}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{\"city\":\"Oslo\"}},{\"g\":{}}]}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\":{\"x\""), -1); /* g takes nothing */
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{}"), -1);       /* city is required */
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"h\""), -1);
+    assert_int_equal(walk(r, "{ \"content\""), -1);                     /* compact */
+    assert_int_equal(walk(r, "{\"content\": \""), -1);
+    assert_int_equal(walk(r, "{\"content\":\"a b\"}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{\"city\":\"x\"}}] "), -1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{\"city\":\"x\"}}]}\n"), -1);
+    api_request_free(r);
+
+    r = tools_ok(TOOLS ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false");
+    assert_int_equal(r->tools, API_TOOLS_REQUIRED);
+    assert_int_equal(walk(r, "{\"content\""), -1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\":{}}]}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\":{}},"), -1);
+    api_request_free(r);
+
+    r = tools_ok(TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
+    assert_int_equal(r->tools, API_TOOLS_NAMED);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\""), -1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{\"city\":\"a\"}}]}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\":{\"city\":\"a\"}},"), -1); /* one call */
+    assert_null(strstr(r->prompts[0].text, "\"g\"")); /* only f is offered */
+    api_request_free(r);
+
+    r = tools_ok(TOOLS ",\"tool_choice\":\"none\"");
+    assert_int_equal(r->tools, API_TOOLS_OFF);
+    assert_false(r->json_object);
+    assert_null(strstr(r->prompts[0].text, "Functions you can call"));
+    api_request_free(r);
+}
+
+/* A kept conversation: an assistant's calls are written as the reply that made them, the
+ * tool results after them as one user turn (names found by tool_call_id among the calls
+ * right before them), and, with tools
+ * offered, a plain answer as {"content"}; the system message keeps its text first. */
+static void test_chat_tool_turns(void **state) {
+    (void)state;
+    ApiRequest *r = chat_ok(
+        "{\"model\":\"m\"," TOOLS ",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+        "{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}},{\"id\":\"c2\",\"type\":\"function\","
+        "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+        "\"c1\",\"content\":\"sunny\"},{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"?\"}]},{\"role\":\"assistant\",\"content\":\"Sun.\"},"
+        "{\"role\":\"user\",\"content\":\"ok\"}]}");
+    const char *p = r->prompts[0].text;
+    assert_memory_equal(p, "<|im_start|>system\nS\n\nFunctions you can call", 41);
+    const char *turns = strstr(p, "<|im_start|>user\nq");
+    assert_non_null(turns);
+    assert_string_equal(turns,
+        "<|im_start|>user\nq<|im_end|>\n"
+        "<|im_start|>assistant\n{\"tool_calls\":[{\"f\":{\"city\":\"Oslo\"}},{\"g\":{}}]}"
+        "<|im_end|>\n<|im_start|>user\n{\"tool_results\":[{\"name\":\"f\",\"content\":"
+        "\"sunny\"},{\"name\":\"g\",\"content\":\"?\"}]}<|im_end|>\n"
+        "<|im_start|>assistant\n{\"content\":\"Sun.\"}<|im_end|>\n"
+        "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n");
+    api_request_free(r);
+    /* the same conversation without tools offered: plain answers stay plain */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+                "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+                "\"tool_call_id\":\"c1\",\"content\":\"done\"},{\"role\":\"assistant\","
+                "\"content\":\"Yes\"},{\"role\":\"user\",\"content\":\"ok\"}]}");
+    assert_non_null(strstr(r->prompts[0].text, "assistant\n{\"tool_calls\":[{\"g\":{}}]}<|im_end|>"));
+    assert_non_null(strstr(r->prompts[0].text, "user\n{\"tool_results\":[{\"name\":\"g\","
+                                               "\"content\":\"done\"}]}<|im_end|>"));
+    assert_non_null(strstr(r->prompts[0].text, "assistant\nYes<|im_end|>"));
+    api_request_free(r);
+}
+
+static void test_chat_tools_errors(void **state) {
+    (void)state;
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+    static const struct { const char *fields, *param, *words; } bad[] = {
+        {"\"tools\":{}", "tools", "array"},
+        {"\"tools\":[{\"type\":\"code\"}]", "tools", "tools[0] must be"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]", "tools",
+         "tools[0].function.name"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":"
+         "\"function\",\"function\":{\"name\":\"a\"}}]", "tools", "both named 'a'"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":5}}]",
+         "tools", "parameters"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":"
+         "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}]",
+         "tools", "'tools[0].function.parameters.properties.p': 'pattern'"},
+        {TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"h\"}}",
+         "tool_choice", "does not have"},
+        {TOOLS ",\"tool_choice\":\"sometimes\"", "tool_choice", "\"required\""},
+        {TOOLS ",\"response_format\":{\"type\":\"json_object\"}", "response_format", "tools"},
+        {TOOLS ",\"logprobs\":true", "logprobs", "tools"},
+    };
+    char body[2048];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"model\":\"m\"," MSGS ",%s}", bad[i].fields);
+        chat_error(body, API_CHAT_CHATML, bad[i].param, bad[i].words);
+    }
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+               "\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\",\"function\":"
+               "{\"name\":\"g\",\"arguments\":\"[1]\"}}]}]}", API_CHAT_CHATML, "messages",
+               "messages[1].tool_calls[0]");
+    /* a result must answer a call of the assistant message right before the results */
+    static const char *const orphans[] = {
+        "[{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"x\"}]",
+        "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"tool_call_id\":\"c\","
+        "\"content\":\"x\"}]",
+        "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":"
+        "\"c\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"d\",\"content\":\"x\"}]",
+        "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":"
+        "\"c\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"content\":\"x\"}]",
+    };
+    for (size_t i = 0; i < sizeof orphans / sizeof orphans[0]; i++) {
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":%s}", orphans[i]);
+        chat_error(body, API_CHAT_CHATML, "messages", "must answer a call");
+    }
+    /* parameters {} (a schema of anything): any object as arguments */
+    ApiRequest *r = tools_ok("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\","
+                             "\"parameters\":{}}}],\"tool_choice\":\"required\"");
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"a\":{\"any\":[1]}}]}"), 1);
+    api_request_free(r);
+#undef MSGS
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -792,6 +950,9 @@ int main(void) {
         cmocka_unit_test(test_chat_request),
         cmocka_unit_test(test_chat_request_errors),
         cmocka_unit_test(test_chat_neutral_fields),
+        cmocka_unit_test(test_chat_tools),
+        cmocka_unit_test(test_chat_tool_turns),
+        cmocka_unit_test(test_chat_tools_errors),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -537,9 +537,54 @@ await runCase("chat: a conversation kept from OpenAI (refusal: null, ...) = the 
   checkEqual(kept.usage.prompt_tokens, plain.usage.prompt_tokens, "kept conversation: prompt_tokens");
 });
 
-await runCase("chat errors: tools and bad roles are BadRequestError 400", async () => {
+// Tools as the client's own helpers use them: a required call read from the response, its
+// result sent back in the conversation, a named call assembled by the stream helper, and
+// runTools calling our function with the arguments it parsed. The grammar makes every call
+// well formed even from this tiny model: a function offered, arguments of its schema.
+const PICK = { type: "function", function: { name: "pick", description: "Pick a digit",
+  parameters: { type: "object", properties: { n: { type: "integer", minimum: 0, maximum: 9 } },
+                required: ["n"], additionalProperties: false } } };
+const NAMED = { type: "function", function: { name: "pick" } };
+// stories260K's 512-token context: the tools' description takes ~450 tokens of it, so no
+// max_tokens (the rest of the context) and one short message.
+const TOOL_CHAT = { model: MODEL, temperature: 0, messages: [{ role: "user", content: "Pick." }] };
+const isPick = (args) => Number.isInteger(args?.n) && args.n >= 0 && args.n <= 9 &&
+                         Object.keys(args).length === 1;
+await runCase("chat tools: calls, a result sent back, the stream helper, runTools", async () => {
+  const r = await client.chat.completions.create({
+    ...TOOL_CHAT, tools: [PICK], tool_choice: "required", parallel_tool_calls: false });
+  const c = r.choices[0], call = c.message.tool_calls?.[0];
+  checkEqual([c.finish_reason, c.message.content, c.message.tool_calls?.length],
+             ["tool_calls", null, 1], "tools: one call, no content");
+  check(call?.type === "function" && call.function.name === "pick" && call.id.startsWith("call_"),
+        "tools: a call of pick with an id", call);
+  check(isPick(JSON.parse(call?.function?.arguments ?? "null")), "tools: its arguments fit the schema",
+        call?.function?.arguments);
+  const next = await client.chat.completions.create({
+    ...TOOL_CHAT, max_tokens: 4, tools: [PICK], tool_choice: "none",
+    messages: [...TOOL_CHAT.messages, c.message, { role: "tool", tool_call_id: call.id, content: "7" }] });
+  check(typeof next.choices[0].message.content === "string", "tools: the result sent back is read",
+        next.choices[0]);
+  const stream = client.chat.completions.stream({ ...TOOL_CHAT, tools: [PICK],
+                                                  tool_choice: NAMED });
+  const done = await stream.finalChatCompletion();
+  const sc = done.choices[0], scall = sc.message.tool_calls?.[0];
+  checkEqual([sc.finish_reason, scall?.function?.name], ["stop", "pick"],
+             "tools stream: the named call, finish_reason stop (as OpenAI)");
+  check(isPick(JSON.parse(scall?.function?.arguments ?? "null")), "tools stream: its arguments",
+        scall?.function?.arguments);
+  let got = null;
+  const runner = client.chat.completions.runTools({ ...TOOL_CHAT, tool_choice: NAMED,
+    tools: [{ type: "function", function: { ...PICK.function, parse: JSON.parse,
+                                           function: (args) => { got = args; return "ok"; } } }] });
+  await runner.finalChatCompletion();
+  check(isPick(got), "runTools: our function got the parsed arguments", got);
+});
+
+await runCase("chat errors: bad tools and orphan tool results are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
-    ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }));
+    ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {
+      type: "object", properties: { s: { type: "string", pattern: "^a" } } } } }] }));
   check(e instanceof BadRequestError && e.param === "tools", "chat tools: 400 naming tools",
         `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
   const r = await thrown("chat tool role", () => client.chat.completions.create({
