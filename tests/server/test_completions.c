@@ -426,6 +426,67 @@ static void test_chat_reasoning_split(void **state)
     assert_int_equal(server_proc_stop(&r1, 20.0), 0);
 }
 
+#define TOOLS_F_G                                                                                \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":" \
+    "\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},"    \
+    "\"required\":[\"a\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
+
+/* The one call of a tool reply: its function's name, its arguments parsed (new reference). */
+static const char *only_call(json_t *c, const char *finish, json_t **args)
+{
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    json_t *msg = json_object_get(ch, "message");
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), finish);
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    json_t *calls = json_object_get(msg, "tool_calls");
+    assert_int_equal(json_array_size(calls), 1);
+    json_t *f = json_object_get(json_array_get(calls, 0), "function");
+    *args = json_loads(json_string_value(json_object_get(f, "arguments")), 0, NULL);
+    assert_true(json_is_object(*args));
+    return json_string_value(json_object_get(f, "name"));
+}
+
+/* Tools on the random model: the grammar makes each call well formed (a function offered,
+ * arguments of its schema) and the reply ends there; the call and its result sent back are
+ * a conversation the server takes. */
+static void test_chat_tool_calls(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *args;
+    json_t *c = chat("\"max_tokens\":60,\"temperature\":0.9,\"seed\":4," TOOLS_F_G
+                     ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false", &status);
+    assert_int_equal(status, 200);
+    const char *name = only_call(c, "tool_calls", &args);
+    if (strcmp(name, "f") == 0) {
+        json_int_t a = json_integer_value(json_object_get(args, "a"));
+        assert_true(json_is_integer(json_object_get(args, "a")) && a >= 0 && a <= 99);
+    } else {
+        assert_string_equal(name, "g");
+    }
+    json_decref(args);
+    json_decref(c);
+    c = chat("\"max_tokens\":60,\"temperature\":0," TOOLS_F_G ",\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\"}}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(only_call(c, "stop", &args), "f");
+    assert_true(json_is_integer(json_object_get(args, "a")));
+    json_decref(args);
+    json_t *msg = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message");
+    json_t *id = json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "id");
+    json_t *req = json_pack("{s:s,s:[{s:s,s:s},O,{s:s,s:O,s:s}],s:i}", "model", "random",
+                            "messages", "role", "user", "content", "Go", msg, "role", "tool",
+                            "tool_call_id", id, "content", "done", "max_tokens", 3);
+    char *body = json_dumps(req, 0);
+    json_t *next = post_json(srv.port, "/v1/chat/completions", body, &status);
+    assert_int_equal(status, 200);
+    assert_non_null(chat_content(next, 0));
+    free(body);
+    json_decref(req);
+    json_decref(next);
+    json_decref(c);
+}
+
 /* A follow-up turn repeats the conversation so far: its prompt starts with the first
  * turn's, whose full KV blocks the prefix cache still holds. */
 static void test_chat_follow_up_hits_prefix_cache(void **state)
@@ -798,6 +859,7 @@ int main(void)
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
         cmocka_unit_test(test_chat_reasoning_split),
+        cmocka_unit_test(test_chat_tool_calls),
         cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_json_schema),
