@@ -453,6 +453,21 @@ int api_tool_calls_text(const struct json_t *calls, size_t i, char **out, ApiErr
  * (each name found by its tool_call_id among the calls before it). */
 int api_tool_results_text(const struct json_t *messages, size_t from, size_t to, char **out,
                           ApiError *e);
+/* The text of a reply with tools that answers {"content":"..."}, decoded as it arrives
+ * (tool_text.c). Zeroed to start. */
+typedef enum {
+    API_TOOL_TEXT_START = 0, /* the reply's first bytes: text or a call, not known yet */
+    API_TOOL_TEXT_CONTENT,   /* inside {"content":" */
+    API_TOOL_TEXT_END,       /* past its closing quote */
+    API_TOOL_TEXT_CALL,      /* not a text answer */
+} ApiToolTextPhase;
+typedef struct {
+    uint8_t phase;  /* ApiToolTextPhase */
+    uint8_t n_held;
+    char held[14];  /* the reply's start, or an escape cut short */
+} ApiToolText;
+/* Append the content decoded from n more bytes of the reply. 0, or -1 out of memory. */
+int api_tool_text_feed(ApiToolText *t, const char *text, size_t n, ApiBuf *content);
 /* A reply of a request with tools: *content (a JSON string) or *calls (OpenAI's tool_calls
  * array: id, type "function", function {name, arguments as compact JSON text}), both new
  * references; -1 when text is not such a reply (cut short: then it is answered as text). */

@@ -1,8 +1,8 @@
 /* ApiCompletion: one request's engine events turned into OpenAI text_completion bytes.
  *
  * Streamed, every event that carries something becomes one SSE chunk at once; the last
- * FINISH adds the usage chunk (when asked) and [DONE] (a chat with tools holds its reply to
- * the end: a call is not known to be one until it is whole). Non-streamed, text and logprobs
+ * FINISH adds the usage chunk (when asked) and [DONE] (a chat with tools streams a text
+ * answer's content and holds a call to the end: it is not known to be one until whole). Non-streamed, text and logprobs
  * pile up per choice and the last FINISH writes the whole body. Either way the caller
  * feeds events in and writes out whatever bytes appear. */
 #include <stdlib.h>
@@ -32,6 +32,7 @@ typedef struct {
     bool has_token;
     double last_token_at;
     ApiReasoningSplit split; /* req->reasoning, streamed: where the reply is */
+    ApiToolText tool_text;   /* req->tools, streamed: a text answer's content so far */
 } Choice;
 
 typedef struct {
@@ -333,6 +334,24 @@ static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, 
     return ch;
 }
 
+static bool answers_text(const ApiToolText *t) {
+    return t->phase == API_TOOL_TEXT_CONTENT || t->phase == API_TOOL_TEXT_END;
+}
+
+/* A reply with tools cut short: the content decoded so far of a text answer (what a
+ * stream of it has sent), else the reply as it is. */
+static json_t *cut_reply_text(const Choice *ch) {
+    ApiToolText t = {0};
+    ApiBuf said;
+    api_buf_init(&said);
+    const char *text = ch->text.data ? ch->text.data : "";
+    bool decoded = api_tool_text_feed(&t, text, ch->text.len, &said) == 0 && answers_text(&t);
+    json_t *j = decoded ? api_json_string(said.data ? said.data : "", said.len)
+                        : api_json_string(text, ch->text.len);
+    api_buf_free(&said);
+    return j;
+}
+
 /* A choice of a request with tools, once finished: its reply as content or tool calls
  * (streamed: the whole of it in one delta, each call with its index). A reply cut short
  * (max_tokens, a stop string) is no such reply: it is answered as text. finish_reason
@@ -341,7 +360,7 @@ static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, 
 static json_t *tool_choice_json(const ApiCompletion *c, int32_t index, const Choice *ch) {
     json_t *content = NULL, *calls = NULL;
     if (api_tool_reply(ch->text.data, ch->text.len, &content, &calls) != 0)
-        content = api_json_string(ch->text.data ? ch->text.data : "", ch->text.len);
+        content = cut_reply_text(ch);
     json_t *m = json_object();
     if (!c->req->stream) json_object_set_new(m, "role", json_string("assistant"));
     json_object_set_new(m, "content", content ? content : json_null());
@@ -551,16 +570,30 @@ static int emit_split(const ApiCompletion *c, Choice *ch, int32_t index, const c
     return rc;
 }
 
-/* Streamed with tools: the reply was held back whole (a call's arguments are not known to
- * be a call until it ends); now it goes out as one chunk. */
-static int emit_tool_reply(const ApiCompletion *c, Choice *ch, int32_t index, const char *text,
-                           size_t len, ApiBuf *out) {
-    if (api_buf_append(&ch->text, text, len) != 0) return -1;
+/* Streamed with tools, a call: held back whole (a call's arguments are not known to be a
+ * call until it ends); now it goes out as one chunk. */
+static int emit_tool_reply(const ApiCompletion *c, const Choice *ch, int32_t index, ApiBuf *out) {
     json_t *choices = json_array();
     json_array_append_new(choices, tool_choice_json(c, index, ch));
     json_t *root = envelope(c, choices);
     if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
     return emit(out, root);
+}
+
+/* Streamed with tools: a text answer's content goes out as it is decoded, a call at the
+ * end (fin: the choice finishes with this text). */
+static int stream_tool_reply(const ApiCompletion *c, Choice *ch, int32_t index, const char *text,
+                             size_t len, FinishReason fin, ApiBuf *out) {
+    if (api_buf_append(&ch->text, text, len) != 0) return -1;
+    ApiBuf said;
+    api_buf_init(&said);
+    int rc = api_tool_text_feed(&ch->tool_text, text, len, &said);
+    if (rc == 0 && fin != FINISH_NONE && !answers_text(&ch->tool_text))
+        rc = emit_tool_reply(c, ch, index, out);
+    else if (rc == 0 && (said.len || fin != FINISH_NONE))
+        rc = emit_chunk(c, index, said.data ? said.data : "", said.len, NULL, NULL, fin, out);
+    api_buf_free(&said);
+    return rc;
 }
 
 static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double now,
@@ -575,7 +608,8 @@ static int on_token(ApiCompletion *c, int32_t p, const EngineEvent *ev, double n
     ch->chars += api_utf8_chars(text, len);
     if (c->req->stream) {
         if (stream_start_choice(c, p, ev->choice, out) != 0) return -1;
-        if (c->req->tools != API_TOOLS_OFF) return api_buf_append(&ch->text, text, len);
+        if (c->req->tools != API_TOOLS_OFF)
+            return stream_tool_reply(c, ch, index, text, len, FINISH_NONE, out);
         if (len == 0 && c->req->logprobs < 0) return 0; /* held-back text: nothing to say */
         json_t *lp = NULL;
         if (c->req->logprobs >= 0) {
@@ -618,7 +652,7 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     if (c->req->stream) {
         rc = stream_start_choice(c, p, ev->choice, out);
         if (rc == 0 && c->req->tools != API_TOOLS_OFF)
-            rc = emit_tool_reply(c, ch, index, text, len, out);
+            rc = stream_tool_reply(c, ch, index, text, len, ev->finish, out);
         else if (rc == 0 && c->req->reasoning)
             rc = emit_split(c, ch, index, text, len, true, NULL, ev->finish, out);
         else if (rc == 0)

@@ -960,6 +960,7 @@ static void test_chat_tool_reply(void **state) {
 
     check_text_reply("{\"tool_calls\":[{\"f\":{\"a\":", FINISH_LENGTH,
                      "{\"tool_calls\":[{\"f\":{\"a\":", "length");
+    check_text_reply("{\"content\":\"a\\\"b\\u00e9\\u", FINISH_LENGTH, "a\"b\xc3\xa9", "length");
 
     ApiRequest *r = chat_request(TOOLS ",\"stream\":true");
     ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
@@ -983,11 +984,78 @@ static void test_chat_tool_reply(void **state) {
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);
+
+    /* a text answer streams its content as it is decoded */
+    r = chat_request(TOOLS ",\"stream\":true");
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('{'), "{\"con", 0), &out);
+    feed(c, 0, ev_token(0, T('t'), "tent\":\"Hi \\u00e9\\", 0), &out);
+    feed(c, 0, ev_token(0, T('n'), "n\"", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "}", r->prompts[0].n_tokens, 3, 0), &out);
+    frames_parse(&out, &f);
+    static const struct { const char *content, *finish; } want[] = {
+        {"", NULL}, {"Hi \xc3\xa9", NULL}, {"\n", NULL}, {NULL, "stop"},
+    };
+    assert_int_equal(f.n, 5);
+    for (int i = 0; i < 4; i++) {
+        o = frame_json(&f, i);
+        ch = json_array_get(json_object_get(o, "choices"), 0);
+        json_t *delta = json_object_get(ch, "delta");
+        if (want[i].content) assert_string_equal(jstr(delta, "content"), want[i].content);
+        else assert_null(json_object_get(delta, "content"));
+        assert_null(json_object_get(delta, "tool_calls"));
+        if (want[i].finish) assert_string_equal(jstr(ch, "finish_reason"), want[i].finish);
+        else assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+        json_decref(o);
+    }
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* The decoder alone: a reply fed in every cut into two pieces, and one byte at a time,
+ * gives the content it gives whole (escapes, surrogate pairs, a lone surrogate as U+FFFD),
+ * and nothing for a call or a reply that only begins like a text answer. */
+static void check_tool_text(const char *reply, const char *want, ApiToolTextPhase phase) {
+    size_t n = strlen(reply);
+    for (size_t cut = 0; cut <= n + 1; cut++) {
+        ApiToolText t = {0};
+        ApiBuf said;
+        api_buf_init(&said);
+        if (cut <= n) {
+            assert_int_equal(api_tool_text_feed(&t, reply, cut, &said), 0);
+            assert_int_equal(api_tool_text_feed(&t, reply + cut, n - cut, &said), 0);
+        } else {
+            for (size_t i = 0; i < n; i++) assert_int_equal(api_tool_text_feed(&t, reply + i, 1, &said), 0);
+        }
+        if (said.len != strlen(want) || memcmp(said.data ? said.data : "", want, said.len) != 0)
+            fail_msg("%s cut at %zu: got '%.*s', want '%s'", reply, cut, (int)said.len,
+                     said.data ? said.data : "", want);
+        assert_int_equal(t.phase, phase);
+        api_buf_free(&said);
+    }
+}
+
+static void test_tool_text(void **state) {
+    (void)state;
+    check_tool_text("{\"content\":\"plain\"}", "plain", API_TOOL_TEXT_END);
+    check_tool_text("{\"content\":\"q\\\"\\\\\\/\\b\\f\\n\\r\\t.\"}", "q\"\\/\b\f\n\r\t.", API_TOOL_TEXT_END);
+    check_tool_text("{\"content\":\"\\u00e9\\u20AC\\ud83d\\ude00!\"}", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80!",
+                    API_TOOL_TEXT_END);
+    check_tool_text("{\"content\":\"\\ud83dx\\udc00\\ud83d\\n\"}", "\xef\xbf\xbdx\xef\xbf\xbd\xef\xbf\xbd\n",
+                    API_TOOL_TEXT_END);
+    check_tool_text("{\"content\":\"cut \\u00", "cut ", API_TOOL_TEXT_CONTENT);
+    check_tool_text("{\"content\":\"", "", API_TOOL_TEXT_CONTENT);
+    check_tool_text("{\"tool_calls\":[{\"f\":{\"content\":\"x\"}}]}", "", API_TOOL_TEXT_CALL);
+    check_tool_text("{\"cont", "", API_TOOL_TEXT_START);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_tool_reply),
+        cmocka_unit_test(test_tool_text),
         cmocka_unit_test(test_reasoning_split),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_body_single),
