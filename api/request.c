@@ -706,6 +706,11 @@ static int read_message(const json_t *m, size_t i, bool tool_replies, ApiChatMes
     json_object_foreach((json_t *)m, key, v) {
         if (!strcmp(key, "role") || !strcmp(key, "content") || !strcmp(key, "name")) continue;
         if (assistant && !strcmp(key, "tool_calls") && json_array_size(v) > 0) continue;
+        if (assistant && !strcmp(key, "tool_calls") && !json_is_array(v) && !json_is_null(v)) {
+            api_error_set(e, 400, "messages", "invalid_type",
+                          "messages[%zu].tool_calls must be an array of calls", i);
+            return -1;
+        }
         int neutral = api_neutral_field(true, i, key, v, e);
         if (neutral < 0) return -1;
         if (!neutral) {
@@ -730,22 +735,32 @@ static bool is_tool_result(const json_t *m) {
     return json_is_string(role) && strcmp(json_string_value(role), "tool") == 0;
 }
 
-/* The tools' description joins the first system message, or comes first as one. */
+/* a + sep + b, malloc'd (NULL and e when memory ran out). */
+static char *join3(const char *a, const char *sep, const char *b, ApiError *e) {
+    size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
+    char *out = malloc(la + ls + lb + 1);
+    if (!out) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    memcpy(out, a, la);
+    memcpy(out + la, sep, ls);
+    memcpy(out + la + ls, b, lb + 1);
+    return out;
+}
+
+/* The tools' description joins the last system message (the one every format keeps:
+ * DeepSeek V3's keeps only the last), or comes first as one. */
 static int add_tools_text(ApiChatMessage *msgs, char **owned, int *n, const char *text,
                           ApiError *e) {
-    if (*n > 0 && strcmp(msgs[0].role, "system") == 0) {
-        size_t a = strlen(msgs[0].content), b = strlen(text);
-        char *joined = malloc(a + b + 3);
-        if (!joined) {
-            api_error_set(e, 500, NULL, NULL, "out of memory");
-            return -1;
-        }
-        memcpy(joined, msgs[0].content, a);
-        memcpy(joined + a, "\n\n", 2);
-        memcpy(joined + a + 2, text, b + 1);
-        free(owned[0]);
-        owned[0] = joined;
-        msgs[0].content = joined;
+    int k = *n - 1;
+    while (k >= 0 && strcmp(msgs[k].role, "system") != 0) k--;
+    if (k >= 0) {
+        char *joined = join3(msgs[k].content, "\n\n", text, e);
+        if (!joined) return -1;
+        free(owned[k]);
+        owned[k] = joined;
+        msgs[k].content = joined;
         return 0;
     }
     memmove(msgs + 1, msgs, (size_t)*n * sizeof *msgs);
@@ -753,6 +768,30 @@ static int add_tools_text(ApiChatMessage *msgs, char **owned, int *n, const char
     msgs[0] = (ApiChatMessage){ "system", text };
     owned[0] = NULL;
     (*n)++;
+    return 0;
+}
+
+/* messages[from, to) (tool results) as one user turn into *out, joined by the user message
+ * right after them if there is one (formats that need turns to alternate accept [user,
+ * assistant with calls, results, user]); *next: the message after the turn. */
+static int tool_results_turn(const json_t *v, size_t from, size_t to, ApiChatMessage *out,
+                             char **owned, size_t *next, ApiError *e) {
+    out->role = "user";
+    if (api_tool_results_text(v, from, to, owned, e) != 0) return -1;
+    out->content = *owned;
+    *next = to;
+    const json_t *role = json_object_get(json_array_get(v, to), "role");
+    if (!json_is_string(role) || strcmp(json_string_value(role), "user") != 0) return 0;
+    ApiChatMessage user;
+    char *user_owned = NULL;
+    int rc = read_message(json_array_get(v, to), to, false, &user, &user_owned, e);
+    char *joined = rc == 0 ? join3(*owned, "\n\n", user.content, e) : NULL;
+    free(user_owned);
+    if (!joined) return -1;
+    free(*owned);
+    *owned = joined;
+    out->content = joined;
+    *next = to + 1;
     return 0;
 }
 
@@ -771,17 +810,15 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiCha
         size_t to = i;
         while (to < n && is_tool_result(json_array_get(v, to))) to++;
         if (to > i) { /* consecutive tool results: one user turn */
-            msgs[used].role = "user";
-            rc = api_tool_results_text(v, i, to, &owned[used], e);
-            msgs[used].content = owned[used];
-            i = to;
+            rc = tool_results_turn(v, i, to, &msgs[used], &owned[used], &i, e);
         } else {
             rc = read_message(json_array_get(v, i), i, tools_text != NULL, &msgs[used],
                               &owned[used], e);
             i++;
         }
     }
-    if (rc == 0 && tools_text) rc = add_tools_text(msgs, owned, &used, tools_text, e);
+    if (rc == 0 && tools_text && used > 0) /* none: the render's error */
+        rc = add_tools_text(msgs, owned, &used, tools_text, e);
     char *text = NULL;
     if (rc == 0) text = api_chat_render(fmt, msgs, used, tok, e);
     for (size_t i = 0; owned && i <= n; i++) free(owned[i]);
@@ -841,6 +878,12 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
     return read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e);
 }
 
+/* A reply held to JSON (response_format, tools) has no room to reason: DeepSeek R1's prompt
+ * is then written without opening <think>, as V3's. */
+static ApiChatFormat held_format(ApiChatFormat fmt, const ApiRequest *r) {
+    return fmt == API_CHAT_DEEPSEEK_R1 && r->json_object ? API_CHAT_DEEPSEEK3 : fmt;
+}
+
 static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
@@ -853,7 +896,7 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
                      api_tools_read(root, r, &tools_text, e) != 0 ||
-                     read_messages(root, lim, fmt, tok, tools_text, r, e) != 0
+                     read_messages(root, lim, held_format(fmt, r), tok, tools_text, r, e) != 0
                  ? -1
                  : 0;
     free(tools_text);

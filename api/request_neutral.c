@@ -39,9 +39,9 @@ static const NeutralField request_fields[] = {
 /* What an assistant message of a kept conversation carries beside role and content. */
 static const NeutralField message_fields[] = {
     {"refusal", "[]", "refusals"},
-    {"tool_calls", "[[]]", "tools and function calls"},
-    {"function_call", "[]", "tools and function calls"},
-    {"tool_call_id", "[]", "tools and function calls"},
+    {"tool_calls", "[[]]", "tool calls outside assistant messages"},
+    {"function_call", "[]", "function calls (the older form of tool calls)"},
+    {"tool_call_id", "[]", "tool call ids outside tool messages"},
     {"audio", "[]", "audio"},
     {"annotations", "[[]]", "annotations"},
     {NULL, NULL, NULL},

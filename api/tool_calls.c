@@ -317,36 +317,3 @@ int api_tool_results_text(const json_t *messages, size_t from, size_t to, char *
     json_decref(turn);
     return *out ? 0 : oom(e);
 }
-
-/* ---- the reply ------------------------------------------------------------------------------- */
-
-int api_tool_reply(const char *text, size_t len, json_t **content, json_t **calls) {
-    *content = *calls = NULL;
-    json_t *root = json_loadb(text ? text : "", len, 0, NULL);
-    const json_t *said = json_object_get(root, "content");
-    const json_t *list = json_object_get(root, "tool_calls");
-    if (json_is_string(said)) *content = json_incref((json_t *)said);
-    if (json_is_array(list) && json_array_size(list) > 0) {
-        *calls = json_array();
-        size_t k;
-        const json_t *call;
-        json_array_foreach(list, k, call) {
-            const char *name = NULL;
-            json_t *args = NULL;
-            json_object_foreach((json_t *)call, name, args) break;
-            char *arguments = args ? json_dumps(args, JSON_COMPACT) : NULL;
-            char id[48];
-            api_random_id(id, 34, "call_"); /* "call_" and 28 hex digits */
-            if (name && arguments)
-                json_array_append_new(*calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type",
-                                                        "function", "function", "name", name,
-                                                        "arguments", arguments));
-            free(arguments);
-        }
-    }
-    json_decref(root);
-    if (*content || *calls) return 0;
-    json_decref(*calls);
-    *calls = NULL;
-    return -1;
-}

@@ -1038,6 +1038,42 @@ static void check_tool_text(const char *reply, const char *want, ApiToolTextPhas
     }
 }
 
+/* The reply read back: each call's arguments exactly as written (numbers past 64 bits,
+ * 0.1, -0, \u0000 and a lone surrogate escape included: JSON jansson would refuse or
+ * rewrite), a content's escapes undone; anything but one whole reply is not one. */
+static void test_tool_reply_reading(void **state) {
+    (void)state;
+    const char *args = "{\"x\":0.1,\"n\":-0,\"big\":123456789012345678901234567890,"
+                       "\"e\":1e400,\"s\":\"\\u0000\\ud800\",\"l\":[{}, []]}";
+    char reply[512];
+    snprintf(reply, sizeof reply, "{\"tool_calls\":[{\"f\":%s},{\"g\":{}}]}\n", args);
+    json_t *content, *calls;
+    assert_int_equal(api_tool_reply(reply, strlen(reply), &content, &calls), 0);
+    assert_null(content);
+    assert_int_equal(json_array_size(calls), 2);
+    check_call(json_array_get(calls, 0), "f", args);
+    check_call(json_array_get(calls, 1), "g", "{}");
+    json_decref(calls);
+    const char *said = "{\"content\":\"\\ud800a\\u0000b\\n\"}";
+    assert_int_equal(api_tool_reply(said, strlen(said), &content, &calls), 0);
+    assert_null(calls);
+    assert_int_equal(json_string_length(content), 7);
+    assert_memory_equal(json_string_value(content), "\xef\xbf\xbd" "a\0b\n", 7);
+    json_decref(content);
+    static const char *const not_replies[] = {
+        "", "{}", "{\"content\":\"a\"", "{\"content\":\"a\"}x", "{\"content\":1}",
+        "{\"tool_calls\":[]}", "{\"tool_calls\":[{\"f\":{]}}]}", "{\"tool_calls\":[{\"f\":1}]}",
+        "{\"tool_calls\":[{\"\":{}}]}", "{\"tool_calls\":[{\"f\":{}}]", "{\"tool_calls\":[{\"f\":{},\"g\":{}}]}",
+        "{\"other\":1}",
+    };
+    for (size_t i = 0; i < sizeof not_replies / sizeof not_replies[0]; i++) {
+        if (api_tool_reply(not_replies[i], strlen(not_replies[i]), &content, &calls) != -1)
+            fail_msg("read as a reply: %s", not_replies[i]);
+        assert_null(content);
+        assert_null(calls);
+    }
+}
+
 static void test_tool_text(void **state) {
     (void)state;
     check_tool_text("{\"content\":\"plain\"}", "plain", API_TOOL_TEXT_END);
@@ -1056,6 +1092,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_tool_reply),
         cmocka_unit_test(test_tool_text),
+        cmocka_unit_test(test_tool_reply_reading),
         cmocka_unit_test(test_reasoning_split),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_body_single),

@@ -876,6 +876,48 @@ static void test_chat_tool_turns(void **state) {
     api_request_free(r);
 }
 
+/* What a review found: the description joins the system message the format keeps (DeepSeek
+ * V3 keeps the last); results followed by a user message are one turn (Gemma's turns
+ * alternate); DeepSeek R1 held to JSON opens no <think>; no messages is still a 400. */
+static void test_chat_tools_review(void **state) {
+    (void)state;
+    static const ApiChatTokens tok = {"<s>", "</s>"};
+    ApiLimits l = limits();
+    ApiRequest *r = NULL;
+    ApiError e;
+    char body[2048];
+    snprintf(body, sizeof body, "{\"model\":\"m\"," TOOLS ",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"x\"},{\"role\":\"system\",\"content\":\"S2\"},{\"role\":\"user\","
+             "\"content\":\"y\"}]}");
+    assert_int_equal(api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_DEEPSEEK3, &tok,
+                                            &r, &e), 0);
+    assert_memory_equal(r->prompts[0].text, "S2\n\nFunctions you can call", 26);
+    api_request_free(r);
+    assert_int_equal(api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_DEEPSEEK_R1, &tok,
+                                            &r, &e), 0);
+    const char *p = r->prompts[0].text;
+    assert_string_equal(p + strlen(p) - 17, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"); /* no <think> */
+    assert_false(r->reasoning);
+    api_request_free(r);
+
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\","
+             "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+             "\"tool_call_id\":\"c\",\"content\":\"r\"},{\"role\":\"user\",\"content\":\"u\"}]}");
+    assert_int_equal(api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_GEMMA, &tok, &r,
+                                            &e), 0);
+    assert_non_null(strstr(r->prompts[0].text, "<start_of_turn>user\n{\"tool_results\":[{\"name\":"
+                                               "\"g\",\"content\":\"r\"}]}\n\nu<end_of_turn>\n"));
+    api_request_free(r);
+
+    chat_error("{\"model\":\"m\",\"messages\":[]," TOOLS "}", API_CHAT_CHATML, "messages", "empty");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+               "\"assistant\",\"tool_calls\":{\"a\":1}}]}", API_CHAT_CHATML, "messages",
+               "must be an array of calls");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":"
+               "[{}]}]}", API_CHAT_CHATML, "messages", "outside assistant messages");
+}
+
 static void test_chat_tools_errors(void **state) {
     (void)state;
 #define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
@@ -953,6 +995,7 @@ int main(void) {
         cmocka_unit_test(test_chat_tools),
         cmocka_unit_test(test_chat_tool_turns),
         cmocka_unit_test(test_chat_tools_errors),
+        cmocka_unit_test(test_chat_tools_review),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
 /* fuzz_request — api/api.h's request-body surfaces on arbitrary bytes, default limits:
  * api_request_parse and api_chat_request_parse (in the ChatML, Llama 2 and DeepSeek R1
- * formats; then api_request_tokenize, api_request_engine, an ApiCompletion's life,
+ * formats, tools and tool turns included; then api_request_tokenize, api_request_engine, an ApiCompletion's life,
  * api_request_free),
  * api_tokenize_handle and api_detokenize_handle.
  *
@@ -87,6 +87,9 @@ static void check_limits(const ApiRequest *r, const ApiLimits *l) {
     FZ_CHECK(s->repetition_penalty > 0, "repetition_penalty %g", s->repetition_penalty);
     FZ_CHECK(!r->include_usage || r->stream, "include_usage without stream");
     FZ_CHECK((r->cache_salt == NULL) == (r->cache_salt_hash == 0), "cache_salt hash");
+    FZ_CHECK(r->tools == API_TOOLS_OFF ||
+                 (r->chat && r->json_object && r->json_schema && r->logprobs < 0 && !r->reasoning),
+             "tools %d without chat, its grammar, or beside logprobs / reasoning", (int)r->tools);
     for (int32_t p = 0; p < r->n_prompts; p++) {
         const ApiPrompt *pr = &r->prompts[p];
         if (pr->given_as_tokens) {

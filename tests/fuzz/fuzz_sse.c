@@ -3,7 +3,7 @@
  * Input: a header that shapes the request (1..3 prompts given as text or token ids, n 1..3,
  * stream, echo, logprobs -1..5, include_usage, force_usage, metrics on/off; or a chat
  * request of one message, in ChatML or in DeepSeek R1's format, whose replies are cut
- * into reasoning_content and content), then a
+ * into reasoning_content and content, or in ChatML with tools offered), then a
  * script of events: kind, prompt index and choice (sometimes out of range), token id,
  * text (arbitrary bytes, or the same bytes made valid UTF-8), logprob and top
  * alternatives (any float bit pattern), finish reason, usage numbers and an error message.
@@ -19,7 +19,12 @@
  * When every event text is valid UTF-8 and the request did not fail, the text of each
  * choice equals (echo prompt +) its TOKEN texts + its FINISH text, streamed or not; for
  * chat, reasoning_content + content does, less its first "</think>" in R1's format, where
- * a stream never sends reasoning after content.
+ * a stream never sends reasoning after content. With tools: every call has a call_ id of
+ * its own, type function, a name and arguments that parse as JSON (and an index when
+ * streamed); a reply that is exactly {"content": <string>} is answered with that string
+ * (jansson's reading, streamed in pieces or not); otherwise the content and the number of
+ * calls are what api_tool_reply and api_tool_text_feed make of the whole text (a streamed
+ * text answer: the incremental decoding equals the whole one).
  */
 #include <math.h>
 #include <stdio.h>
@@ -48,7 +53,7 @@ static void setup(void) {
 }
 
 /* This input's request: chat (deltas / message instead of text), and in R1's format. */
-static bool chat_mode, reasoning_mode;
+static bool chat_mode, reasoning_mode, tools_mode;
 
 /* What the harness expects each choice's text to be. */
 typedef struct {
@@ -71,8 +76,47 @@ static void expect_add(Expect *x, const char *s) { grow_add(&x->text, &x->len, s
 
 /* A choice's text parts: "text" (completions), or the chat message / delta's content and
  * reasoning_content (either may be absent from a delta; the message always has content). */
+/* The tool calls of a message or delta, checked (x: the reply they came from, whose text
+ * holds each call's arguments as written; NULL: unknown); their count. */
+static int check_calls(const json_t *m, bool delta, const Expect *x) {
+    const json_t *calls = json_object_get(m, "tool_calls");
+    FZ_CHECK(!calls || (tools_mode && json_array_size(calls) > 0), "tool_calls out of place");
+    size_t k;
+    const json_t *call;
+    json_array_foreach(calls, k, call) {
+        const json_t *f = json_object_get(call, "function");
+        const char *id = json_string_value(json_object_get(call, "id"));
+        const char *args = json_string_value(json_object_get(f, "arguments"));
+        const char *type = json_string_value(json_object_get(call, "type"));
+        FZ_CHECK(id && strncmp(id, "call_", 5) == 0 && type && strcmp(type, "function") == 0 &&
+                     json_string_length(json_object_get(f, "name")) > 0 && args,
+                 "tool call %zu lacks id / type / name / arguments", k);
+        FZ_CHECK(args[0] == '{', "tool call arguments are not an object: %s", args);
+        FZ_CHECK(!x || memmem(x->text, x->len, args, strlen(args)),
+                 "tool call arguments %s are not the reply's text", args);
+        /* where jansson reads the reply, call k is its k-th item: that name, those arguments */
+        json_t *whole = x ? json_loadb(x->text, x->len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, NULL)
+                          : NULL;
+        const json_t *item = json_array_get(json_object_get(whole, "tool_calls"), k);
+        const char *name = json_string_value(json_object_get(f, "name"));
+        if (whole && json_object_size(item) == 1) {
+            json_t *read = json_loads(args, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+            FZ_CHECK(json_equal(read, json_object_get(item, name)),
+                     "tool call %zu: %s(%s) is not the reply's %s", k, name, args, x->text);
+            json_decref(read);
+        }
+        json_decref(whole);
+        FZ_CHECK(!delta || json_integer_value(json_object_get(call, "index")) == (json_int_t)k,
+                 "streamed tool call %zu without its index", k);
+        for (size_t j = 0; j < k; j++)
+            FZ_CHECK(strcmp(id, json_string_value(json_object_get(json_array_get(calls, j), "id"))),
+                     "two tool calls with one id");
+    }
+    return (int)json_array_size(calls);
+}
+
 static void choice_parts(json_t *ch, bool delta, const char **said, size_t *said_len,
-                         const char **why, size_t *why_len) {
+                         const char **why, size_t *why_len, int *calls, const Expect *x) {
     *said = *why = "";
     *said_len = *why_len = 0;
     json_t *text = json_object_get(ch, "text");
@@ -80,7 +124,10 @@ static void choice_parts(json_t *ch, bool delta, const char **said, size_t *said
         json_t *m = json_object_get(ch, delta ? "delta" : "message");
         FZ_CHECK(json_is_object(m), "chat choice without %s", delta ? "delta" : "message");
         text = json_object_get(m, "content");
-        FZ_CHECK(delta || json_is_string(text), "message without content");
+        *calls += check_calls(m, delta, x);
+        FZ_CHECK(delta || json_is_string(text) || (tools_mode && json_is_null(text)),
+                 "message without content");
+        if (json_is_null(text)) text = NULL;
         json_t *r = json_object_get(m, "reasoning_content");
         FZ_CHECK(!r || (reasoning_mode && json_is_string(r)), "reasoning_content out of place");
         FZ_CHECK(delta || !reasoning_mode || r, "R1 message without reasoning_content");
@@ -106,6 +153,73 @@ static void expected_joined(const Expect *x, const char **a, size_t *a_len, cons
     *b_len = end ? x->len - *a_len - 8 : 0;
 }
 
+/* n bytes at s as a new buffer (NULs kept). */
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (!d) abort();
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+/* With tools: the content and number of calls the whole reply x makes (streamed: a text
+ * answer's content as it streamed). */
+static void tools_expected(const Expect *x, bool stream, char **content, size_t *len, int *calls) {
+    ApiToolText t = {0};
+    ApiBuf decoded;
+    api_buf_init(&decoded);
+    FZ_CHECK(api_tool_text_feed(&t, x->text, x->len, &decoded) == 0, "api_tool_text_feed");
+    bool text_answer = t.phase == API_TOOL_TEXT_CONTENT || t.phase == API_TOOL_TEXT_END;
+    json_t *said = NULL, *list = NULL;
+    bool reply = api_tool_reply(x->text, x->len, &said, &list) == 0;
+    *calls = 0;
+    if ((stream || !reply) && text_answer) {
+        *len = decoded.len;
+        *content = dup_n(decoded.data ? decoded.data : "", *len);
+    } else if (reply) {
+        *len = said ? json_string_length(said) : 0;
+        *content = dup_n(said ? json_string_value(said) : "", *len);
+        *calls = (int)json_array_size(list);
+    } else {
+        *len = x->len;
+        *content = dup_n(x->text, x->len);
+    }
+    /* the outside judge: a reply that is exactly {"content": string}, read by jansson */
+    json_t *whole = json_loadb(x->text, x->len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, NULL);
+    const json_t *str = json_object_get(whole, "content");
+    if (json_object_size(whole) == 1 && json_is_string(str))
+        FZ_CHECK(*len == json_string_length(str) && memcmp(*content, json_string_value(str), *len) == 0,
+                 "content of %s is not jansson's reading", x->text);
+    /* and {"tool_calls": [n objects of one property, an object each]}: n calls */
+    const json_t *judged = json_object_get(whole, "tool_calls"), *call;
+    size_t k, n_calls = json_array_size(judged);
+    json_array_foreach(judged, k, call) {
+        const char *name;
+        json_t *args;
+        bool one = json_object_size(call) == 1 && strlen(json_object_iter_key(json_object_iter((json_t *)call))) > 0;
+        json_object_foreach((json_t *)call, name, args) one = one && json_is_object(args);
+        if (!one) n_calls = 0;
+    }
+    if (json_object_size(whole) == 1 && n_calls > 0)
+        FZ_CHECK(*calls == (int)n_calls, "%s: %d calls, jansson reads %zu", x->text, *calls, n_calls);
+    json_decref(whole);
+    json_decref(said);
+    json_decref(list);
+    api_buf_free(&decoded);
+}
+
+static void check_tools_text(const Expect *x, bool stream, const char *got, size_t got_len,
+                             int got_calls) {
+    char *want;
+    size_t want_len;
+    int want_calls;
+    tools_expected(x, stream, &want, &want_len, &want_calls);
+    FZ_CHECK(got_len == want_len && memcmp(got, want, want_len) == 0 && got_calls == want_calls,
+             "tools reply %s: content of %zu bytes and %d calls, expected %zu and %d", x->text,
+             got_len, got_calls, want_len, want_calls);
+    free(want);
+}
+
 static bool joined_equal(const Expect *x, const char *got, size_t got_len) {
     const char *a, *b;
     size_t al, bl;
@@ -127,7 +241,7 @@ static char *request_body(FzReader *r, int *n_prompts_out, int *n_out) {
     uint8_t a = fz_u8(r), b = fz_u8(r);
     int n_prompts = 1 + a % 3, n = 1 + (a / 3) % 3;
     bool as_tokens = a & 0x10, stream = a & 0x20, echo = a & 0x40;
-    int logprobs = (int)(b % 7) - 1;
+    int logprobs = tools_mode ? -1 : (int)(b % 7) - 1; /* tools refuse logprobs */
     json_t *prompts = json_array();
     for (int p = 0; p < n_prompts; p++) {
         const uint8_t *bytes;
@@ -152,6 +266,11 @@ static char *request_body(FzReader *r, int *n_prompts_out, int *n_out) {
         req = json_pack("{s:s, s:[o], s:i, s:i, s:b}", "model", "m", "messages", msg,
                         "max_tokens", 16, "n", n, "stream", stream);
         json_decref(prompts);
+        if (tools_mode)
+            json_object_set_new(req, "tools", json_pack("[{s:s,s:{s:s}},{s:s,s:{s:s,s:{}}}]",
+                                                        "type", "function", "function", "name",
+                                                        "f", "type", "function", "function",
+                                                        "name", "g", "parameters"));
         if (logprobs >= 0) {
             json_object_set_new(req, "logprobs", json_true());
             json_object_set_new(req, "top_logprobs", json_integer(logprobs));
@@ -178,6 +297,7 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
     int frames = 0;
     bool saw_done = false;
     char *streamed[MAX_CHOICES] = {0}, *thought[MAX_CHOICES] = {0};
+    int calls[MAX_CHOICES] = {0};
     size_t streamed_len[MAX_CHOICES] = {0}, thought_len[MAX_CHOICES] = {0};
     while (i < out->len) {
         FZ_CHECK(!saw_done, "bytes after data: [DONE]");
@@ -210,7 +330,8 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
                              (long long)index);
                     const char *said, *why;
                     size_t said_len, why_len;
-                    choice_parts(ch, true, &said, &said_len, &why, &why_len);
+                    choice_parts(ch, true, &said, &said_len, &why, &why_len, &calls[index],
+                                 check_text ? &expect[index] : NULL);
                     FZ_CHECK(why_len == 0 || streamed_len[index] == 0,
                              "choice %lld: reasoning after content", (long long)index);
                     grow_add(&thought[index], &thought_len[index], why, why_len);
@@ -225,7 +346,10 @@ static int check_stream_output(const ApiBuf *out, int n_choices, bool done, Expe
     FZ_CHECK(saw_done == done, "[DONE] %s but the request is %s", saw_done ? "sent" : "missing",
              done ? "done" : "not done");
     for (int c = 0; c < n_choices; c++) {
-        if (check_text) {
+        if (check_text && tools_mode) {
+            check_tools_text(&expect[c], true, streamed[c] ? streamed[c] : "", streamed_len[c],
+                             calls[c]);
+        } else if (check_text) {
             grow_add(&thought[c], &thought_len[c], streamed[c] ? streamed[c] : "",
                      streamed_len[c]);
             FZ_CHECK(joined_equal(&expect[c], thought[c] ? thought[c] : "", thought_len[c]),
@@ -255,7 +379,13 @@ static void check_body_output(const ApiBuf *out, const ApiCompletion *c, int n_c
         FZ_CHECK(json_integer_value(json_object_get(ch, "index")) == k, "choice order");
         const char *said, *why;
         size_t said_len, why_len;
-        choice_parts(ch, false, &said, &said_len, &why, &why_len);
+        int calls = 0;
+        choice_parts(ch, false, &said, &said_len, &why, &why_len, &calls,
+                     check_text ? &expect[k] : NULL);
+        if (check_text && tools_mode) {
+            check_tools_text(&expect[k], false, said, said_len, calls);
+            continue;
+        }
         char *joined = NULL;
         size_t joined_len = 0;
         grow_add(&joined, &joined_len, why, why_len);
@@ -275,6 +405,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const ApiVocab *v = &vocabs[(flags >> 4) & 1];
     chat_mode = flags & 0x20;
     reasoning_mode = chat_mode && (flags & 0x40);
+    tools_mode = chat_mode && !reasoning_mode && (flags & 0x80);
     int n_prompts, n;
     char *body = request_body(&r, &n_prompts, &n);
     ApiLimits lim;
@@ -289,6 +420,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                            : api_request_parse(body, strlen(body), &lim, "m", &req, &e);
     FZ_CHECK(parsed == 0, "harness request refused: %s (%s)", e.message, body);
     FZ_CHECK(req->reasoning == reasoning_mode, "reasoning flag %d", (int)req->reasoning);
+    FZ_CHECK(req->tools == (tools_mode ? API_TOOLS_AUTO : API_TOOLS_OFF), "tools %d",
+             (int)req->tools);
     FZ_CHECK(api_request_tokenize(req, v, 4096, &lim, &e) == 0,
              "harness request not tokenised: %s", e.message);
     ApiMetrics *metrics = NULL;
