@@ -132,6 +132,10 @@ typedef enum {
  * unrecognised: NONE). */
 ApiChatFormat api_chat_format_detect(const char *jinja);
 ApiChatFormat api_chat_format_by_name(const char *name); /* "chatml" ...; NONE if unknown */
+/* The format a chat's prompt is written in when its reply is held to JSON (json: tools or
+ * response_format): DeepSeek R1's then as V3's, without opening <think> (a reply held to
+ * JSON has no room to reason); others unchanged. */
+ApiChatFormat api_chat_format_held(ApiChatFormat fmt, bool json);
 const char *api_chat_format_name(ApiChatFormat f);        /* "none" for NONE */
 
 typedef struct {
@@ -344,7 +348,8 @@ char *api_model_body(const char *model_id, int64_t created, int32_t max_model_le
                      size_t *len);
 
 /* POST /tokenize {"prompt" | "text": string, or "messages": a chat as /v1/chat/completions
- * takes it (written in v->chat_format, so the count is the chat's prompt_tokens), "add_special_tokens"|"add_special": bool
+ * takes it, with its "tools", "tool_choice", "parallel_tool_calls" (written in
+ * v->chat_format, so the count is the chat's prompt_tokens), "add_special_tokens"|"add_special": bool
  * (default true: BOS when the vocab adds it), "model"?, "return_token_strs"?: bool}
  * -> {"tokens":[...], "count", "max_model_len"(, "token_strs")}.
  * POST /detokenize {"tokens":[ids], "model"?} -> {"prompt": text}.

@@ -287,6 +287,11 @@ static bool has_system_turns(ApiChatFormat f) {
            f == API_CHAT_DEEPSEEK_R1;
 }
 
+ApiChatFormat api_chat_format_held(ApiChatFormat fmt, bool json)
+{
+    return fmt == API_CHAT_DEEPSEEK_R1 && json ? API_CHAT_DEEPSEEK3 : fmt;
+}
+
 char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
                       ApiError *e)
 {

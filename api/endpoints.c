@@ -108,6 +108,24 @@ static int dump_into(json_t *root, char **out, size_t *out_len, ApiError *e) {
 
 /* ---- /tokenize --------------------------------------------------------------------------------- */
 
+/* "messages" (and "tools", "tool_choice", "parallel_tool_calls") as the chat request
+ * writes them: the same prompt, so the count is its prompt_tokens. */
+static int read_chat_text(const json_t *root, const json_t *messages, const ApiVocab *vocab,
+                          const char **text, size_t *len, char **owned, ApiError *e) {
+    ApiRequest probe;
+    memset(&probe, 0, sizeof probe);
+    probe.logprobs = -1;
+    char *tools_text = NULL;
+    if (api_tools_read(root, &probe, &tools_text, e) != 0) return -1;
+    json_schema_free(probe.json_schema);
+    ApiChatFormat fmt = api_chat_format_held(vocab->chat_format, probe.json_object);
+    *owned = api_chat_prompt_from_json(messages, fmt, &vocab->chat_tokens, tools_text, e);
+    free(tools_text);
+    *text = *owned;
+    *len = *owned ? strlen(*owned) : 0;
+    return *owned ? 0 : -1;
+}
+
 /* The text to tokenise: "prompt" or "text", or "messages" written in the vocabulary's
  * chat format (*owned then holds it). */
 static int read_text(const json_t *root, const ApiVocab *vocab, const char **text, size_t *len,
@@ -123,11 +141,10 @@ static int read_text(const json_t *root, const ApiVocab *vocab, const char **tex
                       "Give one of 'prompt', 'text' and 'messages'");
         return -1;
     }
-    if (m) {
-        *owned = api_chat_prompt_from_json(m, vocab->chat_format, &vocab->chat_tokens, NULL, e);
-        *text = *owned;
-        *len = *owned ? strlen(*owned) : 0;
-        return *owned ? 0 : -1;
+    if (m) return read_chat_text(root, m, vocab, text, len, owned, e);
+    if (json_object_get(root, "tools") && !json_is_null(json_object_get(root, "tools"))) {
+        api_error_set(e, 400, "tools", "invalid_value", "'tools' goes with 'messages'");
+        return -1;
     }
     const json_t *v = p ? p : t;
     const char *field = p ? "prompt" : "text";
@@ -175,7 +192,8 @@ int api_tokenize_handle(const char *body, size_t len, const ApiLimits *lim,
                         char **out, size_t *out_len, ApiError *e) {
     static const char *const known[] = {"model", "prompt", "text", "messages",
                                         "add_special_tokens", "add_special",
-                                        "return_token_strs", NULL};
+                                        "return_token_strs", "tools", "tool_choice",
+                                        "parallel_tool_calls", NULL};
     *out = NULL;
     json_t *root = load_object(body, len, lim, known, e);
     if (!root) return -1;

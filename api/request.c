@@ -878,12 +878,6 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
     return read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e);
 }
 
-/* A reply held to JSON (response_format, tools) has no room to reason: DeepSeek R1's prompt
- * is then written without opening <think>, as V3's. */
-static ApiChatFormat held_format(ApiChatFormat fmt, const ApiRequest *r) {
-    return fmt == API_CHAT_DEEPSEEK_R1 && r->json_object ? API_CHAT_DEEPSEEK3 : fmt;
-}
-
 static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
@@ -896,7 +890,8 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
                      api_tools_read(root, r, &tools_text, e) != 0 ||
-                     read_messages(root, lim, held_format(fmt, r), tok, tools_text, r, e) != 0
+                     read_messages(root, lim, api_chat_format_held(fmt, r->json_object), tok,
+                                   tools_text, r, e) != 0
                  ? -1
                  : 0;
     free(tools_text);

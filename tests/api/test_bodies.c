@@ -189,8 +189,29 @@ static void test_tokenize(void **state) {
                      3 + '<');
     json_decref(o);
     free(out);
+    /* with tools: the chat request's prompt too (the tools described) */
+    const char *tooled = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":"
+                         "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                         "\"tool_choice\":\"required\"";
+    char chat_body[512];
+    snprintf(chat_body, sizeof chat_body, "%s,\"model\":\"m\"}", tooled);
     ApiLimits l;
     api_limits_default(&l);
+    static const ApiChatTokens toks = {"<s>", "</s>"};
+    ApiRequest *r = NULL;
+    assert_int_equal(api_chat_request_parse(chat_body, strlen(chat_body), &l, "m", API_CHAT_CHATML,
+                                            &toks, &r, &e), 0);
+    snprintf(chat_body, sizeof chat_body, "%s}", tooled);
+    assert_int_equal(tokenize(chat_body, &out, &e), 0);
+    o = parse_json(out, strlen(out));
+    assert_non_null(strstr(r->prompts[0].text, "Functions you can call"));
+    assert_int_equal(json_integer_value(json_object_get(o, "count")),
+                     1 + (int)strlen(r->prompts[0].text));
+    json_decref(o);
+    free(out);
+    api_request_free(r);
+    assert_int_equal(tokenize("{\"prompt\":\"a\",\"tools\":[]}", &out, &e), -1);
+    assert_string_equal(e.param, "tools");
     ApiVocab plain = fake_vocab();
     plain.chat_format = API_CHAT_NONE;
     const char *msgs = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
