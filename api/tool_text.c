@@ -51,10 +51,12 @@ static int put_utf8(ApiBuf *out, unsigned cp) {
 
 /* A \u escape at s (6 bytes known there): its code point and length, a high surrogate
  * joined with the low one after it (12 bytes); 0 when more bytes are needed; U+FFFD for
- * a lone surrogate or bad hex. */
+ * a lone surrogate, or for "\u" without 4 hex digits (then only those 2 bytes are used,
+ * so that the text after them stays whole characters). */
 static size_t unicode_escape(const char *s, size_t n, unsigned *cp) {
     int hi = hex4(s + 2);
-    *cp = hi < 0 || (hi >= 0xDC00 && hi <= 0xDFFF) ? 0xFFFD : (unsigned)hi;
+    if (hi < 0) return *cp = 0xFFFD, 2; /* "\u" alone: what follows is text again */
+    *cp = hi >= 0xDC00 && hi <= 0xDFFF ? 0xFFFD : (unsigned)hi;
     if (hi < 0xD800 || hi > 0xDBFF) return 6;
     if (n < 12) /* what follows is no \u escape: a lone surrogate; else wait for it */
         return (n >= 7 && s[6] != '\\') || (n >= 8 && s[7] != 'u') ? (*cp = 0xFFFD, 6) : 0;

@@ -1083,6 +1083,10 @@ static void test_tool_text(void **state) {
     check_tool_text("{\"content\":\"\\ud83dx\\udc00\\ud83d\\n\"}", "\xef\xbf\xbdx\xef\xbf\xbd\xef\xbf\xbd\n",
                     API_TOOL_TEXT_END);
     check_tool_text("{\"content\":\"cut \\u00", "cut ", API_TOOL_TEXT_CONTENT);
+    /* not JSON (the grammar never writes it), found by fuzz_sse: "\u" without hex digits
+     * before a character of several bytes must not cut that character */
+    check_tool_text("{\"content\":\"\\u00\xef\xbf\xbd\xc3\xa9x\"}", "\xef\xbf\xbd" "00\xef\xbf\xbd\xc3\xa9x",
+                    API_TOOL_TEXT_END);
     check_tool_text("{\"content\":\"", "", API_TOOL_TEXT_CONTENT);
     check_tool_text("{\"tool_calls\":[{\"f\":{\"content\":\"x\"}}]}", "", API_TOOL_TEXT_CALL);
     check_tool_text("{\"cont", "", API_TOOL_TEXT_START);

@@ -3,7 +3,8 @@
  *
  * Input: a schema as JSON text, a NUL byte, then choice bytes. Each choice byte picks the
  * next output byte among the 256 the walk accepts there (as the engine's mask would), so
- * the walk goes deep instead of failing on its first random byte. Checked:
+ * the walk goes deep instead of failing on its first random byte; the first one's top bit
+ * also makes the schema compact (json_schema_set_compact, as tool replies are). Checked:
  *   - a refused schema is a 400 "invalid_json_schema" with a message;
  *   - a compiled schema's copy is equal to it;
  *   - each byte fed to a trial copy (json_schema_state_trial) gives the same answer and
@@ -85,6 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(s == NULL, "a refused schema was returned");
         check_refusal(&e);
     } else {
+        if (nul && size > schema_len + 1 && (nul[1] & 0x80)) json_schema_set_compact(s);
         JsonSchema *copy = json_schema_copy(s);
         FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
         json_schema_free(copy);
