@@ -116,8 +116,9 @@ static int read_chat_text(const json_t *root, const json_t *messages, const ApiV
     memset(&probe, 0, sizeof probe);
     probe.logprobs = -1;
     char *tools_text = NULL;
-    if (api_tools_read(root, &probe, &tools_text, e) != 0) return -1;
+    int rc = api_tools_read(root, &probe, &tools_text, e);
     json_schema_free(probe.json_schema);
+    if (rc != 0) return -1;
     ApiChatFormat fmt = api_chat_format_held(vocab->chat_format, probe.json_object);
     *owned = api_chat_prompt_from_json(messages, fmt, &vocab->chat_tokens, tools_text, e);
     free(tools_text);

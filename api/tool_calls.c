@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "api/api.h"
+#include "model/json_prefix.h"
 
 #define MAX_TOOLS JSON_SCHEMA_MAX_CHOICES
 
@@ -249,28 +250,65 @@ int api_tools_read(const json_t *root, ApiRequest *r, char **system_text, ApiErr
 
 /* ---- the conversation's tool turns ---------------------------------------------------------- */
 
-/* messages[i].tool_calls of an assistant as the reply that made them. */
+/* Whether s[0, n) is one JSON object (strict RFC 8259, numbers of any length: what a
+ * reply's arguments may be, and jansson may refuse). */
+static bool one_object(const char *s, size_t n) {
+    JsonPrefix p;
+    json_prefix_init(&p, 0);
+    return json_prefix_feed(&p, s, n) && json_prefix_complete(&p);
+}
+
+/* JSON text s[0, n) without the whitespace outside its strings (the tools' grammar writes
+ * arguments compact), otherwise as it is: numbers and escapes are not rewritten. */
+static int append_compact(ApiBuf *b, const char *s, size_t n) {
+    bool in_string = false;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char c = s[i];
+        if (!in_string && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) continue;
+        if (in_string && c == '\\' && i + 1 < n) {
+            rc = api_buf_append(b, s + i++, 2);
+            continue;
+        }
+        if (c == '"') in_string = !in_string;
+        rc = api_buf_append(b, &c, 1);
+    }
+    return rc;
+}
+
+/* messages[i].tool_calls of an assistant as the reply that made them (the arguments as the
+ * client sent them back, only made compact). */
 int api_tool_calls_text(const json_t *calls, size_t i, char **out, ApiError *e) {
-    json_t *list = json_array(), *reply = json_pack("{s:o}", "tool_calls", list);
+    ApiBuf b;
+    api_buf_init(&b);
+    int rc = api_buf_append_str(&b, "{\"tool_calls\":[");
     size_t k;
     const json_t *call;
     json_array_foreach(calls, k, call) {
         const json_t *f = json_object_get(call, "function");
         const json_t *name = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
-        json_t *value = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
-        if (!json_is_string(name) || !json_is_object(value)) {
-            json_decref(value);
-            json_decref(reply);
+        if (!json_is_string(name) || !json_is_string(args) ||
+            !one_object(json_string_value(args), json_string_length(args))) {
+            api_buf_free(&b);
             api_error_set(e, 400, "messages", "invalid_value",
                           "messages[%zu].tool_calls[%zu] must have function.name and "
                           "function.arguments, a JSON object as a string", i, k);
             return -1;
         }
-        json_array_append_new(list, json_pack("{s:o}", json_string_value(name), value));
+        char *key = json_dumps(name, JSON_ENCODE_ANY);
+        rc |= !key || api_buf_append_str(&b, k ? ",{" : "{") != 0 ||
+              api_buf_append_str(&b, key) != 0 || api_buf_append_str(&b, ":") != 0 ||
+              append_compact(&b, json_string_value(args), json_string_length(args)) != 0 ||
+              api_buf_append_str(&b, "}") != 0;
+        free(key);
     }
-    *out = json_dumps(reply, JSON_COMPACT);
-    json_decref(reply);
-    return *out ? 0 : oom(e);
+    rc |= api_buf_append_str(&b, "]}");
+    size_t len;
+    *out = api_buf_take(&b, &len);
+    if (rc == 0 && *out) return 0;
+    free(*out);
+    *out = NULL;
+    return oom(e);
 }
 
 /* The name of the call `id` made by messages[at], or NULL (as OpenAI does, a tool result

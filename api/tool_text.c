@@ -60,7 +60,7 @@ static size_t unicode_escape(const char *s, size_t n, unsigned *cp) {
     if (hi < 0xD800 || hi > 0xDBFF) return 6;
     if (n < 12) /* what follows is no \u escape: a lone surrogate; else wait for it */
         return (n >= 7 && s[6] != '\\') || (n >= 8 && s[7] != 'u') ? (*cp = 0xFFFD, 6) : 0;
-    int lo = s[7] == 'u' ? hex4(s + 8) : -1;
+    int lo = s[6] == '\\' && s[7] == 'u' ? hex4(s + 8) : -1;
     if (lo < 0xDC00 || lo > 0xDFFF) return *cp = 0xFFFD, 6;
     *cp = 0x10000 + (((unsigned)hi - 0xD800) << 10) + ((unsigned)lo - 0xDC00);
     return 12;

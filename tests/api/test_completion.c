@@ -1054,6 +1054,16 @@ static void test_tool_reply_reading(void **state) {
     check_call(json_array_get(calls, 0), "f", args);
     check_call(json_array_get(calls, 1), "g", "{}");
     json_decref(calls);
+    /* arguments nested deeper than json_prefix's 32 levels (an "any value" part) */
+    char deep[256] = "{\"tool_calls\":[{\"f\":{\"x\":";
+    for (int i = 0; i < 40; i++) strcat(deep, "[");
+    for (int i = 0; i < 40; i++) strcat(deep, "]");
+    strcat(deep, "}}]}");
+    assert_int_equal(api_tool_reply(deep, strlen(deep), &content, &calls), 0);
+    assert_int_equal(json_string_length(json_object_get(json_object_get(json_array_get(calls, 0),
+                                                                        "function"), "arguments")),
+                     5 + 80 + 1);
+    json_decref(calls);
     const char *said = "{\"content\":\"\\ud800a\\u0000b\\n\"}";
     assert_int_equal(api_tool_reply(said, strlen(said), &content, &calls), 0);
     assert_null(calls);
@@ -1083,6 +1093,8 @@ static void test_tool_text(void **state) {
     check_tool_text("{\"content\":\"\\ud83dx\\udc00\\ud83d\\n\"}", "\xef\xbf\xbdx\xef\xbf\xbd\xef\xbf\xbd\n",
                     API_TOOL_TEXT_END);
     check_tool_text("{\"content\":\"cut \\u00", "cut ", API_TOOL_TEXT_CONTENT);
+    /* a lone high surrogate before text that reads "uDC00": no pair (a second review) */
+    check_tool_text("{\"content\":\"\\ud800xudc00\"}", "\xef\xbf\xbdxudc00", API_TOOL_TEXT_END);
     /* not JSON (the grammar never writes it), found by fuzz_sse: "\u" without hex digits
      * before a character of several bytes must not cut that character */
     check_tool_text("{\"content\":\"\\u00\xef\xbf\xbd\xc3\xa9x\"}", "\xef\xbf\xbd" "00\xef\xbf\xbd\xc3\xa9x",

@@ -910,6 +910,14 @@ static void test_chat_tools_review(void **state) {
                                                "\"g\",\"content\":\"r\"}]}\n\nu<end_of_turn>\n"));
     api_request_free(r);
 
+    /* arguments sent back as the server wrote them: not rewritten, only made compact */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\","
+                "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"n\\\": 123456789012345678901234567890,"
+                " \\\"x\\\": [0.1, 1e400], \\\"s\\\": \\\"a b\\\\u0000\\\\ud800\\\"}\"}}]}]}");
+    assert_non_null(strstr(r->prompts[0].text, "{\"tool_calls\":[{\"f\":{\"n\":123456789012345678901234567890,"
+                                               "\"x\":[0.1,1e400],\"s\":\"a b\\u0000\\ud800\"}}]}"));
+    api_request_free(r);
     chat_error("{\"model\":\"m\",\"messages\":[]," TOOLS "}", API_CHAT_CHATML, "messages", "empty");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
                "\"assistant\",\"tool_calls\":{\"a\":1}}]}", API_CHAT_CHATML, "messages",
