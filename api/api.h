@@ -266,9 +266,12 @@ typedef struct json_t json_t;
 int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e);
 /* The same into s beside the nodes it has (tools' parameters share one grammar), checked as
  * json_schema_finish checks a whole one: its top node, or -1 with a 400 whose param is
- * `param` and whose message names `where` and the schema's part. */
+ * `param` and whose message names `where` and the schema's part. lenient: a constraint the
+ * grammar cannot hold (pattern, an unknown format, a number's bounds, ...) is dropped
+ * instead of refused (a tool that is not "strict": OpenAI's model only tries to follow
+ * those); what cannot be built at all is still refused. */
 int api_json_schema_add(JsonSchema *s, const json_t *schema, const char *param,
-                        const char *where, ApiError *e);
+                        const char *where, bool lenient, ApiError *e);
 
 /* POST /v1/chat/completions: the same request, from "messages" rendered in format fmt
  * (API_CHAT_NONE: every request gets 400 "chat_template_missing"), with chat's fields:

@@ -72,6 +72,7 @@ typedef struct {
     char path[256];      /* where the schema being read is, for messages */
     const char *param;   /* the request field it came in */
     const char *where;   /* the schema's place in the request, before path */
+    bool lenient;        /* drop constraints the grammar cannot hold instead of refusing */
     ApiError *e;
 } Compiler;
 
@@ -81,6 +82,12 @@ static int fail(Compiler *c, const char *fmt, const char *what) {
     api_error_set(c->e, 400, c->param, "invalid_json_schema", "'%s%s': %s", c->where, c->path,
                   msg);
     return -1;
+}
+
+/* A constraint the grammar cannot hold: refused, or (lenient) dropped: 0, the value then
+ * held to the rest of its schema. */
+static int unheld(Compiler *c, const char *fmt, const char *what) {
+    return c->lenient ? 0 : fail(c, fmt, what);
 }
 
 static int fail_build(Compiler *c, const char *err) {
@@ -264,8 +271,9 @@ static int read_property_counts(Compiler *c, const json_t *sch, bool *one) {
     if (!json_is_integer(lo) || !json_is_integer(hi) || json_integer_value(lo) != 1 ||
         json_integer_value(hi) != 1 || json_object_size(props) == 0 ||
         json_array_size(required) != 0)
-        return fail(c, "%s", "'minProperties' / 'maxProperties' are held only as both 1 over "
-                    "'properties' none of which is required (exactly one of them)");
+        return *one = false, unheld(c, "%s", "'minProperties' / 'maxProperties' are held only "
+                                    "as both 1 over 'properties' none of which is required "
+                                    "(exactly one of them)");
     return 0;
 }
 
@@ -353,8 +361,8 @@ static int compile_format(Compiler *c, int node, const json_t *sch) {
     if (!v) return 0;
     JsonFormat f = json_is_string(v) ? json_format_named(json_string_value(v)) : JF_NONE;
     if (f == JF_NONE)
-        return fail(c, "'format' '%s' is not supported (date, time, date-time and uuid are)",
-                    json_is_string(v) ? json_string_value(v) : "(not a string)");
+        return unheld(c, "'format' '%s' is not supported (date, time, date-time and uuid are)",
+                      json_is_string(v) ? json_string_value(v) : "(not a string)");
     json_schema_set_format(c->s, node, f);
     return 0;
 }
@@ -364,8 +372,11 @@ static int compile_string(Compiler *c, int node, const json_t *sch) {
     int min, max;
     if (read_count(c, sch, "minLength", 0, &min) != 0 || read_count(c, sch, "maxLength", -1, &max) != 0)
         return -1;
-    if ((min > 0 || max >= 0) && json_object_get(sch, "format"))
-        return fail(c, "%s", "'minLength' or 'maxLength' beside 'format' is not supported");
+    if ((min > 0 || max >= 0) && json_object_get(sch, "format")) {
+        if (unheld(c, "%s", "'minLength' or 'maxLength' beside 'format' is not supported") != 0)
+            return -1;
+        min = 0, max = -1; /* lenient: the format's shape */
+    }
     json_schema_set_length(c->s, node, min, max);
     return compile_format(c, node, sch);
 }
@@ -421,7 +432,7 @@ static int compile_type(Compiler *c, int node, const json_t *sch, const char *ty
             if (leaves[i].kind == JS_STRING) return compile_string(c, node, sch);
             if (leaves[i].kind == JS_INTEGER) return compile_range(c, node, sch);
             const char *bound = leaves[i].kind == JS_NUMBER ? first_present(sch, range_words) : NULL;
-            if (bound) return fail(c, "'%s' is supported on integers only", bound);
+            if (bound) return unheld(c, "'%s' is supported on integers only", bound);
             return 0; /* (on booleans and null the bounds say nothing) */
         }
     }
@@ -445,7 +456,8 @@ static int compile_type_list(Compiler *c, int node, const json_t *sch, const jso
 
 static int compile_body(Compiler *c, int node, const json_t *sch) {
     const char *no = first_present(sch, unsupported);
-    if (no) return fail(c, "'%s' is not supported (the output could not be held to it)", no);
+    if (no && unheld(c, "'%s' is not supported (the output could not be held to it)", no) != 0)
+        return -1;
     const json_t *type = json_object_get(sch, "type");
     const json_t *v;
     /* A type's own constraints are refused beside an enum or alternatives, whose values
@@ -453,7 +465,8 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
      * are filtered by it). */
     const char *key = typed_keyword(sch);
     bool is_enum = json_object_get(sch, "enum") || json_object_get(sch, "const");
-    if (is_enum && key) return fail(c, "'%s' beside 'enum' or 'const' is not supported", key);
+    if (is_enum && key && unheld(c, "'%s' beside 'enum' or 'const' is not supported", key) != 0)
+        return -1; /* lenient: the values, of the schema's type */
     if (json_object_get(sch, "enum") && json_object_get(sch, "const"))
         return fail(c, "%s", "'enum' beside 'const' is not supported");
     if ((v = json_object_get(sch, "const"))) {
@@ -470,7 +483,9 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
     if (json_object_get(sch, "anyOf") && json_object_get(sch, "oneOf"))
         return fail(c, "%s", "'anyOf' beside 'oneOf' is not supported");
     const char *alt = json_object_get(sch, "anyOf") ? "anyOf" : json_object_get(sch, "oneOf") ? "oneOf" : NULL;
-    if (alt && (key || type)) return fail(c, "'%s' beside other constraints is not supported", alt);
+    if (alt && (key || type) &&
+        unheld(c, "'%s' beside other constraints is not supported", alt) != 0)
+        return -1; /* lenient: the alternatives alone */
     if (alt) return compile_choices(c, node, json_object_get(sch, alt), alt);
     if (json_is_array(type)) return compile_type_list(c, node, sch, type);
     if (json_is_string(type)) return compile_type(c, node, sch, json_string_value(type));
@@ -513,7 +528,7 @@ static int only_annotations_beside(Compiler *c, const json_t *sch, const char *k
     const json_t *v;
     json_object_foreach((json_t *)sch, key, v)
         if (strcmp(key, keyword) != 0 && !is_annotation(key))
-            return fail(c, "'%s' beside other constraints is not supported", keyword);
+            return unheld(c, "'%s' beside other constraints is not supported", keyword);
     return 0;
 }
 
@@ -541,8 +556,9 @@ static int compile(Compiler *c, const json_t *sch) {
 }
 
 int api_json_schema_add(JsonSchema *s, const json_t *schema, const char *param,
-                        const char *where, ApiError *e) {
-    Compiler c = { .doc = schema, .s = s, .param = param, .where = where, .e = e };
+                        const char *where, bool lenient, ApiError *e) {
+    Compiler c = { .doc = schema, .s = s, .param = param, .where = where, .lenient = lenient,
+                   .e = e };
     int root = compile(&c, schema), bad = -1;
     char err[160];
     if (root >= 0 && json_schema_finish(c.s, root, &bad, err, sizeof err) != 0) {
@@ -563,7 +579,7 @@ int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e)
         return -1;
     }
     if (api_json_schema_add(s, schema, "response_format", "response_format.json_schema.schema",
-                            e) < 0) {
+                            false, e) < 0) {
         json_schema_free(s);
         return -1;
     }

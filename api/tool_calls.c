@@ -126,7 +126,8 @@ static int build_grammar(const json_t *fns[], size_t n, ApiToolMode mode, bool p
         const json_t *p = json_object_get(fns[i], "parameters");
         p = !p || json_is_null(p) ? no_params : json_object_size(p) == 0 ? any_params : p;
         snprintf(where, sizeof where, "tools[%zu].function.parameters", i);
-        params[i] = api_json_schema_add(s, p, "tools", where, e);
+        bool strict = json_is_true(json_object_get(fns[i], "strict"));
+        params[i] = api_json_schema_add(s, p, "tools", where, !strict, e);
         rc = params[i] < 0 ? -1 : 0;
     }
     json_decref(no_params);

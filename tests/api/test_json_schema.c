@@ -211,6 +211,36 @@ static void test_compact(void **state) {
     json_schema_free(s);
 }
 
+/* Lenient (tools that are not strict): constraints the grammar cannot hold are dropped,
+ * the rest held; what cannot be built is still refused. */
+static void test_lenient(void **state) {
+    (void)state;
+    json_t *doc = load("{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\","
+                       "\"pattern\":\"^x\",\"format\":\"email\",\"maxLength\":3},\"t\":{\"type\":"
+                       "\"number\",\"minimum\":0},\"k\":{\"type\":\"string\",\"enum\":[\"u\",\"v\"],"
+                       "\"maxLength\":3},\"a\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
+                       "\"type\":\"string\"}},\"minProperties\":2,\"required\":[\"p\"]}");
+    JsonSchema *s = json_schema_new(), *strict = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    int root = api_json_schema_add(s, doc, "tools", "x", true, &e);
+    if (root < 0) fail_msg("lenient refused: %s", e.message);
+    assert_int_equal(walk(s, "{\"p\":\"anything long\",\"t\":-5.5,\"k\":\"v\",\"a\":null}"), 1);
+    assert_int_equal(walk(s, "{\"p\":\"y\",\"t\":\""), -1); /* the type still holds */
+    assert_int_equal(walk(s, "{\"p\":\"y\",\"k\":\"w"), -1); /* and the enum */
+    assert_int_equal(walk(s, "{\"t\":1"), -1);                   /* and required */
+    assert_int_equal(api_json_schema_compile(doc, &strict, &e), -1);
+    json_schema_free(s);
+    json_decref(doc);
+    doc = load("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"integer\"},"
+               "{\"type\":\"number\"}]}}}");
+    s = json_schema_new();
+    assert_true(api_json_schema_add(s, doc, "tools", "x", true, &e) < 0);
+    assert_non_null(strstr(e.message, "must differ"));
+    json_schema_free(s);
+    json_decref(doc);
+}
+
 static void compile_error(const char *schema_text, const char *words) {
     json_t *j = load(schema_text);
     JsonSchema *s = NULL;
@@ -892,6 +922,7 @@ int main(void) {
         cmocka_unit_test(test_optional_and_alternatives),
         cmocka_unit_test(test_one_property),
         cmocka_unit_test(test_compact),
+        cmocka_unit_test(test_lenient),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_walks_are_valid),

@@ -938,9 +938,12 @@ static void test_chat_tools_errors(void **state) {
          "\"function\",\"function\":{\"name\":\"a\"}}]", "tools", "both named 'a'"},
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":5}}]",
          "tools", "parameters"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"strict\":true,"
+         "\"parameters\":{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\","
+         "\"pattern\":\"x\"}}}}}]", "tools", "'tools[0].function.parameters.properties.p': 'pattern'"},
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":"
-         "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}]",
-         "tools", "'tools[0].function.parameters.properties.p': 'pattern'"},
+         "{\"type\":\"object\",\"properties\":{\"p\":{\"anyOf\":[{\"type\":\"integer\"},"
+         "{\"type\":\"number\"}]}}}}}]", "tools", "must differ"}, /* not strict: still refused */
         {TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"h\"}}",
          "tool_choice", "does not have"},
         {TOOLS ",\"tool_choice\":\"sometimes\"", "tool_choice", "\"required\""},
@@ -972,9 +975,20 @@ static void test_chat_tools_errors(void **state) {
         snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":%s}", orphans[i]);
         chat_error(body, API_CHAT_CHATML, "messages", "must answer a call");
     }
+    /* not strict: what the grammar cannot hold is dropped (the model sees it described) */
+    ApiRequest *r = tools_ok("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":"
+                 "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":"
+                 "\"^x\",\"format\":\"email\"},\"t\":{\"type\":\"number\",\"minimum\":0,\"maximum\":"
+                 "1},\"k\":{\"type\":\"string\",\"enum\":[\"u\"],\"maxLength\":3}},\"required\":"
+                 "[\"p\",\"t\",\"k\"]}}}],\"tool_choice\":\"required\"");
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"a\":{\"p\":\"y\",\"t\":7.5,\"k\":\"u\"}}]}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"a\":{\"p\":\"y\",\"t\":\""), -1); /* types hold */
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"a\":{\"p\":\"y\",\"t\":1,\"k\":\"v"), -1);
+    assert_non_null(strstr(r->prompts[0].text, "\"pattern\":\"^x\""));
+    api_request_free(r);
     /* parameters {} (a schema of anything): any object as arguments */
-    ApiRequest *r = tools_ok("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\","
-                             "\"parameters\":{}}}],\"tool_choice\":\"required\"");
+    r = tools_ok("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\","
+                 "\"parameters\":{}}}],\"tool_choice\":\"required\"");
     assert_int_equal(walk(r, "{\"tool_calls\":[{\"a\":{\"any\":[1]}}]}"), 1);
     api_request_free(r);
 #undef MSGS

@@ -4,7 +4,8 @@
  * Input: a schema as JSON text, a NUL byte, then choice bytes. Each choice byte picks the
  * next output byte among the 256 the walk accepts there (as the engine's mask would), so
  * the walk goes deep instead of failing on its first random byte; the first one's top bit
- * also makes the schema compact (json_schema_set_compact, as tool replies are). Checked:
+ * also makes the schema compact (json_schema_set_compact, as tool replies are), its next
+ * bit compiles it leniently (api_json_schema_add, as tools that are not strict). Checked:
  *   - a refused schema is a 400 "invalid_json_schema" with a message;
  *   - a compiled schema's copy is equal to it;
  *   - each byte fed to a trial copy (json_schema_state_trial) gives the same answer and
@@ -82,7 +83,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     JsonSchema *s = NULL;
     ApiError e;
     memset(&e, 0, sizeof e);
-    if (api_json_schema_compile(doc, &s, &e) != 0) {
+    int rc;
+    if (nul && size > schema_len + 1 && (nul[1] & 0x40)) {
+        s = json_schema_new();
+        FZ_CHECK(s != NULL, "json_schema_new");
+        rc = api_json_schema_add(s, doc, "tools", "tools[0].function.parameters", true, &e) < 0;
+        if (rc != 0) {
+            json_schema_free(s);
+            s = NULL;
+        }
+    } else {
+        rc = api_json_schema_compile(doc, &s, &e);
+    }
+    if (rc != 0) {
         FZ_CHECK(s == NULL, "a refused schema was returned");
         check_refusal(&e);
     } else {

@@ -583,7 +583,7 @@ await runCase("chat tools: calls, a result sent back, the stream helper, runTool
 
 await runCase("chat errors: bad tools and orphan tool results are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
-    ...CHAT, tools: [{ type: "function", function: { name: "f", parameters: {
+    ...CHAT, tools: [{ type: "function", function: { name: "f", strict: true, parameters: {
       type: "object", properties: { s: { type: "string", pattern: "^a" } } } } }] }));
   check(e instanceof BadRequestError && e.param === "tools", "chat tools: 400 naming tools",
         `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
