@@ -17,33 +17,22 @@
 #include "model/tokenizer.h"
 #include "tests/model/tokenizer_test_util.h"
 
-static Tokenizer *tok;
+static LoadedVocab stories;
+static Tokenizer *tok; /* stories.tok; NULL when the shared file is absent (tests skip) */
 static ApiVocab vocab;
 
 static int setup(void **state) {
     (void)state;
-    const char *dir = getenv("PAGEDSERVE_SHARED_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : "");
-    FILE *probe = dir ? fopen(path, "rb") : NULL;
-    if (!probe) {
-        printf("SKIP: %s not found (PAGEDSERVE_SHARED_DIR=%s); real-tokenizer tests skipped\n",
-               path, dir ? dir : "(unset)");
+    if (!load_shared_vocab("stories260K.gguf", "test_vocab's real-tokenizer tests", &stories))
         return 0;
-    }
-    fclose(probe);
-    GgufFile *f;
-    char err[256];
-    if (gguf_open(path, &f, err, sizeof err) != 0) fail_msg("gguf_open: %s", err);
-    if (tokenizer_load(f, &tok, err, sizeof err) != 0) fail_msg("tokenizer_load: %s", err);
-    gguf_close(f);
+    tok = stories.tok;
     api_vocab_from_tokenizer(&vocab, tok);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    tokenizer_free(tok);
+    loaded_vocab_free(&stories);
     return 0;
 }
 
