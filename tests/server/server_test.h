@@ -62,6 +62,27 @@ static inline json_t *post_json(int port, const char *path, const char *body, in
     return request_json(port, "POST", path, NULL, body, status);
 }
 
+/* POST body to path: the response, its status 200 asserted (the body shown when not). */
+static inline json_t *post_ok(int port, const char *path, const char *body)
+{
+    int status = 0;
+    json_t *j = post_json(port, path, body, &status);
+    if (status != 200) fprintf(stderr, "POST %s %.300s -> %d\n", path, body, status);
+    assert_int_equal(status, 200);
+    return j;
+}
+
+/* The same for a body built with jansson (req is consumed). */
+static inline json_t *post_ok_json(int port, const char *path, json_t *req)
+{
+    char *body = json_dumps(req, 0);
+    json_decref(req);
+    assert_non_null(body);
+    json_t *j = post_ok(port, path, body);
+    free(body);
+    return j;
+}
+
 /* An OpenAI error body: {"error": {"message": non-empty, "type": type, "param", "code"}}. */
 static inline void assert_error_body(json_t *j, const char *type)
 {
@@ -92,13 +113,7 @@ static inline void expect_error(int port, const char *method, const char *path, 
 /* The token count /tokenize gives for a prompt (BOS included, as completions count it). */
 static inline int tokenize_count(int port, const char *prompt)
 {
-    json_t *req = json_pack("{s:s}", "prompt", prompt);
-    char *body = json_dumps(req, 0);
-    int status = 0;
-    json_t *j = post_json(port, "/tokenize", body, &status);
-    free(body);
-    json_decref(req);
-    assert_int_equal(status, 200);
+    json_t *j = post_ok_json(port, "/tokenize", json_pack("{s:s}", "prompt", prompt));
     int count = (int)json_integer_value(json_object_get(j, "count"));
     assert_int_equal(count, (int)json_array_size(json_object_get(j, "tokens")));
     json_decref(j);

@@ -73,12 +73,7 @@ static char *greedy(int port, const char *model_name, const char *prompt, const 
                             "max_tokens", 12, "temperature", 0.0);
     if (suffix)
         json_object_set_new(req, "suffix", json_string(suffix));
-    char *body = json_dumps(req, 0);
-    int status = 0;
-    json_t *j = post_json(port, "/v1/completions", body, &status);
-    free(body);
-    json_decref(req);
-    assert_int_equal(status, 200);
+    json_t *j = post_ok_json(port, "/v1/completions", req);
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     char *text = strdup(json_string_value(json_object_get(choice, "text")));
     *prompt_tokens = (int)json_integer_value(

@@ -41,12 +41,8 @@ static char *completion_body(const char *prompt, const char *extra)
 static json_t *complete(const char *prompt, const char *extra)
 {
     char *body = completion_body(prompt, extra);
-    int status = 0;
-    json_t *j = post_json(srv.port, "/v1/completions", body, &status);
-    if (status != 200)
-        fprintf(stderr, "%s -> %d\n", body, status);
+    json_t *j = post_ok(srv.port, "/v1/completions", body);
     free(body);
-    assert_int_equal(status, 200);
     return j;
 }
 
@@ -477,12 +473,8 @@ static void test_chat_tool_calls(void **state)
     json_t *req = json_pack("{s:s,s:[{s:s,s:s},O,{s:s,s:O,s:s}],s:i}", "model", "random",
                             "messages", "role", "user", "content", "Go", msg, "role", "tool",
                             "tool_call_id", id, "content", "done", "max_tokens", 3);
-    char *body = json_dumps(req, 0);
-    json_t *next = post_json(srv.port, "/v1/chat/completions", body, &status);
-    assert_int_equal(status, 200);
+    json_t *next = post_ok_json(srv.port, "/v1/chat/completions", req);
     assert_non_null(chat_content(next, 0));
-    free(body);
-    json_decref(req);
     json_decref(next);
     json_decref(c);
 }
