@@ -85,36 +85,66 @@ static const char *function_name(const json_t *f) {
     return json_string_value(json_object_get(f, "name"));
 }
 
-/* tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name"}};
- * *named the name of the last. */
+/* tool_choice: "none", "auto", "required", {"type": "function", "function": {"name"}}
+ * (*allowed: [that choice]) or {"type": "allowed_tools", "allowed_tools": {"mode": "auto" |
+ * "required", "tools": [{"type": "function", "function": {"name"}}, ...]}} (*allowed: those
+ * tools). */
 static int read_choice(const json_t *root, bool have_tools, ApiToolMode *mode,
-                       const char **named, ApiError *e) {
+                       const json_t **allowed, json_t **named_list, ApiError *e) {
     const json_t *v = json_object_get(root, "tool_choice");
     *mode = have_tools ? API_TOOLS_AUTO : API_TOOLS_OFF;
-    *named = NULL;
+    *allowed = NULL;
     if (!v || json_is_null(v)) return 0;
     const char *s = json_string_value(v);
     if (s && strcmp(s, "none") == 0) return *mode = API_TOOLS_OFF, 0;
     if (s && strcmp(s, "auto") == 0) return 0;
     if (s && strcmp(s, "required") == 0) *mode = API_TOOLS_REQUIRED;
-    const json_t *type = json_object_get(v, "type");
+    const char *type = json_string_value(json_object_get(v, "type"));
     const json_t *name = json_object_get(json_object_get(v, "function"), "name");
-    if (json_is_string(type) && strcmp(json_string_value(type), "function") == 0 &&
-        json_is_string(name)) {
+    const json_t *set = json_object_get(v, "allowed_tools");
+    const char *set_mode = json_string_value(json_object_get(set, "mode"));
+    if (type && strcmp(type, "function") == 0 && json_is_string(name)) {
         *mode = API_TOOLS_NAMED;
-        *named = json_string_value(name);
+        *allowed = *named_list = json_pack("[O]", v);
+    } else if (type && strcmp(type, "allowed_tools") == 0 && set_mode &&
+               (strcmp(set_mode, "auto") == 0 || strcmp(set_mode, "required") == 0) &&
+               json_array_size(json_object_get(set, "tools")) > 0) {
+        *mode = strcmp(set_mode, "auto") == 0 ? API_TOOLS_AUTO : API_TOOLS_REQUIRED;
+        *allowed = json_object_get(set, "tools");
     }
-    if (*mode == API_TOOLS_REQUIRED || *mode == API_TOOLS_NAMED)
+    if (*mode == API_TOOLS_REQUIRED || *allowed)
         return have_tools ? 0 : fail(e, "tool_choice", "'tool_choice' asks for a tool call, "
                                      "but 'tools' is empty");
-    return fail(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
-                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    return fail(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\", "
+                "{\"type\": \"function\", \"function\": {\"name\": ...}} or {\"type\": "
+                "\"allowed_tools\", \"allowed_tools\": {\"mode\", \"tools\"}}");
+}
+
+/* Keep of fns[0, *n) (and their indexes in 'tools') the ones `allowed` names, in its order. */
+static int keep_allowed(const json_t *fns[], size_t idx[], size_t *n, const json_t *allowed,
+                        ApiError *e) {
+    const json_t *kept[MAX_TOOLS];
+    size_t kept_idx[MAX_TOOLS], m = 0, a;
+    const json_t *t;
+    json_array_foreach(allowed, a, t) {
+        const char *name = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        size_t k = 0;
+        while (name && k < *n && strcmp(function_name(fns[k]), name) != 0) k++;
+        if (!name || k == *n || m == MAX_TOOLS)
+            return fail(e, "tool_choice", "'tool_choice' names a function 'tools' does not have");
+        kept[m] = fns[k];
+        kept_idx[m++] = idx[k];
+    }
+    memcpy(fns, kept, m * sizeof *fns);
+    memcpy(idx, kept_idx, m * sizeof *idx);
+    *n = m;
+    return 0;
 }
 
 /* The reply's grammar: for each function offered, a call {"<name>": <its parameters>}; a
  * list of them (at most one unless parallel); with auto, {"content"} as the other shape. */
-static int build_grammar(const json_t *fns[], size_t n, ApiToolMode mode, bool parallel,
-                         JsonSchema **out, ApiError *e) {
+static int build_grammar(const json_t *fns[], const size_t idx[], size_t n, ApiToolMode mode,
+                         bool parallel, JsonSchema **out, ApiError *e) {
     JsonSchema *s = json_schema_new();
     json_t *no_params = json_pack("{s:s,s:{},s:b}", "type", "object", "properties",
                                   "additionalProperties", 0);
@@ -125,7 +155,7 @@ static int build_grammar(const json_t *fns[], size_t n, ApiToolMode mode, bool p
         /* none: no arguments; {} (a schema of anything): any object, as arguments are */
         const json_t *p = json_object_get(fns[i], "parameters");
         p = !p || json_is_null(p) ? no_params : json_object_size(p) == 0 ? any_params : p;
-        snprintf(where, sizeof where, "tools[%zu].function.parameters", i);
+        snprintf(where, sizeof where, "tools[%zu].function.parameters", idx[i]);
         bool strict = json_is_true(json_object_get(fns[i], "strict"));
         params[i] = api_json_schema_add(s, p, "tools", where, !strict, e);
         rc = params[i] < 0 ? -1 : 0;
@@ -222,27 +252,25 @@ int api_tools_read(const json_t *root, ApiRequest *r, char **system_text, ApiErr
         return fail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     size_t n = json_array_size(tools);
     if (n > MAX_TOOLS) return fail(e, "tools", "at most 64 tools");
-    const json_t *fns[MAX_TOOLS];
+    const json_t *fns[MAX_TOOLS], *allowed;
+    size_t idx[MAX_TOOLS];
     for (size_t i = 0; i < n; i++)
         if (!(fns[i] = tool_function(tools, i, e))) return -1;
-    const char *named;
+    for (size_t i = 0; i < n; i++) idx[i] = i;
+    json_t *named = NULL; /* a named choice as the list of one it allows */
     ApiToolMode mode;
-    if (read_choice(root, n > 0, &mode, &named, e) != 0) return -1;
+    int rc = read_choice(root, n > 0, &mode, &allowed, &named, e);
+    if (rc == 0 && allowed) rc = keep_allowed(fns, idx, &n, allowed, e);
+    json_decref(named);
+    if (rc != 0) return -1;
     if (mode == API_TOOLS_OFF) return 0;
-    if (named) {
-        size_t k = 0;
-        while (k < n && strcmp(function_name(fns[k]), named) != 0) k++;
-        if (k == n) return fail(e, "tool_choice", "'tool_choice' names a function 'tools' does not have");
-        fns[0] = fns[k];
-        n = 1;
-    }
     if (r->json_object)
         return fail(e, "response_format", "'response_format' cannot be combined with tools: "
                     "the reply is held to the tool call format");
     if (r->logprobs >= 0)
         return fail(e, "logprobs", "'logprobs' is not available with tools");
     bool parallel = !json_is_false(par) && mode != API_TOOLS_NAMED; /* named: one call of it */
-    if (build_grammar(fns, n, mode, parallel, &r->json_schema, e) != 0) return -1;
+    if (build_grammar(fns, idx, n, mode, parallel, &r->json_schema, e) != 0) return -1;
     r->json_object = true;
     r->tools = mode;
     if (!(*system_text = describe(fns, n, mode, parallel))) return oom(e);

@@ -829,6 +829,22 @@ static void test_chat_tools(void **state) {
     assert_null(strstr(r->prompts[0].text, "\"g\"")); /* only f is offered */
     api_request_free(r);
 
+    /* allowed_tools: only those may be called (and only those are described) */
+    r = tools_ok(TOOLS ",\"tool_choice\":{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":"
+                 "\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]}}");
+    assert_int_equal(r->tools, API_TOOLS_REQUIRED);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\":{}}]}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"f\""), -1);
+    assert_int_equal(walk(r, "{\"content\""), -1);
+    assert_null(strstr(r->prompts[0].text, "\"f\""));
+    api_request_free(r);
+    r = tools_ok(TOOLS ",\"tool_choice\":{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":"
+                 "\"auto\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}}");
+    assert_int_equal(r->tools, API_TOOLS_AUTO);
+    assert_int_equal(walk(r, "{\"content\":\"x\"}"), 1);
+    assert_int_equal(walk(r, "{\"tool_calls\":[{\"g\""), -1);
+    api_request_free(r);
+
     r = tools_ok(TOOLS ",\"tool_choice\":\"none\"");
     assert_int_equal(r->tools, API_TOOLS_OFF);
     assert_false(r->json_object);
@@ -947,6 +963,18 @@ static void test_chat_tools_errors(void **state) {
         {TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"h\"}}",
          "tool_choice", "does not have"},
         {TOOLS ",\"tool_choice\":\"sometimes\"", "tool_choice", "\"required\""},
+        {TOOLS ",\"tool_choice\":{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":\"auto\","
+         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"h\"}}]}}", "tool_choice",
+         "does not have"},
+        {TOOLS ",\"tool_choice\":{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":\"auto\","
+         "\"tools\":[]}}", "tool_choice", "allowed_tools"},
+        {TOOLS ",\"tool_choice\":{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":\"none\","
+         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]}}", "tool_choice",
+         "allowed_tools"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\","
+         "\"function\":{\"name\":\"b\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+         "\"properties\":{\"p\":{\"pattern\":\"x\"}}}}}],\"tool_choice\":{\"type\":\"function\","
+         "\"function\":{\"name\":\"b\"}}", "tools", "'tools[1].function.parameters"},
         {TOOLS ",\"response_format\":{\"type\":\"json_object\"}", "response_format", "tools"},
         {TOOLS ",\"logprobs\":true", "logprobs", "tools"},
     };
