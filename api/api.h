@@ -448,6 +448,21 @@ char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
 int api_chat_message_text(const struct json_t *content, size_t i, const char **text,
                           char **owned, ApiError *e);
 
+/* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
+char *api_json_dump(struct json_t *j, size_t *len);
+/* prefix + 32 random hex digits into out (a response's or a tool call's id). */
+void api_random_id(char *out, size_t cap, const char *prefix);
+/* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */
+size_t api_utf8_chars(const char *s, size_t n);
+/* Whether n bytes are strict UTF-8 (no overlongs, surrogates, values past U+10FFFF). */
+bool api_utf8_valid(const char *s, size_t n);
+/* A chat field we do not implement (functions, store, ...: request_neutral.c), or one of
+ * messages[message] when in_message: 1 when its value asks for nothing (null, [], false,
+ * ...: accepted and ignored), -1 with e set (400 naming it) when it asks for more, 0 when
+ * key is no such field. */
+int api_neutral_field(bool in_message, size_t message, const char *key,
+                      const struct json_t *v, ApiError *e);
+
 /* ---- tools (tool_calls.c) -------------------------------------------------------------------- */
 
 /* A chat body's "tools", "tool_choice" and "parallel_tool_calls" (after response_format and
@@ -455,10 +470,12 @@ int api_chat_message_text(const struct json_t *content, size_t i, const char **t
  * grammar in r->json_schema, and *system_text (malloc'd) describing the tools and the
  * reply's form. 0, or -1 with a 400 naming the field. */
 int api_tools_read(const struct json_t *root, ApiRequest *r, char **system_text, ApiError *e);
-/* messages[i].tool_calls as the reply {"tool_calls": [{"<name>": {args}}]} that made them. */
+/* messages[i].tool_calls as the reply {"tool_calls": [{"<name>": {args}}]} that made them
+ * (arguments as the client sent them back, made compact; not one JSON object: 400). */
 int api_tool_calls_text(const struct json_t *calls, size_t i, char **out, ApiError *e);
-/* messages[from..to) (role "tool") as one user turn {"tool_results": [{"name", "content"}]}
- * (each name found by its tool_call_id among the calls before it). */
+/* messages[from..to) (role "tool") as one user turn {"tool_results": [{"name", "content"}]},
+ * each name found by its tool_call_id among the calls of messages[from - 1] (an assistant
+ * message; no such call: 400, as OpenAI answers). */
 int api_tool_results_text(const struct json_t *messages, size_t from, size_t to, char **out,
                           ApiError *e);
 /* The text of a reply with tools that answers {"content":"..."}, decoded as it arrives
@@ -476,24 +493,11 @@ typedef struct {
 } ApiToolText;
 /* Append the content decoded from n more bytes of the reply. 0, or -1 out of memory. */
 int api_tool_text_feed(ApiToolText *t, const char *text, size_t n, ApiBuf *content);
-/* A reply of a request with tools: *content (a JSON string) or *calls (OpenAI's tool_calls
- * array: id, type "function", function {name, arguments as compact JSON text}), both new
- * references; -1 when text is not such a reply (cut short: then it is answered as text). */
+/* A whole reply of a request with tools (tool_reply.c): *content (a JSON string) or *calls
+ * (OpenAI's tool_calls array: id, type "function", function {name, arguments as the model
+ * wrote them}), new references; -1 when text is not such a reply (cut short: then it is
+ * answered as text). */
 int api_tool_reply(const char *text, size_t len, struct json_t **content,
                    struct json_t **calls);
-/* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
-char *api_json_dump(struct json_t *j, size_t *len);
-/* prefix + 32 random hex digits into out (a response's or a tool call's id). */
-void api_random_id(char *out, size_t cap, const char *prefix);
-/* Unicode code points in n bytes of UTF-8 (Python's len(), for text_offset). */
-size_t api_utf8_chars(const char *s, size_t n);
-/* Whether n bytes are strict UTF-8 (no overlongs, surrogates, values past U+10FFFF). */
-bool api_utf8_valid(const char *s, size_t n);
-/* A chat field we do not implement (tools, store, ...: request_neutral.c), or one of
- * messages[message] when in_message: 1 when its value asks for nothing (null, [], false,
- * ...: accepted and ignored), -1 with e set (400 naming it) when it asks for more, 0 when
- * key is no such field. */
-int api_neutral_field(bool in_message, size_t message, const char *key,
-                      const struct json_t *v, ApiError *e);
 
 #endif

@@ -11,7 +11,8 @@
  * Tool results go back to the model as a user turn {"tool_results": [{"name", "content"}]},
  * and earlier calls as the reply that made them. A model trained on its own tool format
  * follows this one less well, but every answer is well formed: a function it was given,
- * with arguments its schema allows (the subset response_format json_schema holds).
+ * with arguments its schema allows (the subset response_format json_schema holds; for a
+ * function that is not "strict", less the constraints that subset cannot hold).
  */
 #include <stdio.h>
 #include <stdlib.h>
