@@ -447,6 +447,8 @@ char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
  * (to free) when the text had to be put together. 0, or -1 with a 400 naming messages[i]. */
 int api_chat_message_text(const struct json_t *content, size_t i, const char **text,
                           char **owned, ApiError *e);
+/* Whether message m (any JSON) has the string role `role`. */
+bool api_chat_message_has_role(const struct json_t *m, const char *role);
 
 /* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
 char *api_json_dump(struct json_t *j, size_t *len);

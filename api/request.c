@@ -730,9 +730,9 @@ static int read_message(const json_t *m, size_t i, bool tool_replies, ApiChatMes
     return api_chat_message_text(json_object_get(m, "content"), i, &out->content, owned, e);
 }
 
-static bool is_tool_result(const json_t *m) {
-    const json_t *role = json_object_get(m, "role");
-    return json_is_string(role) && strcmp(json_string_value(role), "tool") == 0;
+bool api_chat_message_has_role(const json_t *m, const char *role) {
+    const json_t *r = json_object_get(m, "role");
+    return json_is_string(r) && strcmp(json_string_value(r), role) == 0;
 }
 
 /* a + sep + b, malloc'd (NULL and e when memory ran out). */
@@ -780,8 +780,7 @@ static int tool_results_turn(const json_t *v, size_t from, size_t to, ApiChatMes
     if (api_tool_results_text(v, from, to, owned, e) != 0) return -1;
     out->content = *owned;
     *next = to;
-    const json_t *role = json_object_get(json_array_get(v, to), "role");
-    if (!json_is_string(role) || strcmp(json_string_value(role), "user") != 0) return 0;
+    if (!api_chat_message_has_role(json_array_get(v, to), "user")) return 0;
     ApiChatMessage user;
     char *user_owned = NULL;
     int rc = read_message(json_array_get(v, to), to, false, &user, &user_owned, e);
@@ -808,7 +807,7 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiCha
     if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; used++) {
         size_t to = i;
-        while (to < n && is_tool_result(json_array_get(v, to))) to++;
+        while (to < n && api_chat_message_has_role(json_array_get(v, to), "tool")) to++;
         if (to > i) { /* consecutive tool results: one user turn */
             rc = tool_results_turn(v, i, to, &msgs[used], &owned[used], &i, e);
         } else {

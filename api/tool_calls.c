@@ -344,8 +344,8 @@ int api_tool_calls_text(const json_t *calls, size_t i, char **out, ApiError *e) 
 /* The name of the call `id` made by messages[at], or NULL (as OpenAI does, a tool result
  * must answer a call of the assistant message right before the results). */
 static const char *called_name(const json_t *messages, size_t at, const char *id) {
-    const json_t *m = json_array_get(messages, at), *role = json_object_get(m, "role");
-    if (!json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0) return NULL;
+    const json_t *m = json_array_get(messages, at);
+    if (!api_chat_message_has_role(m, "assistant")) return NULL;
     size_t k;
     const json_t *call;
     json_array_foreach(json_object_get(m, "tool_calls"), k, call) {

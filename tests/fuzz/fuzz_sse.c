@@ -74,12 +74,17 @@ static void grow_add(char **buf, size_t *len, const char *s, size_t n) {
 
 static void expect_add(Expect *x, const char *s) { grow_add(&x->text, &x->len, s, strlen(s)); }
 
-/* A choice's text parts: "text" (completions), or the chat message / delta's content and
- * reasoning_content (either may be absent from a delta; the message always has content). */
+/* The outside judge of a reply with tools: jansson's reading of its whole text (NULL where
+ * jansson refuses it: numbers it cannot hold, NULs, lone surrogates, repeated keys). */
+static json_t *jansson_reading(const Expect *x) {
+    return json_loadb(x->text, x->len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, NULL);
+}
+
 /* The tool calls of a message or delta, checked (x: the reply they came from, whose text
  * holds each call's arguments as written; NULL: unknown); their count. */
 static int check_calls(const json_t *m, bool delta, const Expect *x) {
     const json_t *calls = json_object_get(m, "tool_calls");
+    json_t *whole = x && calls ? jansson_reading(x) : NULL;
     FZ_CHECK(!calls || (tools_mode && json_array_size(calls) > 0), "tool_calls out of place");
     size_t k;
     const json_t *call;
@@ -95,8 +100,6 @@ static int check_calls(const json_t *m, bool delta, const Expect *x) {
         FZ_CHECK(!x || memmem(x->text, x->len, args, strlen(args)),
                  "tool call arguments %s are not the reply's text", args);
         /* where jansson reads the reply, call k is its k-th item: that name, those arguments */
-        json_t *whole = x ? json_loadb(x->text, x->len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, NULL)
-                          : NULL;
         const json_t *item = json_array_get(json_object_get(whole, "tool_calls"), k);
         const char *name = json_string_value(json_object_get(f, "name"));
         if (whole && json_object_size(item) == 1) {
@@ -105,16 +108,18 @@ static int check_calls(const json_t *m, bool delta, const Expect *x) {
                      "tool call %zu: %s(%s) is not the reply's %s", k, name, args, x->text);
             json_decref(read);
         }
-        json_decref(whole);
         FZ_CHECK(!delta || json_integer_value(json_object_get(call, "index")) == (json_int_t)k,
                  "streamed tool call %zu without its index", k);
         for (size_t j = 0; j < k; j++)
             FZ_CHECK(strcmp(id, json_string_value(json_object_get(json_array_get(calls, j), "id"))),
                      "two tool calls with one id");
     }
+    json_decref(whole);
     return (int)json_array_size(calls);
 }
 
+/* A choice's text parts: "text" (completions), or the chat message / delta's content and
+ * reasoning_content (either may be absent from a delta; the message always has content). */
 static void choice_parts(json_t *ch, bool delta, const char **said, size_t *said_len,
                          const char **why, size_t *why_len, int *calls, const Expect *x) {
     *said = *why = "";
@@ -185,7 +190,7 @@ static void tools_expected(const Expect *x, bool stream, char **content, size_t 
         *content = dup_n(x->text, x->len);
     }
     /* the outside judge: a reply that is exactly {"content": string}, read by jansson */
-    json_t *whole = json_loadb(x->text, x->len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, NULL);
+    json_t *whole = jansson_reading(x);
     const json_t *str = json_object_get(whole, "content");
     if (json_object_size(whole) == 1 && json_is_string(str))
         FZ_CHECK(*len == json_string_length(str) && memcmp(*content, json_string_value(str), *len) == 0,
