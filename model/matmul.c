@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "compute/compute.h"
 #include "compute/quant_i8.h"
@@ -95,6 +97,24 @@ int matmul_i8_vnni(void)
     return decided_once(&known, vnni_usable);
 }
 
+/* Linux hands out AMX's 8 KiB of tile state only to a process that asked for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, kernel 5.16 on); without it the first tile
+ * instruction faults. The leave is the whole process's, its threads' too. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_usable(void)
+{
+    return matmul_i8_vnni() && !told_unsupported("PAGEDSERVE_NO_AMX") && __builtin_cpu_supports("amx-tile") &&
+           __builtin_cpu_supports("amx-int8") && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+int matmul_i8_amx(void)
+{
+    static _Atomic int known = -1;
+    return decided_once(&known, amx_usable);
+}
+
 int matmul_i8_x_max(void)
 {
     return matmul_i8_vnni() ? 127 : 64;
@@ -115,7 +135,7 @@ int matmul_avx512_supported(void)
 const char *matmul_kernel_name(MatmulType type)
 {
     if (type == MATMUL_I8)
-        return matmul_i8_vnni() ? "avx512_vnni" : "avx2";
+        return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
         return "avx512_bf16";
     return matmul_avx512_supported() ? "avx512" : "avx2";
@@ -362,6 +382,14 @@ static int item_panels(const MatmulWeights *w, int rows, int n_panels)
     return l2;
 }
 
+/* The int8 kernel for a product of this shape (AMX takes many rows, see matmul_i8_amx.c). */
+static void (*i8_kernel(int rows, int in))(const MatmulTask *, int, int)
+{
+    if (!matmul_i8_vnni())
+        return matmul_kernel_i8_avx2_run;
+    return matmul_i8_amx() && matmul_i8_amx_fits(rows, in) ? matmul_kernel_i8_amx_run : matmul_kernel_i8_run;
+}
+
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
             float beta)
 {
@@ -370,7 +398,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     Product p = {
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
         .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
-             : w->type == MATMUL_I8   ? (matmul_i8_vnni() ? matmul_kernel_i8_run : matmul_kernel_i8_avx2_run)
+             : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;

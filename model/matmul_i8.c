@@ -103,18 +103,10 @@ I8_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const 
     }
     const float *sw = (const float *)(panels + lay->scales_offset) + (size_t)p * MATMUL_PANEL;
     for (int j = 0; j < np; j++) {
-        int n = t->out - MATMUL_PANEL * (p + j);
-        if (n <= 0)
-            continue;
-        __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
         __m512 swv = _mm512_loadu_ps(sw + MATMUL_PANEL * j);
-        for (int i = 0; i < mr; i++) {
-            float *y = t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * (p + j);
-            __m512 v = _mm512_mul_ps(swv, facc[i][j]);
-            if (beta != 0.0f)
-                v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, y), v);
-            _mm512_mask_storeu_ps(y, m, v);
-        }
+        for (int i = 0; i < mr; i++)
+            i8_panel_row_store(t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * (p + j), t->out, p + j, swv,
+                               facc[i][j], beta);
     }
 }
 

@@ -3,6 +3,7 @@
 #ifndef PAGEDSERVE_MODEL_MATMUL_KERNEL_H
 #define PAGEDSERVE_MODEL_MATMUL_KERNEL_H
 
+#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -160,6 +161,21 @@ static inline int matmul_prefetches(MatmulType type, int rows, int in)
     return (type == MATMUL_F32 || type == MATMUL_F16) && rows >= MATMUL_PREFETCH_ROWS;
 }
 
+/* How the AVX-512 int8 kernels (VNNI and AMX) write one row's sums acc of panel p:
+ * y = sw * acc + beta * y over the panel's outputs below out (none past it). */
+static inline __attribute__((always_inline, target("avx512f"))) void
+i8_panel_row_store(float *y, int out, int p, __m512 sw, __m512 acc, float beta)
+{
+    int n = out - MATMUL_PANEL * p;
+    if (n <= 0)
+        return;
+    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    __m512 v = _mm512_mul_ps(sw, acc);
+    if (beta != 0.0f)
+        v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, y), v);
+    _mm512_mask_storeu_ps(y, m, v);
+}
+
 /* An int8 kernel's sweep: y's rows [r, r + mr), which are xr's rows [xrow, xrow + mr),
  * against panels [p0, p1) over input quads [kq0, kq0 + nkq) (within one chunk of
  * MATMUL_I8_CHUNK_INPUTS): y = sums + beta·y. */
@@ -184,5 +200,12 @@ void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);
 void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1);
 /* The same for int8 panels on AVX2 (matmul_i8_avx2.c), x quantised to 64 levels. */
 void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
+/* The same for int8 panels on AMX tiles (matmul_i8_amx.c), where matmul_i8_amx() says the
+ * process may use them and matmul_i8_amx_fits(rows, in) and x is quantised beforehand;
+ * otherwise it runs matmul_kernel_i8_run. Bit-identical to it. */
+void matmul_kernel_i8_amx_run(const MatmulTask *t, int p0, int p1);
+/* From this many rows, and for inputs in whole 64-byte tile rows, int8 products take AMX. */
+#define MATMUL_I8_AMX_ROWS 16
+int matmul_i8_amx_fits(int rows, int in);
 
 #endif

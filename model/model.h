@@ -65,8 +65,10 @@ int model_weight_type_parse(const char *name, ModelWeightType *out);
 /* "f32", "f16", "bf16", "int8" or "mixed": how the model's matrices ended up in memory (for
  * logs). */
 const char *model_matrix_type_name(const ModelConfig *c);
-/* The instructions its products run on (for logs): "avx512_vnni" or "avx2" (int8: the
- * AVX2 kernel where the CPU lacks AVX512_VNNI or PAGEDSERVE_NO_AVX512_VNNI is set),
+/* The instructions its products run on (for logs): "amx_int8+avx512_vnni" (int8 where the
+ * CPU has AMX-INT8: many rows on tiles, few on VNNI; PAGEDSERVE_NO_AMX says no),
+ * "avx512_vnni" or "avx2" (int8: the AVX2 kernel where the CPU lacks AVX512_VNNI or
+ * PAGEDSERVE_NO_AVX512_VNNI is set),
  * "avx512_bf16" (BF16), else "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the
  * CPU has AVX512F and PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
 const char *model_kernel_name(const ModelConfig *c);

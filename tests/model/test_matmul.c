@@ -615,17 +615,18 @@ static I8Rows *i8_rows_at_64(const float *x, int rows, int in)
     return xr;
 }
 
-enum { KERNEL_PAIR_ROWS = 33 }; /* from 24 (12 for VNNI int8) rows kernels prefetch sub-items */
+/* From 24 (12 for VNNI int8) rows kernels prefetch sub-items; AMX runs groups of 32. */
+enum { KERNEL_PAIR_ROWS = 33, KERNEL_PAIR_ROWS_AMX = 70 };
 
 /* Kernels a and b called directly on the same task, for random x and W of the given type
- * and shape, every row count up to KERNEL_PAIR_ROWS, beta 0 and not, the panels split at 3
+ * and shape, every row count up to rows_max, beta 0 and not, the panels split at 3
  * ([0, 3): a 2- and a 1-panel block); int8 on x quantised beforehand at 64 levels (which
  * both int8 kernels take). Returns how many results differ from a's in any bit (printing
  * the first). */
-static int kernel_pair_mismatches(MatmulType type, int in, int out, KernelRun *a, KernelRun *b,
-                                  const char *names)
+static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max, KernelRun *a,
+                                  KernelRun *b, const char *names)
 {
-    enum { ROWS = KERNEL_PAIR_ROWS };
+    const int ROWS = rows_max;
     int panels = (out + 15) / 16, bad = 0;
     float *x = malloc(sizeof(float) * ROWS * in), *w = malloc(sizeof(float) * out * in);
     float *ya = malloc(sizeof(float) * ROWS * out), *yb = malloc(sizeof(float) * ROWS * out);
@@ -716,7 +717,7 @@ static void test_avx512_kernel_matches_avx2(void **state)
     for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
         for (int i = 0; i < 5; i++)
             for (int o = 0; o < 5; o++)
-                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], matmul_kernel_run,
+                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], KERNEL_PAIR_ROWS, matmul_kernel_run,
                                               matmul_kernel_avx512_run, "AVX2 and AVX-512");
     assert_int_equal(bad, 0);
 }
@@ -740,8 +741,32 @@ static void test_i8_vnni_kernel_matches_avx2(void **state)
     int bad = 0;
     for (int i = 0; i < 4; i++)
         for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], matmul_kernel_i8_avx2_run,
+            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS, matmul_kernel_i8_avx2_run,
                                           matmul_kernel_i8_run, "int8 AVX2 and VNNI");
+    assert_int_equal(bad, 0);
+}
+
+/* The AMX int8 kernel gives the VNNI kernel's results bit for bit (the same exact int32
+ * block sums, folded into F32 in the same order): row counts to 70 (groups of 32, tails
+ * split in two blocks or one, and below MATMUL_I8_AMX_ROWS the VNNI kernel itself), inputs
+ * of whole and half blocks, two input chunks (2112, 2176), inputs AMX does not take (100:
+ * handed to VNNI), partial last panels, odd panel ranges, beta 0 and not. Runs only where
+ * matmul_i8_amx() says this process may use the tiles. */
+static void test_i8_amx_kernel_matches_vnni(void **state)
+{
+    (void)state;
+    if (!matmul_i8_amx()) {
+        print_message("SKIPPED int8 AMX kernel against VNNI: no AMX-INT8 here (or not allowed, "
+                      "or PAGEDSERVE_NO_AMX / PAGEDSERVE_NO_AVX512_VNNI set)\n");
+        return;
+    }
+    static const int ins[] = {64, 100, 768, 2112, 2176};
+    static const int outs[] = {1, 27, 100, 257};
+    int bad = 0;
+    for (int i = 0; i < 5; i++)
+        for (int o = 0; o < 4; o++)
+            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, matmul_kernel_i8_run,
+                                          matmul_kernel_i8_amx_run, "int8 VNNI and AMX");
     assert_int_equal(bad, 0);
 }
 
@@ -761,6 +786,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_schedule),
         cmocka_unit_test(test_avx512_kernel_matches_avx2),
         cmocka_unit_test(test_i8_vnni_kernel_matches_avx2),
+        cmocka_unit_test(test_i8_amx_kernel_matches_vnni),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

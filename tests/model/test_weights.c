@@ -463,6 +463,7 @@ static void test_forced_weight_types(void **state) {
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
         const char *kernel = !cases[k].kernel ? (matmul_avx512_supported() ? "avx512" : "avx2")
                            : strcmp(cases[k].kernel, "int8") ? cases[k].kernel
+                           : matmul_i8_amx()  ? "amx_int8+avx512_vnni"
                            : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
         assert_string_equal(model_kernel_name(&c), kernel);
         assert_int_equal(bytes, expected_bytes(&c, &w));
