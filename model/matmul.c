@@ -103,16 +103,39 @@ int matmul_i8_vnni(void)
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-static int amx_usable(void)
+/* Whether this process may use AMX tiles at all: asked of Linux once. */
+static int amx_tiles_decide(void)
 {
-    return matmul_i8_vnni() && !told_unsupported("PAGEDSERVE_NO_AMX") && __builtin_cpu_supports("amx-tile") &&
-           __builtin_cpu_supports("amx-int8") && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return !told_unsupported("PAGEDSERVE_NO_AMX") && __builtin_cpu_supports("amx-tile") &&
+           syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int amx_tiles_granted(void)
+{
+    static _Atomic int known = -1;
+    return decided_once(&known, amx_tiles_decide);
+}
+
+static int i8_amx_decide(void)
+{
+    return matmul_i8_vnni() && __builtin_cpu_supports("amx-int8") && amx_tiles_granted();
 }
 
 int matmul_i8_amx(void)
 {
     static _Atomic int known = -1;
-    return decided_once(&known, amx_usable);
+    return decided_once(&known, i8_amx_decide);
+}
+
+static int bf16_amx_decide(void)
+{
+    return matmul_bf16_supported() && __builtin_cpu_supports("amx-bf16") && amx_tiles_granted();
+}
+
+int matmul_bf16_amx(void)
+{
+    static _Atomic int known = -1;
+    return decided_once(&known, bf16_amx_decide);
 }
 
 int matmul_i8_x_max(void)
@@ -137,7 +160,7 @@ const char *matmul_kernel_name(MatmulType type)
     if (type == MATMUL_I8)
         return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
-        return "avx512_bf16";
+        return matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16";
     return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 
@@ -306,10 +329,12 @@ static void product_range(void *arg, int p0, int p1, int thread)
 
 /* ---- int8 products: x quantised once, over the pool, before the product ---- */
 
+/* Rows of x to quantise (into xr) or to round to BF16 (into out). */
 typedef struct {
     const float *x;
     int ldx, in;
     I8Rows *xr;
+    void *out;
 } QuantiseJob;
 
 static void quantise_range(void *arg, int r0, int r1, int thread)
@@ -344,9 +369,28 @@ static I8Rows *quantise_rows(void *mem, I8RowsShape shape, const float *x, int l
     float *sx = (float *)(xr + 1);
     int32_t *zsum = (int32_t *)(sx + floats);
     *xr = (I8Rows){ (int8_t *)(zsum + floats), shape.stride, sx, zsum, shape.blocks, 0 };
-    QuantiseJob j = { x, ldx, in, xr };
+    QuantiseJob j = { x, ldx, in, xr, NULL };
     compute_parallel_ranges(rows, 8, parallel, quantise_range, &j);
     return xr;
+}
+
+/* ---- BF16 products on AMX: x rounded to BF16 once, over the pool ---- */
+
+static void convert_range(void *arg, int r0, int r1, int thread)
+{
+    (void)thread;
+    const QuantiseJob *j = arg;
+    uint16_t *xb = j->out;
+    for (int r = r0; r < r1; r++)
+        bf16_row_convert(xb + (size_t)r * j->in, j->x + (size_t)r * j->ldx, j->in);
+}
+
+/* x's rows as BF16 rows of `in` values in mem, over the pool when `parallel`. */
+static const uint16_t *convert_rows(void *mem, const float *x, int ldx, int in, int rows, int parallel)
+{
+    QuantiseJob j = { x, ldx, in, NULL, mem };
+    compute_parallel_ranges(rows, 8, parallel, convert_range, &j);
+    return mem;
 }
 
 /* An int8 product quantises x once: a few short rows (decode) into this much stack, more
@@ -396,8 +440,8 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     if (rows <= 0 || w->out <= 0)
         return;
     Product p = {
-        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL },
-        .run = w->type == MATMUL_BF16 ? matmul_kernel_bf16_run
+        .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL, NULL },
+        .run = w->type == MATMUL_BF16 ? (matmul_bf16_amx() ? matmul_kernel_bf16_amx_run : matmul_kernel_bf16_run)
              : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
@@ -411,6 +455,11 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
                   : rows > MATMUL_I8_ROWS_LOCAL ? (heap = malloc(shape.bytes)) : NULL;
         if (mem)
             p.task.xq = quantise_rows(mem, shape, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
+    } else if (w->type == MATMUL_BF16 && matmul_bf16_amx() && matmul_bf16_amx_fits(rows, w->in)) {
+        size_t bytes = (size_t)rows * w->in * sizeof(uint16_t);
+        void *mem = bytes <= sizeof local ? local : (heap = malloc(bytes));
+        if (mem)
+            p.task.xb = convert_rows(mem, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     }
     compute_parallel_ranges(n_panels, item_panels(w, rows, n_panels), parallel, product_range, &p);
     free(heap);

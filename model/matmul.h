@@ -62,6 +62,11 @@ int matmul_i8_vnni(void);
  * the kernel's leave to use the tile state (asked for here, once per process);
  * PAGEDSERVE_NO_AMX says no. Decided at the first call, for the whole process. */
 int matmul_i8_amx(void);
+/* Whether BF16 products of a few rows or more run on AMX tiles (matmul_bf16_amx.c; the
+ * same BF16 products as the AVX512_BF16 kernel, summed in another order): needs
+ * matmul_bf16_supported(), AMX-BF16 and the tile state as above; PAGEDSERVE_NO_AMX says
+ * no. Decided at the first call, for the whole process. */
+int matmul_bf16_amx(void);
 /* The levels each side that int8 products quantise x to: 127 on AVX512_VNNI, 64 on AVX2,
  * whose byte products sum pairs in int16 (matmul_i8_avx2.c says why). */
 int matmul_i8_x_max(void);
@@ -69,8 +74,8 @@ int matmul_i8_x_max(void);
  * PAGEDSERVE_NO_AVX512_F says no. Decided at the first call, for the whole process. */
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
- * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "avx512_bf16" (BF16), "avx512" or
- * "avx2" (F32 and F16). */
+ * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "amx_bf16+avx512_bf16" or
+ * "avx512_bf16" (BF16), "avx512" or "avx2" (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)

@@ -10,9 +10,8 @@
  * exact int32 block sums as the VNNI kernel's, (q + 128) * qx with zsum taken off, so
  * folding them into F32 in the same order gives its results bit for bit.
  *
- * Tiles: 0-3 the sums of 2 row blocks x 2 panels, 4-5 the row blocks' x, 6-7 the panels'
- * W (8 tiles, all there are). A row block holds up to 16 rows; a group of up to 32 rows
- * runs as two (a tail group split evenly, or one block up to 16). Per 128-input block of
+ * Tiles as matmul_amx.h says: 2 row blocks of up to 16 rows x 2 panels (a group of up to
+ * 32 rows; a tail group split evenly, or one block up to 16). Per 128-input block of
  * x's scales the sums go through memory into F32 (the tile has no float path): after two
  * tile products per pair, 16 loads, converts and FMAs per tile, which is still several
  * times less work than VPDPBUSD doing the products.
@@ -23,43 +22,19 @@
  * (matmul.c, matmul_i8_amx()); each call loads its tile configuration and releases it.
  */
 #include "model/matmul_kernel.h"
+#include "model/matmul_amx.h"
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
 #define AMX_INLINE static inline __attribute__((always_inline)) AMX_TARGET
 
-#define TILE_ROWS 16
+#define TILE_ROWS AMX_TILE_ROWS
 #define TILE_QUADS 16 /* input quads a tile row holds: 64 bytes */
-#define GROUP_ROWS (2 * TILE_ROWS)
+#define GROUP_ROWS AMX_GROUP_ROWS
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
 #define CHUNK_QUADS (MATMUL_I8_CHUNK_INPUTS / 4)
-
-/* LDTILECFG's 64-byte operand, palette 1. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-/* Row blocks of m0 and m1 rows (m1 may be 0: tiles 2, 3 and 5 unused). */
-static AMX_TARGET void tiles_configure(int m0, int m1)
-{
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    const int rows[8] = { m0, m0, m1, m1, m0, m1, TILE_QUADS, TILE_QUADS };
-    for (int i = 0; i < 8; i++)
-        if (rows[i] > 0) {
-            c.colsb[i] = 64;
-            c.rows[i] = (uint8_t)rows[i];
-        }
-    /* The intrinsic tells the compiler of 8 of the 64 bytes it reads: make all of them land. */
-    __asm__ volatile("" : : "r"(&c) : "memory");
-    _tile_loadconfig(&c);
-}
 
 /* A group's rows and where its sums are folded: rows [r, r + m0 + m1) of y and of xr. */
 typedef struct {
@@ -76,27 +51,10 @@ AMX_INLINE void block_products(Group *g, const I8Rows *xr, const uint8_t *w0, co
     const int8_t *x0 = xr->q + (size_t)g->r * xr->stride + 4 * (size_t)kq;
     const int8_t *x1 = x0 + (size_t)g->m0 * xr->stride;
     long xs = (long)xr->stride;
-    _tile_zero(0);
-    _tile_zero(1);
-    if (g->m1) {
-        _tile_zero(2);
-        _tile_zero(3);
-    }
+    AMX_SUMS_ZERO(g->m1);
     for (int q = 0; q < nq; q += TILE_QUADS) {
         size_t at = (size_t)(kq + q) * 64;
-        _tile_loadd(4, x0 + 4 * q, xs);
-        _tile_loadd(6, w0 + at, 64);
-        _tile_dpbsud(0, 4, 6);
-        if (np == 2) {
-            _tile_loadd(7, w1 + at, 64);
-            _tile_dpbsud(1, 4, 7);
-        }
-        if (g->m1) {
-            _tile_loadd(5, x1 + 4 * q, xs);
-            _tile_dpbsud(2, 5, 6);
-            if (np == 2)
-                _tile_dpbsud(3, 5, 7);
-        }
+        AMX_STEP_2X2(_tile_dpbsud, x0 + 4 * q, x1 + 4 * q, xs, w0 + at, w1 + at, np, g->m1);
     }
     _tile_stored(0, g->sums[0], 64);
     if (np == 2)
@@ -154,21 +112,6 @@ AMX_INLINE void group_run(const MatmulTask *t, const I8Layout *lay, Group *g, in
     }
 }
 
-/* Rows of the group that starts at r: 32 while at least 32 are left; a tail of 17-31
- * split evenly between the two blocks; up to 16 in one. */
-static void group_rows(int left, int *m0, int *m1)
-{
-    if (left >= GROUP_ROWS)
-        *m0 = *m1 = TILE_ROWS;
-    else if (left > TILE_ROWS) {
-        *m0 = (left + 1) / 2;
-        *m1 = left - *m0;
-    } else {
-        *m0 = left;
-        *m1 = 0;
-    }
-}
-
 int matmul_i8_amx_fits(int rows, int in)
 {
     return rows >= MATMUL_I8_AMX_ROWS && in > 0 && in % (4 * TILE_QUADS) == 0;
@@ -186,9 +129,9 @@ AMX_TARGET void matmul_kernel_i8_amx_run(const MatmulTask *t, int p0, int p1)
     /* x and W were written by plain stores the tile loads' asm does not name. */
     __asm__ volatile("" : : : "memory");
     for (g.r = 0; g.r < t->rows; g.r += g.m0 + g.m1) {
-        group_rows(t->rows - g.r, &g.m0, &g.m1);
+        amx_group_rows(t->rows - g.r, &g.m0, &g.m1);
         if (g.m0 != m0 || g.m1 != m1)
-            tiles_configure(m0 = g.m0, m1 = g.m1);
+            amx_tiles_configure(m0 = g.m0, m1 = g.m1);
         for (int p = p0; p < p1; p += 2)
             group_run(t, &lay, &g, p, p + 2 <= p1 ? 2 : 1);
     }

@@ -66,6 +66,7 @@ typedef struct {
     float beta;
     MatmulType type;
     const I8Rows *xq; /* I8: x quantised beforehand, or NULL (each work item quantises) */
+    const uint16_t *xb; /* BF16 on AMX: x rounded to BF16 beforehand, rows of `in`, or NULL */
 } MatmulTask;
 
 /* Panels of panel_bytes each that stay in L2 while every row block passes over them:
@@ -204,6 +205,16 @@ void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
  * process may use them and matmul_i8_amx_fits(rows, in) and x is quantised beforehand;
  * otherwise it runs matmul_kernel_i8_run. Bit-identical to it. */
 void matmul_kernel_i8_amx_run(const MatmulTask *t, int p0, int p1);
+/* The same for BF16 panels on AMX tiles (matmul_bf16_amx.c), where matmul_bf16_amx() says
+ * the process may use them, matmul_bf16_amx_fits(rows, in) and t->xb holds x; otherwise it
+ * runs matmul_kernel_bf16_run. Same products, summed in another order. */
+void matmul_kernel_bf16_amx_run(const MatmulTask *t, int p0, int p1);
+#define MATMUL_BF16_AMX_ROWS 4
+int matmul_bf16_amx_fits(int rows, int in);
+/* x[0..n) rounded to BF16 (nearest even, as VCVTNEPS2BF16) at dst, zero-padded to an even
+ * count (matmul_bf16.c; AVX512_BF16 only). */
+void bf16_row_convert(uint16_t *dst, const float *x, int n);
+
 /* From this many rows, and for inputs in whole 64-byte tile rows, int8 products take AMX
  * (bench matmul --type int8 --best, AMX on and off alternated twice, µs: 2 rows even;
  * 4 rows qkv 68 -> 63, wo 23 -> 19.5, down 55 -> 50-53, gate_up and logits within noise;

@@ -69,8 +69,9 @@ const char *model_matrix_type_name(const ModelConfig *c);
  * CPU has AMX-INT8: many rows on tiles, few on VNNI; PAGEDSERVE_NO_AMX says no),
  * "avx512_vnni" or "avx2" (int8: the AVX2 kernel where the CPU lacks AVX512_VNNI or
  * PAGEDSERVE_NO_AVX512_VNNI is set),
- * "avx512_bf16" (BF16), else "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the
- * CPU has AVX512F and PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
+ * "amx_bf16+avx512_bf16" or "avx512_bf16" (BF16; AMX where the CPU has AMX-BF16), else
+ * "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the CPU has AVX512F and
+ * PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
 const char *model_kernel_name(const ModelConfig *c);
 
 typedef struct Model Model;

@@ -618,13 +618,30 @@ static I8Rows *i8_rows_at_64(const float *x, int rows, int in)
 /* From 24 (12 for VNNI int8) rows kernels prefetch sub-items; AMX runs groups of 32. */
 enum { KERNEL_PAIR_ROWS = 33, KERNEL_PAIR_ROWS_AMX = 70 };
 
+/* Sum over k of |x[r][k] w[o][k]|, plus 1 (for beta y), for every row and output: what a
+ * sum's rounding error scales with. */
+static float *abs_sums(const float *x, const float *w, int rows, int in, int out)
+{
+    float *b = malloc(sizeof(float) * rows * out);
+    assert_non_null(b);
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < out; o++) {
+            double s = 1.0;
+            for (int k = 0; k < in; k++)
+                s += fabs((double)x[(size_t)r * in + k] * w[(size_t)o * in + k]);
+            b[(size_t)r * out + o] = (float)s;
+        }
+    return b;
+}
+
 /* Kernels a and b called directly on the same task, for random x and W of the given type
  * and shape, every row count up to rows_max, beta 0 and not, the panels split at 3
  * ([0, 3): a 2- and a 1-panel block); int8 on x quantised beforehand at 64 levels (which
- * both int8 kernels take). Returns how many results differ from a's in any bit (printing
- * the first). */
-static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max, KernelRun *a,
-                                  KernelRun *b, const char *names)
+ * both int8 kernels take), BF16 with x also rounded to BF16 beforehand (for AMX). Returns
+ * how many results differ from a's (printing the first): in any bit when tol is 0, else
+ * by more than tol times the sum of the absolute products (abs_sums). */
+static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max, float tol,
+                                  KernelRun *a, KernelRun *b, const char *names)
 {
     const int ROWS = rows_max;
     int panels = (out + 15) / 16, bad = 0;
@@ -638,11 +655,15 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
     MatmulWeights m;
     assert_int_equal(matmul_weights_pack(&m, w, in, out, type), 0);
     I8Rows *xr = type == MATMUL_I8 ? i8_rows_at_64(x, ROWS, in) : NULL;
+    uint16_t *xb = type == MATMUL_BF16 ? malloc(sizeof(uint16_t) * ROWS * (in + 1)) : NULL;
+    for (int r = 0; xb && r < ROWS; r++)
+        bf16_row_convert(xb + (size_t)r * in, x + (size_t)r * in, in);
+    float *bound = tol > 0 ? abs_sums(x, w, ROWS, in, out) : NULL;
     for (int rows = 1; rows <= ROWS; rows++)
         for (int beta = 0; beta < 2; beta++) {
             for (int k = 0; k < ROWS * out; k++)
                 ya[k] = yb[k] = rand_uniform();
-            MatmulTask ta = { ya, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, xr };
+            MatmulTask ta = { ya, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, xr, xb };
             MatmulTask tb = ta;
             tb.y = yb;
             int cut = panels > 3 ? 3 : panels;
@@ -650,10 +671,17 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
             a(&ta, cut, panels);
             b(&tb, 0, cut);
             b(&tb, cut, panels);
-            if (memcmp(ya, yb, sizeof(float) * ROWS * out) != 0 && bad++ == 0)
+            int differ = 0;
+            if (!bound)
+                differ = memcmp(ya, yb, sizeof(float) * ROWS * out) != 0;
+            for (int k = 0; bound && k < ROWS * out; k++)
+                differ |= !(fabsf(ya[k] - yb[k]) <= tol * bound[k]);
+            if (differ && bad++ == 0)
                 print_error("type %d in %d out %d rows %d beta %d: %s differ\n", type, in, out, rows,
                             beta, names);
         }
+    free(bound);
+    free(xb);
     free(xr);
     matmul_weights_free(&m);
     free(x);
@@ -717,7 +745,7 @@ static void test_avx512_kernel_matches_avx2(void **state)
     for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
         for (int i = 0; i < 5; i++)
             for (int o = 0; o < 5; o++)
-                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], KERNEL_PAIR_ROWS, matmul_kernel_run,
+                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], KERNEL_PAIR_ROWS, 0, matmul_kernel_run,
                                               matmul_kernel_avx512_run, "AVX2 and AVX-512");
     assert_int_equal(bad, 0);
 }
@@ -741,7 +769,7 @@ static void test_i8_vnni_kernel_matches_avx2(void **state)
     int bad = 0;
     for (int i = 0; i < 4; i++)
         for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS, matmul_kernel_i8_avx2_run,
+            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS, 0, matmul_kernel_i8_avx2_run,
                                           matmul_kernel_i8_run, "int8 AVX2 and VNNI");
     assert_int_equal(bad, 0);
 }
@@ -765,8 +793,34 @@ static void test_i8_amx_kernel_matches_vnni(void **state)
     int bad = 0;
     for (int i = 0; i < 5; i++)
         for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, matmul_kernel_i8_run,
+            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 0, matmul_kernel_i8_run,
                                           matmul_kernel_i8_amx_run, "int8 VNNI and AMX");
+    assert_int_equal(bad, 0);
+}
+
+/* The AMX BF16 kernel against the AVX512_BF16 one: the same exact products of BF16 values,
+ * summed in F32 in another order, so equal within F32 rounding of the sum, which for up
+ * to 2176 terms stays far below 2e-5 of the sum of their magnitudes (a tile step of 32
+ * inputs left out or added twice is ~1/70 of it). Row counts to 70 (groups of 32, split
+ * tails, below MATMUL_BF16_AMX_ROWS the AVX512_BF16 kernel itself), inputs of one and of
+ * many tile steps, inputs AMX does not take (100: handed back), partial panels, odd panel
+ * ranges, beta 0 and not. Runs only where matmul_bf16_amx() says so. */
+static void test_bf16_amx_kernel_near_avx512(void **state)
+{
+    (void)state;
+    if (!matmul_bf16_amx()) {
+        print_message("SKIPPED BF16 AMX kernel: no AMX-BF16 here (or not allowed, or PAGEDSERVE_NO_AMX / "
+                      "PAGEDSERVE_NO_AVX512_BF16 set)\n");
+        return;
+    }
+    static const int ins[] = {32, 100, 768, 2176};
+    static const int outs[] = {1, 27, 100, 257};
+    int bad = 0;
+    for (int i = 0; i < 4; i++)
+        for (int o = 0; o < 4; o++)
+            bad += kernel_pair_mismatches(MATMUL_BF16, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 2e-5f,
+                                          matmul_kernel_bf16_run, matmul_kernel_bf16_amx_run,
+                                          "BF16 AVX512_BF16 and AMX");
     assert_int_equal(bad, 0);
 }
 
@@ -787,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_avx512_kernel_matches_avx2),
         cmocka_unit_test(test_i8_vnni_kernel_matches_avx2),
         cmocka_unit_test(test_i8_amx_kernel_matches_vnni),
+        cmocka_unit_test(test_bf16_amx_kernel_near_avx512),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

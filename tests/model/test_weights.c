@@ -438,11 +438,11 @@ static void test_forced_weight_types(void **state) {
         ModelWeightType want;
         const char *held;
         float rel, floor; /* largest error: relative, and absolute where subnormal */
-        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs; "int8": the int8 one */
+        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs; "bf16", "int8": the one for that type */
     } cases[] = {
         { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f, NULL },
         { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f, NULL },
-        { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "avx512_bf16" },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "bf16" },
         { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "int8" }, /* bound per row, below */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -462,6 +462,7 @@ static void test_forced_weight_types(void **state) {
             fail_msg("%s", err);
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
         const char *kernel = !cases[k].kernel ? (matmul_avx512_supported() ? "avx512" : "avx2")
+                           : !strcmp(cases[k].kernel, "bf16") ? (matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16")
                            : strcmp(cases[k].kernel, "int8") ? cases[k].kernel
                            : matmul_i8_amx()  ? "amx_int8+avx512_vnni"
                            : matmul_i8_vnni() ? "avx512_vnni" : "avx2";

@@ -1,0 +1,87 @@
+/* matmul_amx — what the AMX kernels (matmul_i8_amx.c, matmul_bf16_amx.c) share: the tile
+ * configuration and how a product's rows are cut into groups (internal to model/).
+ *
+ * Both use the 8 tiles alike: 0-3 the sums of 2 row blocks x 2 panels, 4-5 the row
+ * blocks' x (16 rows of 64 bytes at most), 6-7 the two panels' W (16 rows of 64 bytes:
+ * the panel layouts of matmul.h are the tile layouts). */
+#ifndef PAGEDSERVE_MODEL_MATMUL_AMX_H
+#define PAGEDSERVE_MODEL_MATMUL_AMX_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define AMX_TILE_ROWS 16
+#define AMX_GROUP_ROWS (2 * AMX_TILE_ROWS)
+
+/* LDTILECFG's 64-byte operand, palette 1. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxTileConfig;
+
+/* Row blocks of m0 and m1 rows (m1 may be 0: tiles 2, 3 and 5 unused). */
+static inline __attribute__((target("amx-tile"))) void amx_tiles_configure(int m0, int m1)
+{
+    AmxTileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    const int rows[8] = { m0, m0, m1, m1, m0, m1, AMX_TILE_ROWS, AMX_TILE_ROWS };
+    for (int i = 0; i < 8; i++)
+        if (rows[i] > 0) {
+            c.colsb[i] = 64;
+            c.rows[i] = (uint8_t)rows[i];
+        }
+    /* The intrinsic tells the compiler of 8 of the 64 bytes it reads: make all of them land. */
+    __asm__ volatile("" : : "r"(&c) : "memory");
+    _tile_loadconfig(&c);
+}
+
+/* The row blocks of the group that starts with `left` rows to go: 16 and 16 while at
+ * least 32 are left; a tail of 17-31 split evenly between the two; up to 16 in one. */
+static inline void amx_group_rows(int left, int *m0, int *m1)
+{
+    if (left >= AMX_GROUP_ROWS)
+        *m0 = *m1 = AMX_TILE_ROWS;
+    else if (left > AMX_TILE_ROWS) {
+        *m0 = (left + 1) / 2;
+        *m1 = left - *m0;
+    } else {
+        *m0 = left;
+        *m1 = 0;
+    }
+}
+
+/* Zero the sum tiles of a group (2 and 3 only when it has a second row block, m1 > 0). */
+#define AMX_SUMS_ZERO(m1)                                                                         \
+    do {                                                                                          \
+        _tile_zero(0);                                                                            \
+        _tile_zero(1);                                                                            \
+        if (m1) {                                                                                 \
+            _tile_zero(2);                                                                        \
+            _tile_zero(3);                                                                        \
+        }                                                                                         \
+    } while (0)
+
+/* One tile step of the 2 x 2 block: x's row blocks at xa (and xb when m1 > 0), xs bytes a
+ * row, against panels at wa (and wb when np == 2), 64 bytes a row, into the sum tiles by
+ * DP, the tile product (_tile_dpbsud, _tile_dpbf16ps). Loads each tile once. */
+#define AMX_STEP_2X2(DP, xa, xb, xs, wa, wb, np, m1)                                             \
+    do {                                                                                          \
+        _tile_loadd(4, xa, xs);                                                                   \
+        _tile_loadd(6, wa, 64);                                                                   \
+        DP(0, 4, 6);                                                                              \
+        if ((np) == 2) {                                                                          \
+            _tile_loadd(7, wb, 64);                                                               \
+            DP(1, 4, 7);                                                                          \
+        }                                                                                         \
+        if (m1) {                                                                                 \
+            _tile_loadd(5, xb, xs);                                                               \
+            DP(2, 5, 6);                                                                          \
+            if ((np) == 2)                                                                        \
+                DP(3, 5, 7);                                                                      \
+        }                                                                                         \
+    } while (0)
+
+#endif
