@@ -127,13 +127,14 @@ BF16_INLINE void sweep(const MatmulTask *t, uint32_t *xb, const Chunk *ch, int r
     }
 }
 
-/* Chunks outermost: every row block then reads the same 4 panels x KC pairs of W (256 KiB),
- * which stay in L2 however wide the input (an FFN's down projection of 11008 inputs
- * would not). At least one chunk runs, so that in == 0 still writes beta * y. */
 BF16_TARGET void bf16_row_convert(uint16_t *dst, const float *x, int n)
 {
     x_to_bf16(dst, x, n);
 }
+
+/* Chunks outermost: every row block then reads the same 4 panels x KC pairs of W (256 KiB),
+ * which stay in L2 however wide the input (an FFN's down projection of 11008 inputs
+ * would not). At least one chunk runs, so that in == 0 still writes beta * y. */
 
 BF16_TARGET void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1)
 {

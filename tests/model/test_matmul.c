@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -596,14 +597,40 @@ static void test_pack_i8(void **state)
 
 typedef void KernelRun(const MatmulTask *t, int p0, int p1);
 
-/* x's rows quantised here at the AVX2 kernel's 64 levels, as an I8Rows (in one calloc'd
- * block: free(xr) frees it). */
-static I8Rows *i8_rows_at_64(const float *x, int rows, int in)
+/* n zeroed bytes that end right where an inaccessible page begins: a kernel reading past
+ * them faults (AddressSanitizer does not see AMX's tile loads, which are inline asm). */
+typedef struct {
+    void *p;
+    void *map;
+    size_t map_bytes;
+} Guarded;
+
+static Guarded guarded_alloc(size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (n + page - 1) / page * page;
+    Guarded g = { NULL, NULL, body + page };
+    g.map = mmap(NULL, g.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(g.map != MAP_FAILED);
+    assert_int_equal(mprotect((char *)g.map + body, page, PROT_NONE), 0);
+    g.p = (char *)g.map + body - n;
+    return g;
+}
+
+static void guarded_free(Guarded *g)
+{
+    if (g->map)
+        munmap(g->map, g->map_bytes);
+    *g = (Guarded){ NULL, NULL, 0 };
+}
+
+/* x's rows quantised here at the AVX2 kernel's 64 levels, as an I8Rows in one guarded
+ * block whose values come last (so the last row ends at the guard page). */
+static I8Rows *i8_rows_at_64(Guarded *mem, const float *x, int rows, int in)
 {
     int blocks = (in + 127) / 128;
     size_t stride = (size_t)(in + 3) / 4 * 4, per_row = (size_t)blocks * (sizeof(float) + sizeof(int32_t));
-    I8Rows *xr = calloc(1, sizeof *xr + (size_t)rows * (per_row + stride));
-    assert_non_null(xr);
+    *mem = guarded_alloc(sizeof(I8Rows) + (size_t)rows * (per_row + stride));
+    I8Rows *xr = mem->p;
     xr->sx = (float *)(xr + 1);
     xr->zsum = (int32_t *)(xr->sx + (size_t)rows * blocks);
     xr->q = (int8_t *)(xr->zsum + (size_t)rows * blocks);
@@ -654,8 +681,14 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
         w[k] = rand_uniform();
     MatmulWeights m;
     assert_int_equal(matmul_weights_pack(&m, w, in, out, type), 0);
-    I8Rows *xr = type == MATMUL_I8 ? i8_rows_at_64(x, ROWS, in) : NULL;
-    uint16_t *xb = type == MATMUL_BF16 ? malloc(sizeof(uint16_t) * ROWS * (in + 1)) : NULL;
+    /* W, x quantised and x in BF16 each end at a guard page (tile loads past them fault). */
+    size_t w_bytes = matmul_weights_bytes(in, out, type);
+    Guarded gw = guarded_alloc(w_bytes), gq = { NULL, NULL, 0 }, gb = { NULL, NULL, 0 };
+    memcpy(gw.p, m.panels, w_bytes);
+    I8Rows *xr = type == MATMUL_I8 ? i8_rows_at_64(&gq, x, ROWS, in) : NULL;
+    if (type == MATMUL_BF16)
+        gb = guarded_alloc(sizeof(uint16_t) * ((size_t)ROWS * in + in % 2));
+    uint16_t *xb = gb.p;
     for (int r = 0; xb && r < ROWS; r++)
         bf16_row_convert(xb + (size_t)r * in, x + (size_t)r * in, in);
     float *bound = tol > 0 ? abs_sums(x, w, ROWS, in, out) : NULL;
@@ -663,7 +696,7 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
         for (int beta = 0; beta < 2; beta++) {
             for (int k = 0; k < ROWS * out; k++)
                 ya[k] = yb[k] = rand_uniform();
-            MatmulTask ta = { ya, x, m.panels, out, in, rows, in, out, 0.5f * beta, m.type, xr, xb };
+            MatmulTask ta = { ya, x, gw.p, out, in, rows, in, out, 0.5f * beta, m.type, xr, xb };
             MatmulTask tb = ta;
             tb.y = yb;
             int cut = panels > 3 ? 3 : panels;
@@ -681,8 +714,9 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
                             beta, names);
         }
     free(bound);
-    free(xb);
-    free(xr);
+    guarded_free(&gb);
+    guarded_free(&gq);
+    guarded_free(&gw);
     matmul_weights_free(&m);
     free(x);
     free(w);
@@ -791,6 +825,9 @@ static void test_i8_amx_kernel_matches_vnni(void **state)
     static const int ins[] = {64, 100, 768, 2112, 2176};
     static const int outs[] = {1, 27, 100, 257};
     int bad = 0;
+    /* (else both sides would run the VNNI kernel) */
+    assert_true(matmul_i8_amx_fits(MATMUL_I8_AMX_ROWS, 64) && matmul_i8_amx_fits(KERNEL_PAIR_ROWS_AMX, 2176));
+    assert_false(matmul_i8_amx_fits(MATMUL_I8_AMX_ROWS - 1, 64) || matmul_i8_amx_fits(32, 100));
     for (int i = 0; i < 5; i++)
         for (int o = 0; o < 4; o++)
             bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 0, matmul_kernel_i8_run,
@@ -816,12 +853,57 @@ static void test_bf16_amx_kernel_near_avx512(void **state)
     static const int ins[] = {32, 100, 768, 2176};
     static const int outs[] = {1, 27, 100, 257};
     int bad = 0;
+    assert_true(matmul_bf16_amx_fits(MATMUL_BF16_AMX_ROWS, 32) && matmul_bf16_amx_fits(KERNEL_PAIR_ROWS_AMX, 2176));
+    assert_false(matmul_bf16_amx_fits(MATMUL_BF16_AMX_ROWS - 1, 32) || matmul_bf16_amx_fits(32, 100));
     for (int i = 0; i < 4; i++)
         for (int o = 0; o < 4; o++)
             bad += kernel_pair_mismatches(MATMUL_BF16, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 2e-5f,
                                           matmul_kernel_bf16_run, matmul_kernel_bf16_amx_run,
                                           "BF16 AVX512_BF16 and AMX");
     assert_int_equal(bad, 0);
+}
+
+/* matmul() itself takes the BF16 AMX path where it may: its result is the AMX kernel's
+ * bit for bit (x rounded to BF16 by matmul() as the kernel expects, the work split into
+ * items, each output summed whole in one tile either way), and not the AVX512_BF16
+ * kernel's (another order of sums: some bits differ, which is checked so that the
+ * comparison can tell the two apart). */
+static void test_bf16_matmul_takes_amx(void **state)
+{
+    (void)state;
+    if (!matmul_bf16_amx()) {
+        print_message("SKIPPED matmul() on BF16 AMX: not available here\n");
+        return;
+    }
+    enum { ROWS = 32, IN = 768, OUT = 100 };
+    float *x = malloc(sizeof(float) * ROWS * IN), *w = malloc(sizeof(float) * OUT * IN);
+    float *y = malloc(sizeof(float) * ROWS * OUT), *ya = malloc(sizeof(float) * ROWS * OUT);
+    float *yv = malloc(sizeof(float) * ROWS * OUT);
+    uint16_t *xb = malloc(sizeof(uint16_t) * ROWS * IN);
+    assert_non_null(x && w && y && ya && yv && xb);
+    for (int k = 0; k < ROWS * IN; k++)
+        x[k] = rand_uniform();
+    for (int k = 0; k < OUT * IN; k++)
+        w[k] = rand_uniform();
+    for (int r = 0; r < ROWS; r++)
+        bf16_row_convert(xb + (size_t)r * IN, x + (size_t)r * IN, IN);
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_BF16), 0);
+    matmul(y, OUT, x, IN, &m, ROWS, 0.0f);
+    MatmulTask t = { ya, x, m.panels, OUT, IN, ROWS, IN, OUT, 0.0f, MATMUL_BF16, NULL, xb };
+    int panels = (OUT + 15) / 16;
+    matmul_kernel_bf16_amx_run(&t, 0, panels);
+    t.y = yv;
+    matmul_kernel_bf16_run(&t, 0, panels);
+    assert_memory_equal(y, ya, sizeof(float) * ROWS * OUT);
+    assert_memory_not_equal(ya, yv, sizeof(float) * ROWS * OUT);
+    matmul_weights_free(&m);
+    free(x);
+    free(w);
+    free(y);
+    free(ya);
+    free(yv);
+    free(xb);
 }
 
 int main(void)
@@ -842,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_i8_vnni_kernel_matches_avx2),
         cmocka_unit_test(test_i8_amx_kernel_matches_vnni),
         cmocka_unit_test(test_bf16_amx_kernel_near_avx512),
+        cmocka_unit_test(test_bf16_matmul_takes_amx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
