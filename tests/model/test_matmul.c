@@ -624,16 +624,18 @@ static void guarded_free(Guarded *g)
 }
 
 /* x's rows quantised here at the AVX2 kernel's 64 levels, as an I8Rows in one guarded
- * block whose values come last (so the last row ends at the guard page). */
+ * block whose values come last, ending at the guard page (the struct, at the block's
+ * start, is kept aligned by rounding the block up to 8 bytes before the values). */
 static I8Rows *i8_rows_at_64(Guarded *mem, const float *x, int rows, int in)
 {
     int blocks = (in + 127) / 128;
     size_t stride = (size_t)(in + 3) / 4 * 4, per_row = (size_t)blocks * (sizeof(float) + sizeof(int32_t));
-    *mem = guarded_alloc(sizeof(I8Rows) + (size_t)rows * (per_row + stride));
+    size_t bytes = (sizeof(I8Rows) + (size_t)rows * (per_row + stride) + 7) / 8 * 8;
+    *mem = guarded_alloc(bytes);
     I8Rows *xr = mem->p;
     xr->sx = (float *)(xr + 1);
     xr->zsum = (int32_t *)(xr->sx + (size_t)rows * blocks);
-    xr->q = (int8_t *)(xr->zsum + (size_t)rows * blocks);
+    xr->q = (int8_t *)mem->p + bytes - (size_t)rows * stride;
     xr->stride = stride;
     xr->blocks = blocks;
     for (int r = 0; r < rows; r++)
