@@ -47,15 +47,6 @@ W_INLINE __m512 load_w16(const void *p, size_t i, int f16)
     return _mm512_loadu_ps((const float *)p + i);
 }
 
-/* y[0..16) (+)= acc where the first n (> 0) columns exist. */
-W_INLINE void store_acc(float *y, __m512 acc, int n, float beta)
-{
-    __mmask16 m = n >= MATMUL_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    if (beta != 0.0f)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, y), acc);
-    _mm512_mask_storeu_ps(y, m, acc);
-}
-
 /* y[0..mr)[0..cols) (+)= x[0..mr) · panels p[0..np) for all k (indices in weights,
  * panel_elems apart); the lines of pf are asked for meanwhile, one per step of k (pf.n is
  * at most in). */
@@ -82,7 +73,7 @@ W_INLINE void block(float *y, int ldy, const float *x, int ldx, const void *p,
     }
     for (int j = 0; j < np && MATMUL_PANEL * j < cols; j++)
         for (int i = 0; i < mr; i++)
-            store_acc(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
+            matmul_store16(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
 }
 
 /* mr rows from r against panels [p0, p1): 4 panels at a time, then 2, then 1; pf is

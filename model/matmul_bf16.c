@@ -53,17 +53,6 @@ BF16_INLINE void x_to_bf16(uint16_t *dst, const float *x, int n)
     }
 }
 
-/* y (+)= acc for one 16-wide vector of which the first n columns exist. */
-BF16_INLINE void store_vec(float *y, __m512 acc, int n, float beta)
-{
-    if (n <= 0)
-        return;
-    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    if (beta != 0.0f)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, y), acc);
-    _mm512_mask_storeu_ps(y, m, acc);
-}
-
 /* y[0..mr)[0..cols) (+)= xb[0..mr) · panels w[0..np) over nkp input pairs. xb holds the
  * rows' pairs KC apart; w points at the chunk's first pair of the first panel, the others
  * panel_words apart. `next` (what the following block reads) is prefetched meanwhile. mr
@@ -91,7 +80,7 @@ BF16_INLINE void block(float *y, int ldy, const uint32_t *xb, const uint32_t *w,
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < np; j++)
-            store_vec(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
+            matmul_store16(y + (size_t)i * ldy + MATMUL_PANEL * j, acc[i][j], cols - MATMUL_PANEL * j, beta);
 }
 
 /* One chunk of the inputs: pairs [kp0, kp0 + nkp), which are x's columns [2 kp0, 2 kp0 +
@@ -135,7 +124,6 @@ BF16_TARGET void bf16_row_convert(uint16_t *dst, const float *x, int n)
 /* Chunks outermost: every row block then reads the same 4 panels x KC pairs of W (256 KiB),
  * which stay in L2 however wide the input (an FFN's down projection of 11008 inputs
  * would not). At least one chunk runs, so that in == 0 still writes beta * y. */
-
 BF16_TARGET void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1)
 {
     uint32_t xb[MR_MAX * KC] __attribute__((aligned(64)));

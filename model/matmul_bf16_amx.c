@@ -34,15 +34,9 @@ int matmul_bf16_amx_fits(int rows, int in)
  * stored in s. */
 AMX_INLINE void block_store(const MatmulTask *t, float s[AMX_TILE_ROWS][MATMUL_PANEL], int r, int m, int p)
 {
-    int n = t->out - MATMUL_PANEL * p;
-    __mmask16 mask = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    for (int i = 0; i < m; i++) {
-        float *y = t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * p;
-        __m512 v = _mm512_loadu_ps(s[i]);
-        if (t->beta != 0.0f)
-            v = _mm512_fmadd_ps(_mm512_set1_ps(t->beta), _mm512_maskz_loadu_ps(mask, y), v);
-        _mm512_mask_storeu_ps(y, mask, v);
-    }
+    for (int i = 0; i < m; i++)
+        matmul_store16(t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * p, _mm512_loadu_ps(s[i]),
+                       t->out - MATMUL_PANEL * p, t->beta);
 }
 
 /* Rows [r, r + m0 + m1) against panels p and p + 1 (np == 2) or p alone, over every input. */

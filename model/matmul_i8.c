@@ -105,8 +105,8 @@ I8_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const 
     for (int j = 0; j < np; j++) {
         __m512 swv = _mm512_loadu_ps(sw + MATMUL_PANEL * j);
         for (int i = 0; i < mr; i++)
-            i8_panel_row_store(t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * (p + j), t->out, p + j, swv,
-                               facc[i][j], beta);
+            matmul_store16(t->y + (size_t)(r + i) * t->ldy + MATMUL_PANEL * (p + j),
+                           _mm512_mul_ps(swv, facc[i][j]), t->out - MATMUL_PANEL * (p + j), beta);
     }
 }
 

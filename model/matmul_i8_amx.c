@@ -88,8 +88,8 @@ AMX_INLINE void group_store(const MatmulTask *t, const I8Layout *lay, const Grou
     for (int j = 0; j < np; j++) {
         __m512 swv = _mm512_loadu_ps(sw + MATMUL_PANEL * j);
         for (int i = 0; i < g->m0 + g->m1; i++)
-            i8_panel_row_store(t->y + (size_t)(g->r + i) * t->ldy + MATMUL_PANEL * (p + j), t->out, p + j, swv,
-                               g->acc[i][j], beta);
+            matmul_store16(t->y + (size_t)(g->r + i) * t->ldy + MATMUL_PANEL * (p + j),
+                           _mm512_mul_ps(swv, g->acc[i][j]), t->out - MATMUL_PANEL * (p + j), beta);
     }
 }
 

@@ -162,16 +162,15 @@ static inline int matmul_prefetches(MatmulType type, int rows, int in)
     return (type == MATMUL_F32 || type == MATMUL_F16) && rows >= MATMUL_PREFETCH_ROWS;
 }
 
-/* How the AVX-512 int8 kernels (VNNI and AMX) write one row's sums acc of panel p:
- * y = sw * acc + beta * y over the panel's outputs below out (none past it). */
+/* How every AVX-512 kernel (F32/F16, BF16, int8, AMX) writes a row's 16 outputs of a
+ * panel: y = v + beta * y over the first n of them (all from 16; none when n <= 0), y
+ * past them untouched, beta 0 never reading y. */
 static inline __attribute__((always_inline, target("avx512f"))) void
-i8_panel_row_store(float *y, int out, int p, __m512 sw, __m512 acc, float beta)
+matmul_store16(float *y, __m512 v, int n, float beta)
 {
-    int n = out - MATMUL_PANEL * p;
     if (n <= 0)
         return;
-    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    __m512 v = _mm512_mul_ps(sw, acc);
+    __mmask16 m = n >= MATMUL_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
     if (beta != 0.0f)
         v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, y), v);
     _mm512_mask_storeu_ps(y, m, v);

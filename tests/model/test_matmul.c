@@ -727,6 +727,19 @@ static int kernel_pair_mismatches(MatmulType type, int in, int out, int rows_max
     return bad;
 }
 
+/* kernel_pair_mismatches over every shape of ins x outs (n_ins and n_outs of them). */
+static int shapes_mismatches(MatmulType type, const int *ins, int n_ins, const int *outs, int n_outs,
+                             int rows_max, float tol, KernelRun *a, KernelRun *b, const char *names)
+{
+    int bad = 0;
+    for (int i = 0; i < n_ins; i++)
+        for (int o = 0; o < n_outs; o++)
+            bad += kernel_pair_mismatches(type, ins[i], outs[o], rows_max, tol, a, b, names);
+    return bad;
+}
+
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* The prefetch schedule asks for every line of the next sub-item once, in order: shared
  * among a sub-item's row blocks (none for the first, at most `in` each), then each block's
  * share over its sweep's panel blocks (all in the first unless dense). A line skipped
@@ -779,10 +792,8 @@ static void test_avx512_kernel_matches_avx2(void **state)
     static const int outs[] = {1, 27, 50, 100, 257};
     int bad = 0;
     for (int type = MATMUL_F32; type <= MATMUL_F16; type++)
-        for (int i = 0; i < 5; i++)
-            for (int o = 0; o < 5; o++)
-                bad += kernel_pair_mismatches((MatmulType)type, ins[i], outs[o], KERNEL_PAIR_ROWS, 0, matmul_kernel_run,
-                                              matmul_kernel_avx512_run, "AVX2 and AVX-512");
+        bad += shapes_mismatches((MatmulType)type, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS, 0,
+                                 matmul_kernel_run, matmul_kernel_avx512_run, "AVX2 and AVX-512");
     assert_int_equal(bad, 0);
 }
 
@@ -802,12 +813,9 @@ static void test_i8_vnni_kernel_matches_avx2(void **state)
     }
     static const int ins[] = {7, 100, 768, 2050};
     static const int outs[] = {1, 27, 100, 257};
-    int bad = 0;
-    for (int i = 0; i < 4; i++)
-        for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS, 0, matmul_kernel_i8_avx2_run,
-                                          matmul_kernel_i8_run, "int8 AVX2 and VNNI");
-    assert_int_equal(bad, 0);
+    assert_int_equal(shapes_mismatches(MATMUL_I8, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS, 0,
+                                       matmul_kernel_i8_avx2_run, matmul_kernel_i8_run, "int8 AVX2 and VNNI"),
+                     0);
 }
 
 /* The AMX int8 kernel gives the VNNI kernel's results bit for bit (the same exact int32
@@ -826,15 +834,12 @@ static void test_i8_amx_kernel_matches_vnni(void **state)
     }
     static const int ins[] = {64, 100, 768, 2112, 2176};
     static const int outs[] = {1, 27, 100, 257};
-    int bad = 0;
     /* (else both sides would run the VNNI kernel) */
     assert_true(matmul_i8_amx_fits(MATMUL_I8_AMX_ROWS, 64) && matmul_i8_amx_fits(KERNEL_PAIR_ROWS_AMX, 2176));
     assert_false(matmul_i8_amx_fits(MATMUL_I8_AMX_ROWS - 1, 64) || matmul_i8_amx_fits(32, 100));
-    for (int i = 0; i < 5; i++)
-        for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_I8, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 0, matmul_kernel_i8_run,
-                                          matmul_kernel_i8_amx_run, "int8 VNNI and AMX");
-    assert_int_equal(bad, 0);
+    assert_int_equal(shapes_mismatches(MATMUL_I8, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS_AMX, 0,
+                                       matmul_kernel_i8_run, matmul_kernel_i8_amx_run, "int8 VNNI and AMX"),
+                     0);
 }
 
 /* The AMX BF16 kernel against the AVX512_BF16 one: the same exact products of BF16 values,
@@ -854,15 +859,12 @@ static void test_bf16_amx_kernel_near_avx512(void **state)
     }
     static const int ins[] = {32, 100, 768, 2176};
     static const int outs[] = {1, 27, 100, 257};
-    int bad = 0;
     assert_true(matmul_bf16_amx_fits(MATMUL_BF16_AMX_ROWS, 32) && matmul_bf16_amx_fits(KERNEL_PAIR_ROWS_AMX, 2176));
     assert_false(matmul_bf16_amx_fits(MATMUL_BF16_AMX_ROWS - 1, 32) || matmul_bf16_amx_fits(32, 100));
-    for (int i = 0; i < 4; i++)
-        for (int o = 0; o < 4; o++)
-            bad += kernel_pair_mismatches(MATMUL_BF16, ins[i], outs[o], KERNEL_PAIR_ROWS_AMX, 2e-5f,
-                                          matmul_kernel_bf16_run, matmul_kernel_bf16_amx_run,
-                                          "BF16 AVX512_BF16 and AMX");
-    assert_int_equal(bad, 0);
+    assert_int_equal(shapes_mismatches(MATMUL_BF16, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS_AMX,
+                                       2e-5f, matmul_kernel_bf16_run, matmul_kernel_bf16_amx_run,
+                                       "BF16 AVX512_BF16 and AMX"),
+                     0);
 }
 
 /* matmul() itself takes the BF16 AMX path where it may: its result is the AMX kernel's
