@@ -41,6 +41,8 @@ typedef struct Seq {
     bool stop_matched;     /* a stop string ended it: nothing more is output */
     JsonSchemaState json;  /* req->json_object: the output so far, walked through req->json_schema */
     int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
+    double waiting_since;  /* while waiting: since when its client has had nothing from it
+                            * (the request's arrival, or its preemption after a token) */
 } Seq;
 
 struct Request {
@@ -117,7 +119,7 @@ struct Engine {
 
     /* engine thread only */
     SeqQueue running;       /* admission order: the last one is preempted first */
-    SeqQueue waiting;       /* FCFS; preempted sequences go back to the front */
+    SeqQueue waiting;       /* by waiting_since, oldest first: the front goes first */
     Request **live;         /* every request the engine owns */
     int32_t n_live, cap_live;
     int32_t n_seqs;         /* Seqs in existence (running + waiting) */
@@ -155,7 +157,8 @@ void engine_set_err(char *err, size_t err_len, const char *fmt, ...)
 /* engine_queue.c */
 int seq_queue_reserve(SeqQueue *q, int32_t cap);
 void seq_queue_push_back(SeqQueue *q, Seq *s);   /* capacity reserved beforehand */
-void seq_queue_push_front(SeqQueue *q, Seq *s);
+/* Insert s after every item whose waiting_since is not later than its own. */
+void seq_queue_insert_by_wait(SeqQueue *q, Seq *s);
 void seq_queue_remove(SeqQueue *q, Seq *s);      /* aborts if absent */
 void seq_queue_free(SeqQueue *q);
 int event_queue_reserve(EventQueue *q, int32_t extra);

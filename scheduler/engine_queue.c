@@ -39,11 +39,14 @@ void seq_queue_push_back(SeqQueue *q, Seq *s)
     q->items[q->n++] = s;
 }
 
-void seq_queue_push_front(SeqQueue *q, Seq *s)
+void seq_queue_insert_by_wait(SeqQueue *q, Seq *s)
 {
     seq_queue_need_room(q);
-    memmove(q->items + 1, q->items, (size_t)q->n * sizeof *q->items);
-    q->items[0] = s;
+    int32_t i = q->n;
+    while (i > 0 && q->items[i - 1]->waiting_since > s->waiting_since)
+        i--;
+    memmove(q->items + i + 1, q->items + i, (size_t)(q->n - i) * sizeof *q->items);
+    q->items[i] = s;
     q->n++;
 }
 

@@ -94,6 +94,7 @@ Seq *seq_create(Engine *e, Request *r, int32_t choice)
     s->n_tokens = r->n_prompt;
     s->req = r;
     s->choice = choice;
+    s->waiting_since = r->submitted_at;
     block_table_init(&s->table);
     rng_seed(&s->rng, choice_seed(r->seed, choice));
     detok_init(&s->detok, false); /* the output continues the prompt's text */

@@ -3,15 +3,26 @@
  * Three passes over the queues, within max_batch_tokens rows:
  *   1. decode rows of running sequences (one each), oldest admission first;
  *   2. the next prefill chunk of running sequences still computing their prompt;
- *   3. new chunks from the waiting queue, strictly FCFS, while seats (max_seqs), rows and
+ *   3. new chunks from the front of the waiting queue, while seats (max_seqs), rows and
  *      blocks last, keeping `watermark` blocks free for the running ones' decodes.
  * Slots are appended as rows are chosen, so "fits" is never a guess. When a running
  * sequence finds no free block, the most recently admitted sequence not yet given rows
- * this step is preempted (blocks released, back to the front of the waiting queue, to
- * recompute its tokens later). A decode that is itself that sequence preempts itself; a
- * prefill chunk just waits, since everything younger is already at work and will end or
- * yield. The oldest running sequence can thus always advance, and any request that fits
- * the pool alone (checked when it arrives) eventually runs.
+ * this step is preempted (blocks released, back to the waiting queue, to recompute its
+ * tokens later), passing over sequences still computing their prompt while any that has
+ * given tokens is left. A decode that is itself the victim preempts itself; a prefill
+ * chunk just waits, since everything else is already at work and will end or yield. Any
+ * request that fits the pool alone (checked when it arrives) eventually runs.
+ *
+ * The waiting queue is ordered by how long each client has had nothing: a new request by
+ * its arrival, a sequence preempted after giving tokens by its preemption. So a request
+ * waiting for its first token goes before sequences whose clients already read some, and
+ * nobody waits behind later arrivals. Such a newcomer is admitted once its prompt fits;
+ * when blocks run out while it waits at the front, enough sequences that have given
+ * tokens are preempted for it to fit at once, since those blocks would otherwise go to the
+ * running sequences' growth one victim at a time. A sequence preempted after giving
+ * tokens comes back only when it can then run ADMIT_HORIZON_STEPS beside what the
+ * running sequences may take meanwhile: admitting it into blocks they are about to need
+ * would only preempt it again (thrash).
  */
 #include "scheduler/engine_internal.h"
 
@@ -73,21 +84,39 @@ void seq_preempt(Engine *e, Seq *s)
     s->n_published = 0;
     s->last_hash = 0;
     seq_queue_remove(&e->running, s);
-    seq_queue_push_front(&e->waiting, s);
+    if (s->n_generated > 0)
+        s->waiting_since = engine_now();
+    seq_queue_insert_by_wait(&e->waiting, s);
     s->running = false;
     s->preempted = true;
     e->preemptions++;
     e->preempted_this_step = true;
 }
 
-static Seq *youngest_unscheduled(const Engine *e)
+static bool is_decode(const Seq *s)
 {
-    for (int32_t i = e->running.n - 1; i >= 0; i--) {
-        if (e->running.items[i]->sched_mark != step_mark(e))
-            return e->running.items[i];
-    }
-    return NULL;
+    return s->n_tokens - s->n_computed == 1;
 }
+
+/* Whom to preempt when blocks run out: the most recently admitted sequence not given rows
+ * this step that has given tokens, else the most recent one still computing its prompt
+ * (that one is on its way to a first token, the wait its client feels most). */
+static Seq *preemption_victim(const Engine *e)
+{
+    Seq *computing_prompt = NULL;
+    for (int32_t i = e->running.n - 1; i >= 0; i--) {
+        Seq *v = e->running.items[i];
+        if (v->sched_mark == step_mark(e))
+            continue;
+        if (v->n_generated > 0)
+            return v;
+        if (!computing_prompt)
+            computing_prompt = v;
+    }
+    return computing_prompt;
+}
+
+static void make_room_for_newcomer(Engine *e, const Seq *keep);
 
 /* Rows for a running sequence, preempting younger ones while nothing fits. Returns the
  * rows scheduled; 0 if none (s may then have been preempted, if allowed). */
@@ -99,19 +128,15 @@ static int32_t schedule_running(Engine *e, Seq *s, int32_t want, bool may_preemp
             schedule_rows(e, s, n);
             return n;
         }
-        Seq *victim = youngest_unscheduled(e);
+        Seq *victim = preemption_victim(e);
         if (victim == s || victim == NULL) {
             if (may_preempt_self && victim == s)
                 seq_preempt(e, s);
             return 0;
         }
         seq_preempt(e, victim);
+        make_room_for_newcomer(e, s);
     }
-}
-
-static bool is_decode(const Seq *s)
-{
-    return s->n_tokens - s->n_computed == 1;
 }
 
 static int32_t pass_decodes(Engine *e, int32_t budget)
@@ -144,6 +169,103 @@ static int32_t pass_running_prefills(Engine *e, int32_t budget, bool *blocked)
     return budget;
 }
 
+/* Steps admission looks ahead for a sequence preempted after giving tokens: re-admitting
+ * it costs recomputing all of them, worth it if it can then run this long. The running
+ * sequences' max_tokens, counted as their growth, is only an upper bound that EOS usually
+ * cuts short, so looking further would leave blocks idle. */
+#define ADMIT_HORIZON_STEPS 256
+
+static int32_t min_i32(int32_t a, int32_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Tokens s may still generate. */
+static int32_t output_left(const Engine *e, const Seq *s)
+{
+    return min_i32(s->req->max_tokens - s->n_generated, e->ops.ctx_len - s->n_tokens);
+}
+
+/* Steps a prefill of n rows takes beside decodes (it gets max_prefill_chunk rows a step). */
+static int32_t prefill_steps(const Engine *e, int32_t n)
+{
+    int32_t chunk = e->cfg.max_prefill_chunk > 0 ? e->cfg.max_prefill_chunk
+                                                 : e->cfg.max_batch_tokens;
+    return (n + chunk - 1) / chunk;
+}
+
+/* New blocks the running sequences may take in the next `steps` steps: each one's
+ * unfinished prefill and a token per step, no more than it may still generate. */
+static int32_t running_growth(const Engine *e, int32_t steps)
+{
+    int32_t blocks = 0;
+    for (int32_t i = 0; i < e->running.n; i++) {
+        const Seq *r = e->running.items[i];
+        int32_t n = r->n_tokens - r->n_computed + min_i32(steps, output_left(e, r));
+        blocks += block_table_blocks_needed(&r->table, e->pool, n);
+    }
+    return blocks;
+}
+
+/* Whether s (its first `hit` blocks in the prefix cache) fits in `avail` blocks. A request
+ * yet to give a token needs its prompt's blocks: once admitted, sequences that have given
+ * tokens make way for it (preemption_victim). One preempted after giving tokens also
+ * needs room for ADMIT_HORIZON_STEPS more, beside what the running sequences may take
+ * meanwhile. With nothing running it always fits: it fits the pool alone. */
+static bool admission_fits(const Engine *e, const Seq *s, int32_t hit, int32_t avail)
+{
+    if (e->running.n == 0)
+        return true;
+    if (s->n_generated == 0)
+        return engine_blocks_for_positions(e, s->n_tokens) - hit <= avail;
+    int32_t out = min_i32(output_left(e, s), ADMIT_HORIZON_STEPS);
+    int32_t own = engine_blocks_for_positions(e, (int64_t)s->n_tokens + out) - hit;
+    int32_t steps = prefill_steps(e, s->n_tokens - hit * e->cfg.block_size) + out;
+    return own + running_growth(e, steps) <= avail;
+}
+
+/* admission_fits for a waiting s with `held` blocks kept aside; its prefix-cache hit (in
+ * blocks) in *hit. */
+static bool waiting_fits(Engine *e, const Seq *s, int32_t held, int32_t *hit)
+{
+    int32_t parked;
+    *hit = prefix_peek(e, s, &parked);
+    int32_t reserve = e->running.n > 0 ? e->watermark : 0;
+    /* Reviving parked blocks takes them out of the available count. */
+    int32_t avail = block_pool_available(e->pool) - parked - reserve - held;
+    return avail > 0 && admission_fits(e, s, *hit, avail);
+}
+
+/* Blocks the decodes not yet given rows this step will take. */
+static int32_t pending_decode_blocks(const Engine *e)
+{
+    int32_t blocks = 0;
+    for (int32_t i = 0; i < e->running.n; i++) {
+        const Seq *s = e->running.items[i];
+        if (s->sched_mark != step_mark(e) && is_decode(s))
+            blocks += block_table_blocks_needed(&s->table, e->pool, 1);
+    }
+    return blocks;
+}
+
+/* Blocks ran out, so sequences are being preempted anyway. If the front of the waiting
+ * queue has yet to give its first token, preempt (youngest first, among sequences that
+ * have given tokens, never `keep`) until it fits too, beside this step's remaining
+ * decodes: otherwise each block freed goes to the running sequences' growth and the
+ * newcomer waits behind every one preempted. */
+static void make_room_for_newcomer(Engine *e, const Seq *keep)
+{
+    if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0)
+        return;
+    int32_t hit;
+    while (!waiting_fits(e, e->waiting.items[0], pending_decode_blocks(e), &hit)) {
+        Seq *victim = preemption_victim(e);
+        if (!victim || victim == keep || victim->n_generated == 0)
+            return;
+        seq_preempt(e, victim);
+    }
+}
+
 /* Sequences' claim on max_seqs: a request whose prefill has not ended yet will become n
  * sequences when it forks. */
 static int32_t seats_of(const Seq *s)
@@ -158,11 +280,8 @@ static int32_t admit_front(Engine *e, int32_t budget)
     Seq *s = e->waiting.items[0];
     Request *r = s->req;
     int32_t reserve = e->running.n > 0 ? e->watermark : 0;
-    int32_t parked;
-    int32_t hit = prefix_peek(e, s, &parked);
-    /* Reviving parked blocks takes them out of the available count. */
-    int32_t avail = block_pool_available(e->pool) - parked - reserve;
-    if (avail <= 0)
+    int32_t hit;
+    if (!waiting_fits(e, s, 0, &hit))
         return 0;
     hit = prefix_attach(e, s, hit);
     int32_t want = s->n_tokens - s->n_computed;
@@ -203,7 +322,7 @@ static void pass_admissions(Engine *e, int32_t budget)
             break;
         int32_t n = admit_front(e, budget);
         if (n == 0)
-            break; /* FCFS: nobody overtakes the front */
+            break; /* nobody overtakes the front */
         seats += seats_of(s);
         budget -= n;
     }
@@ -220,8 +339,8 @@ void engine_schedule(Engine *e)
     if (e->n_sched > 0 && e->cfg.max_prefill_chunk > 0 && budget > e->cfg.max_prefill_chunk)
         budget = e->cfg.max_prefill_chunk;
     budget = pass_running_prefills(e, budget, &prefill_blocked);
-    /* After a preemption, or with a running prefill starved of blocks, newcomers would
-     * only take blocks the running sequences are about to need. */
-    if (!e->preempted_this_step && !prefill_blocked)
+    /* With a running prefill starved of blocks, newcomers would only take blocks the
+     * running sequences are about to need. */
+    if (!prefill_blocked)
         pass_admissions(e, budget);
 }

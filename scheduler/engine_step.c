@@ -97,7 +97,7 @@ static void accept_request(Engine *e, Request *r)
         request_finish_all(e, r, FINISH_ERROR, "out of memory");
         return;
     }
-    seq_queue_push_back(&e->waiting, s);
+    seq_queue_insert_by_wait(&e->waiting, s);
 }
 
 static void apply_cancels(Engine *e, const uint64_t *ids, int32_t n)

@@ -411,7 +411,7 @@ static void test_preemption_gives_identical_outputs_with_prefix_cache(void **sta
     check_preemption_equivalence(true);
 }
 
-/* A preempted request goes back to the front and the stats say so. */
+/* A preempted request goes back to the waiting queue and the stats say so. */
 static void test_preemption_counts_and_requeues(void **state)
 {
     (void)state;

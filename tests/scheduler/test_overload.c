@@ -1,0 +1,154 @@
+/* Overload: a KV pool too small for every sequence's growth, so the engine preempts.
+ * Requests still waiting for their first token go before sequences preempted after giving
+ * tokens, and room is made for them when blocks run out; a preempted sequence comes back
+ * only when it can run a while, so sequences are not preempted over and over (thrash).
+ * Whatever the order, every output is the one the sequence gives alone. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "tests/scheduler/harness.h"
+
+#define MAX_REQ 16
+
+typedef struct {
+    int n_req, prompt_len, max_tokens;
+    int last_prompt_len; /* the last request's prompt (0: prompt_len) */
+    int block_size, n_blocks, max_batch_tokens;
+} Load;
+
+typedef struct {
+    int first_token_step[MAX_REQ]; /* step after which the request had its first token */
+    int finish_step[MAX_REQ];
+    int first_preemption_step;
+    int64_t preemptions;
+} Timeline;
+
+/* Submits every request at once, steps to the end recording when each one's first token
+ * and finish came, and checks every output against the reference. */
+static void run_load(const Load *l, Timeline *t)
+{
+    FakeModel *f = h_fake_new(FAKE_HASH);
+    Engine *e = h_engine(f, l->block_size, l->n_blocks, MAX_REQ, l->max_batch_tokens, false);
+    Harness *h = calloc(1, sizeof *h);
+    int32_t prompts[MAX_REQ][64];
+    uint64_t ids[MAX_REQ];
+    assert_true(l->n_req <= MAX_REQ && l->prompt_len <= 64 && l->last_prompt_len <= 64);
+    t->first_preemption_step = -1;
+    int len[MAX_REQ];
+    for (int i = 0; i < l->n_req; i++) {
+        len[i] = i == l->n_req - 1 && l->last_prompt_len ? l->last_prompt_len : l->prompt_len;
+        h_prompt(prompts[i], len[i], 1 + i, 500 + (uint64_t)i);
+        EngineRequest q = h_request(prompts[i], len[i], l->max_tokens);
+        q.ignore_eos = true;
+        ids[i] = h_submit(e, &q);
+        t->first_token_step[i] = t->finish_step[i] = -1;
+    }
+    for (int step = 0; step < 5000; step++) {
+        int rows = h_step(h, e, f);
+        for (int i = 0; i < l->n_req; i++) {
+            const HChoice *c = &h_req(h, ids[i])->ch[0];
+            if (c->n_tokens > 0 && t->first_token_step[i] < 0)
+                t->first_token_step[i] = step;
+            if (c->finished && t->finish_step[i] < 0)
+                t->finish_step[i] = step;
+        }
+        EngineStats st;
+        engine_stats(e, &st);
+        t->preemptions = st.preemptions;
+        if (st.preemptions > 0 && t->first_preemption_step < 0)
+            t->first_preemption_step = step;
+        if (rows == 0 && st.running == 0 && st.waiting == 0)
+            break;
+    }
+    int32_t ref[H_MAX_TOK];
+    for (int i = 0; i < l->n_req; i++) {
+        const HChoice *c = &h_req(h, ids[i])->ch[0];
+        assert_int_equal(c->finished, 1);
+        assert_int_equal(c->reason, FINISH_LENGTH);
+        int n = h_reference(f, prompts[i], len[i], l->max_tokens, 1, ref);
+        assert_int_equal(c->completion_tokens, n);
+        assert_memory_equal(c->tokens, ref, (size_t)n * sizeof *ref);
+    }
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
+static int max_of(const int *v, int n)
+{
+    int m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static int min_of(const int *v, int n)
+{
+    int m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+/* Six prompts of 4 blocks fill the 24-block pool; each request ends at 8 blocks, so only
+ * three can finish side by side. Every request shows its first token before any request
+ * ends: the last ones to arrive do not wait behind the preempted. */
+static void test_newcomers_first_token_before_anyone_finishes(void **state)
+{
+    (void)state;
+    Load l = {.n_req = 6, .prompt_len = 16, .max_tokens = 16,
+              .block_size = 4, .n_blocks = 24, .max_batch_tokens = 16};
+    Timeline t;
+    run_load(&l, &t);
+    printf("newcomers: last first token after step %d, first finish after step %d, "
+           "%lld preemptions\n", max_of(t.first_token_step, l.n_req),
+           min_of(t.finish_step, l.n_req), (long long)t.preemptions);
+    assert_true(t.preemptions > 0); /* the pool really was too small */
+    assert_true(max_of(t.first_token_step, l.n_req) < min_of(t.finish_step, l.n_req));
+}
+
+/* Five requests hold 20 of 22 blocks; the sixth needs 4. When blocks first run out, enough
+ * sequences that have given tokens are preempted for it to be admitted in that step: its
+ * first token comes right after its one-step prefill, not after blocks freed one victim at
+ * a time are eaten by the others' growth. */
+static void test_room_made_for_newcomer_when_blocks_run_out(void **state)
+{
+    (void)state;
+    Load l = {.n_req = 6, .prompt_len = 15, .max_tokens = 24, .last_prompt_len = 16,
+              .block_size = 4, .n_blocks = 22, .max_batch_tokens = 32};
+    Timeline t;
+    run_load(&l, &t);
+    printf("room: first preemption in step %d, the newcomer's first token in step %d\n",
+           t.first_preemption_step, t.first_token_step[l.n_req - 1]);
+    assert_true(t.first_preemption_step >= 0);
+    assert_true(t.first_token_step[l.n_req - 1] <= t.first_preemption_step + 1);
+}
+
+/* Long outputs in a pool where two sequences fit at full length: each preempted sequence
+ * comes back when it can run, so preemptions stay below the number of requests. */
+static void test_preempted_sequences_do_not_thrash(void **state)
+{
+    (void)state;
+    Load l = {.n_req = 8, .prompt_len = 8, .max_tokens = 40,
+              .block_size = 4, .n_blocks = 24, .max_batch_tokens = 16};
+    Timeline t;
+    run_load(&l, &t);
+    printf("thrash: %lld preemptions for %d requests\n", (long long)t.preemptions, l.n_req);
+    assert_true(t.preemptions > 0);
+    assert_true(t.preemptions < l.n_req);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_newcomers_first_token_before_anyone_finishes),
+        cmocka_unit_test(test_room_made_for_newcomer_when_blocks_run_out),
+        cmocka_unit_test(test_preempted_sequences_do_not_thrash),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
