@@ -127,7 +127,6 @@ struct Engine {
     int32_t n_sched, cap_sched;
     ModelSeqBatch *batch;
     EventQueue step_events; /* produced by this step, published at its end */
-    bool preempted_this_step;
     int64_t prompt_tokens, generation_tokens, hit_tokens, query_tokens, preemptions, steps;
     int64_t finished[FINISH_ERROR + 1];
 

@@ -15,14 +15,16 @@
  *
  * The waiting queue is ordered by how long each client has had nothing: a new request by
  * its arrival, a sequence preempted after giving tokens by its preemption. So a request
- * waiting for its first token goes before sequences whose clients already read some, and
- * nobody waits behind later arrivals. Such a newcomer is admitted once its prompt fits;
- * when blocks run out while it waits at the front, enough sequences that have given
- * tokens are preempted for it to fit at once, since those blocks would otherwise go to the
- * running sequences' growth one victim at a time. A sequence preempted after giving
- * tokens comes back only when it can then run ADMIT_HORIZON_STEPS beside what the
- * running sequences may take meanwhile: admitting it into blocks they are about to need
- * would only preempt it again (thrash).
+ * waiting for its first token goes before sequences preempted after it arrived, and
+ * nobody waits behind later arrivals. Such a newcomer is admitted once its prompt fits.
+ * When blocks run out while it waits at the front, and preempting sequences that have
+ * given tokens can make its prompt fit, they are preempted at once, since those blocks
+ * would otherwise go to the running sequences' growth one victim at a time. A sequence
+ * preempted after giving tokens comes back only when it can then run ADMIT_HORIZON_STEPS
+ * beside what the running sequences may take meanwhile: admitting it into blocks they are
+ * about to need would only preempt it again (thrash). Nobody overtakes the front, so
+ * while such a sequence waits for that room the queue behind it waits too (the price of
+ * never starving it).
  */
 #include "scheduler/engine_internal.h"
 
@@ -90,7 +92,6 @@ void seq_preempt(Engine *e, Seq *s)
     s->running = false;
     s->preempted = true;
     e->preemptions++;
-    e->preempted_this_step = true;
 }
 
 static bool is_decode(const Seq *s)
@@ -248,22 +249,62 @@ static int32_t pending_decode_blocks(const Engine *e)
     return blocks;
 }
 
+/* Blocks that go back to the pool when s releases its table (a block other tables share
+ * stays with them). */
+static int32_t blocks_freed_by(const Engine *e, const Seq *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->table.n_blocks; i++)
+        n += block_pool_refcount(e->pool, s->table.blocks[i]) == 1;
+    return n;
+}
+
+static bool prefill_running(const Engine *e)
+{
+    for (int32_t i = 0; i < e->running.n; i++)
+        if (!is_decode(e->running.items[i]))
+            return true;
+    return false;
+}
+
+static int32_t seats_of(const Seq *s);
+
+/* How many of the sequences preemption_victim would pick next (while they have given
+ * tokens, up to `keep`) must go for the front of the waiting queue to fit beside this
+ * step's remaining decodes, in blocks and seats; -1 if all of them would not do. */
+static int32_t victims_for_room(Engine *e, const Seq *keep)
+{
+    const Seq *front = e->waiting.items[0];
+    int32_t held = pending_decode_blocks(e), seats = seats_of(front), hit;
+    for (int32_t i = 0; i < e->running.n; i++)
+        seats += seats_of(e->running.items[i]);
+    int32_t n = 0;
+    for (int32_t i = e->running.n - 1;; i--) {
+        if (seats <= e->cfg.max_seqs && waiting_fits(e, front, held, &hit))
+            return n;
+        if (i < 0 || e->running.items[i] == keep)
+            return -1;
+        const Seq *v = e->running.items[i];
+        if (v->sched_mark == step_mark(e) || v->n_generated == 0)
+            continue;
+        held -= blocks_freed_by(e, v) + block_table_blocks_needed(&v->table, e->pool, 1);
+        seats -= seats_of(v);
+        n++;
+    }
+}
+
 /* Blocks ran out, so sequences are being preempted anyway. If the front of the waiting
- * queue has yet to give its first token, preempt (youngest first, among sequences that
- * have given tokens, never `keep`) until it fits too, beside this step's remaining
- * decodes: otherwise each block freed goes to the running sequences' growth and the
- * newcomer waits behind every one preempted. */
+ * queue has yet to give its first token and preempting sequences that have given tokens
+ * (youngest first, never `keep`) can make its prompt fit beside this step's remaining
+ * decodes, they go now: otherwise each block freed goes to the running sequences' growth
+ * and the newcomer waits behind every one preempted. Not while a prompt is being computed:
+ * that one takes the rows and blocks first (and is itself a newcomer being served). */
 static void make_room_for_newcomer(Engine *e, const Seq *keep)
 {
-    if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0)
+    if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0 || prefill_running(e))
         return;
-    int32_t hit;
-    while (!waiting_fits(e, e->waiting.items[0], pending_decode_blocks(e), &hit)) {
-        Seq *victim = preemption_victim(e);
-        if (!victim || victim == keep || victim->n_generated == 0)
-            return;
-        seq_preempt(e, victim);
-    }
+    for (int32_t n = victims_for_room(e, keep); n > 0; n--)
+        seq_preempt(e, preemption_victim(e));
 }
 
 /* Sequences' claim on max_seqs: a request whose prefill has not ended yet will become n
@@ -331,7 +372,6 @@ static void pass_admissions(Engine *e, int32_t budget)
 void engine_schedule(Engine *e)
 {
     e->n_sched = 0;
-    e->preempted_this_step = false;
     bool prefill_blocked = false;
     int32_t budget = pass_decodes(e, e->cfg.max_batch_tokens);
     /* A step that decodes takes as long as all its rows: cap the prefill rows it carries so

@@ -14,20 +14,41 @@
 #define MAX_REQ 16
 
 typedef struct {
-    int n_req, prompt_len, max_tokens;
-    int last_prompt_len; /* the last request's prompt (0: prompt_len) */
+    int n_req;
+    int prompt_len[MAX_REQ], max_tokens[MAX_REQ];
+    int arrival[MAX_REQ]; /* submitted before this step */
     int block_size, n_blocks, max_batch_tokens;
 } Load;
+
+static Load load_of(int n_req, int prompt_len, int max_tokens, int block_size, int n_blocks,
+                    int max_batch_tokens)
+{
+    Load l = {.n_req = n_req, .block_size = block_size, .n_blocks = n_blocks,
+              .max_batch_tokens = max_batch_tokens};
+    for (int i = 0; i < n_req; i++) {
+        l.prompt_len[i] = prompt_len;
+        l.max_tokens[i] = max_tokens;
+    }
+    return l;
+}
 
 typedef struct {
     int first_token_step[MAX_REQ]; /* step after which the request had its first token */
     int finish_step[MAX_REQ];
     int first_preemption_step;
     int64_t preemptions;
+    int wasted_room_steps; /* steps preempting 2+ in which no request started */
 } Timeline;
 
-/* Submits every request at once, steps to the end recording when each one's first token
- * and finish came, and checks every output against the reference. */
+static void submit(Engine *e, const int32_t *prompt, int len, int max_tokens, uint64_t *id)
+{
+    EngineRequest q = h_request(prompt, len, max_tokens);
+    q.ignore_eos = true;
+    *id = h_submit(e, &q);
+}
+
+/* Submits the requests as they arrive, steps to the end recording when each one's first
+ * token and finish came, and checks every output against the reference. */
 static void run_load(const Load *l, Timeline *t)
 {
     FakeModel *f = h_fake_new(FAKE_HASH);
@@ -35,32 +56,42 @@ static void run_load(const Load *l, Timeline *t)
     Harness *h = calloc(1, sizeof *h);
     int32_t prompts[MAX_REQ][64];
     uint64_t ids[MAX_REQ];
-    assert_true(l->n_req <= MAX_REQ && l->prompt_len <= 64 && l->last_prompt_len <= 64);
-    t->first_preemption_step = -1;
-    int len[MAX_REQ];
+    int last_arrival = 0;
+    assert_true(l->n_req <= MAX_REQ);
     for (int i = 0; i < l->n_req; i++) {
-        len[i] = i == l->n_req - 1 && l->last_prompt_len ? l->last_prompt_len : l->prompt_len;
-        h_prompt(prompts[i], len[i], 1 + i, 500 + (uint64_t)i);
-        EngineRequest q = h_request(prompts[i], len[i], l->max_tokens);
-        q.ignore_eos = true;
-        ids[i] = h_submit(e, &q);
+        assert_true(l->prompt_len[i] <= 64);
+        h_prompt(prompts[i], l->prompt_len[i], 1 + i, 500 + (uint64_t)i);
         t->first_token_step[i] = t->finish_step[i] = -1;
+        last_arrival = l->arrival[i] > last_arrival ? l->arrival[i] : last_arrival;
     }
+    t->first_preemption_step = -1;
+    t->wasted_room_steps = 0;
+    int64_t preemptions = 0;
     for (int step = 0; step < 5000; step++) {
+        for (int i = 0; i < l->n_req; i++)
+            if (l->arrival[i] == step)
+                submit(e, prompts[i], l->prompt_len[i], l->max_tokens[i], &ids[i]);
         int rows = h_step(h, e, f);
+        bool started = false;
         for (int i = 0; i < l->n_req; i++) {
+            if (l->arrival[i] > step)
+                continue;
             const HChoice *c = &h_req(h, ids[i])->ch[0];
-            if (c->n_tokens > 0 && t->first_token_step[i] < 0)
+            if (c->n_tokens > 0 && t->first_token_step[i] < 0) {
                 t->first_token_step[i] = step;
+                started = true;
+            }
             if (c->finished && t->finish_step[i] < 0)
                 t->finish_step[i] = step;
         }
         EngineStats st;
         engine_stats(e, &st);
-        t->preemptions = st.preemptions;
+        if (st.preemptions - preemptions >= 2 && !started)
+            t->wasted_room_steps++;
+        preemptions = t->preemptions = st.preemptions;
         if (st.preemptions > 0 && t->first_preemption_step < 0)
             t->first_preemption_step = step;
-        if (rows == 0 && st.running == 0 && st.waiting == 0)
+        if (step >= last_arrival && rows == 0 && st.running == 0 && st.waiting == 0)
             break;
     }
     int32_t ref[H_MAX_TOK];
@@ -68,7 +99,7 @@ static void run_load(const Load *l, Timeline *t)
         const HChoice *c = &h_req(h, ids[i])->ch[0];
         assert_int_equal(c->finished, 1);
         assert_int_equal(c->reason, FINISH_LENGTH);
-        int n = h_reference(f, prompts[i], len[i], l->max_tokens, 1, ref);
+        int n = h_reference(f, prompts[i], l->prompt_len[i], l->max_tokens[i], 1, ref);
         assert_int_equal(c->completion_tokens, n);
         assert_memory_equal(c->tokens, ref, (size_t)n * sizeof *ref);
     }
@@ -101,8 +132,7 @@ static int min_of(const int *v, int n)
 static void test_newcomers_first_token_before_anyone_finishes(void **state)
 {
     (void)state;
-    Load l = {.n_req = 6, .prompt_len = 16, .max_tokens = 16,
-              .block_size = 4, .n_blocks = 24, .max_batch_tokens = 16};
+    Load l = load_of(6, 16, 16, 4, 24, 16);
     Timeline t;
     run_load(&l, &t);
     printf("newcomers: last first token after step %d, first finish after step %d, "
@@ -119,8 +149,8 @@ static void test_newcomers_first_token_before_anyone_finishes(void **state)
 static void test_room_made_for_newcomer_when_blocks_run_out(void **state)
 {
     (void)state;
-    Load l = {.n_req = 6, .prompt_len = 15, .max_tokens = 24, .last_prompt_len = 16,
-              .block_size = 4, .n_blocks = 22, .max_batch_tokens = 32};
+    Load l = load_of(6, 15, 24, 4, 22, 32);
+    l.prompt_len[5] = 16;
     Timeline t;
     run_load(&l, &t);
     printf("room: first preemption in step %d, the newcomer's first token in step %d\n",
@@ -129,13 +159,33 @@ static void test_room_made_for_newcomer_when_blocks_run_out(void **state)
     assert_true(t.first_token_step[l.n_req - 1] <= t.first_preemption_step + 1);
 }
 
+/* Three requests grow in a 20-block pool; a fourth comes with a 16-block prompt. When
+ * blocks run out, preempting every sequence that has given tokens (but the one asking)
+ * would still leave it short: nobody is preempted for it, rather than victims thrown away
+ * for nothing. */
+static void test_no_room_made_when_it_cannot_suffice(void **state)
+{
+    (void)state;
+    Load l = load_of(4, 4, 40, 4, 20, 128);
+    l.prompt_len[0] = 3;
+    l.prompt_len[3] = 64;
+    l.max_tokens[3] = 1;
+    l.arrival[3] = 2;
+    Timeline t;
+    run_load(&l, &t);
+    printf("no room: %lld preemptions, %d steps preempting for nothing, the newcomer's first "
+           "token in step %d\n", (long long)t.preemptions, t.wasted_room_steps,
+           t.first_token_step[l.n_req - 1]);
+    assert_true(t.preemptions > 0);
+    assert_int_equal(t.wasted_room_steps, 0);
+}
+
 /* Long outputs in a pool where two sequences fit at full length: each preempted sequence
  * comes back when it can run, so preemptions stay below the number of requests. */
 static void test_preempted_sequences_do_not_thrash(void **state)
 {
     (void)state;
-    Load l = {.n_req = 8, .prompt_len = 8, .max_tokens = 40,
-              .block_size = 4, .n_blocks = 24, .max_batch_tokens = 16};
+    Load l = load_of(8, 8, 40, 4, 24, 16);
     Timeline t;
     run_load(&l, &t);
     printf("thrash: %lld preemptions for %d requests\n", (long long)t.preemptions, l.n_req);
@@ -148,6 +198,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_newcomers_first_token_before_anyone_finishes),
         cmocka_unit_test(test_room_made_for_newcomer_when_blocks_run_out),
+        cmocka_unit_test(test_no_room_made_when_it_cannot_suffice),
         cmocka_unit_test(test_preempted_sequences_do_not_thrash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
