@@ -212,9 +212,11 @@ static int32_t running_growth(const Engine *e, int32_t steps)
  * yet to give a token needs its prompt's blocks: once admitted, sequences that have given
  * tokens make way for it (preemption_victim). One preempted after giving tokens also
  * needs room for ADMIT_HORIZON_STEPS more, beside what the running sequences may take
- * meanwhile. With nothing running it always fits: it fits the pool alone. */
+ * meanwhile. With nothing running any room will do: it fits the pool alone. */
 static bool admission_fits(const Engine *e, const Seq *s, int32_t hit, int32_t avail)
 {
+    if (avail <= 0)
+        return false;
     if (e->running.n == 0)
         return true;
     if (s->n_generated == 0)
@@ -225,16 +227,34 @@ static bool admission_fits(const Engine *e, const Seq *s, int32_t hit, int32_t a
     return own + running_growth(e, steps) <= avail;
 }
 
-/* admission_fits for a waiting s with `held` blocks kept aside; its prefix-cache hit (in
- * blocks) in *hit. */
-static bool waiting_fits(Engine *e, const Seq *s, int32_t held, int32_t *hit)
+/* Blocks admission keeps free for the running sequences' decodes. */
+static int32_t admission_reserve(const Engine *e)
+{
+    return e->running.n > 0 ? e->watermark : 0;
+}
+
+/* Blocks a waiting s may take now; its prefix-cache hit (in blocks) in *hit. */
+static int32_t waiting_avail(Engine *e, const Seq *s, int32_t *hit)
 {
     int32_t parked;
     *hit = prefix_peek(e, s, &parked);
-    int32_t reserve = e->running.n > 0 ? e->watermark : 0;
     /* Reviving parked blocks takes them out of the available count. */
-    int32_t avail = block_pool_available(e->pool) - parked - reserve - held;
-    return avail > 0 && admission_fits(e, s, *hit, avail);
+    return block_pool_available(e->pool) - parked - admission_reserve(e);
+}
+
+/* Sequences' claim on max_seqs: a request whose prefill has not ended yet will become n
+ * sequences when it forks. */
+static int32_t seats_of(const Seq *s)
+{
+    return s->req->forked ? 1 : s->req->n;
+}
+
+static int32_t running_seats(const Engine *e)
+{
+    int32_t seats = 0;
+    for (int32_t i = 0; i < e->running.n; i++)
+        seats += seats_of(e->running.items[i]);
+    return seats;
 }
 
 /* Blocks the decodes not yet given rows this step will take. */
@@ -267,27 +287,24 @@ static bool prefill_running(const Engine *e)
     return false;
 }
 
-static int32_t seats_of(const Seq *s);
-
 /* How many of the sequences preemption_victim would pick next (while they have given
  * tokens, up to `keep`) must go for the front of the waiting queue to fit beside this
  * step's remaining decodes, in blocks and seats; -1 if all of them would not do. */
 static int32_t victims_for_room(Engine *e, const Seq *keep)
 {
     const Seq *front = e->waiting.items[0];
-    int32_t held = pending_decode_blocks(e), seats = seats_of(front), hit;
-    for (int32_t i = 0; i < e->running.n; i++)
-        seats += seats_of(e->running.items[i]);
+    int32_t hit, avail = waiting_avail(e, front, &hit) - pending_decode_blocks(e);
+    int32_t seats = running_seats(e) + seats_of(front);
     int32_t n = 0;
     for (int32_t i = e->running.n - 1;; i--) {
-        if (seats <= e->cfg.max_seqs && waiting_fits(e, front, held, &hit))
+        if (seats <= e->cfg.max_seqs && admission_fits(e, front, hit, avail))
             return n;
         if (i < 0 || e->running.items[i] == keep)
             return -1;
         const Seq *v = e->running.items[i];
         if (v->sched_mark == step_mark(e) || v->n_generated == 0)
             continue;
-        held -= blocks_freed_by(e, v) + block_table_blocks_needed(&v->table, e->pool, 1);
+        avail += blocks_freed_by(e, v) + block_table_blocks_needed(&v->table, e->pool, 1);
         seats -= seats_of(v);
         n++;
     }
@@ -307,27 +324,19 @@ static void make_room_for_newcomer(Engine *e, const Seq *keep)
         seq_preempt(e, preemption_victim(e));
 }
 
-/* Sequences' claim on max_seqs: a request whose prefill has not ended yet will become n
- * sequences when it forks. */
-static int32_t seats_of(const Seq *s)
-{
-    return s->req->forked ? 1 : s->req->n;
-}
-
 /* Admit the front waiting sequence with a first chunk of up to `budget` rows. Returns the
  * rows scheduled, 0 if it cannot be admitted now. */
 static int32_t admit_front(Engine *e, int32_t budget)
 {
     Seq *s = e->waiting.items[0];
     Request *r = s->req;
-    int32_t reserve = e->running.n > 0 ? e->watermark : 0;
-    int32_t hit;
-    if (!waiting_fits(e, s, 0, &hit))
+    int32_t hit, avail = waiting_avail(e, s, &hit);
+    if (!admission_fits(e, s, hit, avail))
         return 0;
     hit = prefix_attach(e, s, hit);
     int32_t want = s->n_tokens - s->n_computed;
     int32_t n = append_fitting(e, s, want < budget ? want : budget,
-                               block_pool_available(e->pool) - reserve);
+                               block_pool_available(e->pool) - admission_reserve(e));
     if (n == 0) {
         block_table_release(&s->table, e->pool);
         s->n_computed = s->n_published = 0;
@@ -354,9 +363,7 @@ static int32_t admit_front(Engine *e, int32_t budget)
 
 static void pass_admissions(Engine *e, int32_t budget)
 {
-    int32_t seats = 0;
-    for (int32_t i = 0; i < e->running.n; i++)
-        seats += seats_of(e->running.items[i]);
+    int32_t seats = running_seats(e);
     while (e->waiting.n > 0 && budget > 0) {
         Seq *s = e->waiting.items[0];
         if (seats + seats_of(s) > e->cfg.max_seqs)
