@@ -17,9 +17,10 @@
  * its arrival, a sequence preempted after giving tokens by its preemption. So a request
  * waiting for its first token goes before sequences preempted after it arrived, and
  * nobody waits behind later arrivals. Such a newcomer is admitted once its prompt fits.
- * When blocks run out while it waits at the front, and preempting sequences that have
- * given tokens can make its prompt fit, they are preempted at once, since those blocks
- * would otherwise go to the running sequences' growth one victim at a time. A sequence
+ * While it waits at the front with no prompt being computed, and preempting sequences that
+ * have given tokens (but the oldest) can make its prompt fit, they are preempted at once:
+ * they would go anyway when the running sequences' growth ran the blocks out, and the
+ * newcomer would wait until then. A sequence
  * preempted after giving tokens comes back only when it can then run ADMIT_HORIZON_STEPS
  * beside what the running sequences may take meanwhile: admitting it into blocks they are
  * about to need would only preempt it again (thrash). Nobody overtakes the front, so
@@ -310,18 +311,33 @@ static int32_t victims_for_room(Engine *e, const Seq *keep)
     }
 }
 
-/* Blocks ran out, so sequences are being preempted anyway. If the front of the waiting
- * queue has yet to give its first token and preempting sequences that have given tokens
- * (youngest first, never `keep`) can make its prompt fit beside this step's remaining
- * decodes, they go now: otherwise each block freed goes to the running sequences' growth
- * and the newcomer waits behind every one preempted. Not while a prompt is being computed:
- * that one takes the rows and blocks first (and is itself a newcomer being served). */
+/* If the front of the waiting queue has yet to give its first token and preempting
+ * sequences that have given tokens (youngest first, never `keep`) can make its prompt fit
+ * beside this step's remaining decodes, they go now. Called before each step
+ * (make_room_on_arrival) and when blocks run out, when sequences are being preempted
+ * anyway: otherwise each block freed goes to the running sequences' growth and the
+ * newcomer waits behind every one preempted. Not while a prompt is being computed: that
+ * one takes the rows and blocks first (and is itself a newcomer being served). */
 static void make_room_for_newcomer(Engine *e, const Seq *keep)
 {
     if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0 || prefill_running(e))
         return;
     for (int32_t n = victims_for_room(e, keep); n > 0; n--)
         seq_preempt(e, preemption_victim(e));
+}
+
+/* Before a step: room for the newcomer at the front is made as soon as victims can make it,
+ * rather than when blocks run out; those victims would go then anyway, having grown into
+ * the blocks it needs, while it waited behind every prompt computed before it. Never for a
+ * seat (with blocks to spare, preempting only swaps one sequence for another) and never
+ * the oldest running sequence, so one long prompt cannot stop all work. */
+static void make_room_on_arrival(Engine *e)
+{
+    if (e->waiting.n == 0 || e->running.n == 0)
+        return;
+    if (running_seats(e) + seats_of(e->waiting.items[0]) > e->cfg.max_seqs)
+        return;
+    make_room_for_newcomer(e, e->running.items[0]);
 }
 
 /* Admit the front waiting sequence with a first chunk of up to `budget` rows. Returns the
@@ -380,6 +396,7 @@ void engine_schedule(Engine *e)
 {
     e->n_sched = 0;
     bool prefill_blocked = false;
+    make_room_on_arrival(e);
     int32_t budget = pass_decodes(e, e->cfg.max_batch_tokens);
     /* A step that decodes takes as long as all its rows: cap the prefill rows it carries so
      * one prompt's chunk does not stall every running sequence's next token. */

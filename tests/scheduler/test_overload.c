@@ -1,8 +1,9 @@
 /* Overload: a KV pool too small for every sequence's growth, so the engine preempts.
  * Requests still waiting for their first token go before sequences preempted after giving
- * tokens, and room is made for them when blocks run out; a preempted sequence comes back
- * only when it can run a while, so sequences are not preempted over and over (thrash).
- * Whatever the order, every output is the one the sequence gives alone. */
+ * tokens, and room is made for them as soon as victims can make it (never by preempting
+ * the oldest); a preempted sequence comes back only when it can run a while, so sequences
+ * are not preempted over and over (thrash). Whatever the order, every output is the one
+ * the sequence gives alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,10 +160,29 @@ static void test_room_made_for_newcomer_when_blocks_run_out(void **state)
     assert_true(t.first_token_step[l.n_req - 1] <= t.first_preemption_step + 1);
 }
 
-/* Three requests grow in a 20-block pool; a fourth comes with a 16-block prompt. When
- * blocks run out, preempting every sequence that has given tokens (but the one asking)
- * would still leave it short: nobody is preempted for it, rather than victims thrown away
- * for nothing. */
+/* Two requests hold 10 of 24 blocks and will grow to 19 blocks each; a third comes with a
+ * 16-block prompt. Preempting the younger of the two makes it fit, so that happens when it
+ * arrives: it does not wait the ~30 steps until the two have eaten the pool. */
+static void test_newcomer_does_not_wait_for_blocks_to_run_out(void **state)
+{
+    (void)state;
+    Load l = load_of(3, 16, 60, 4, 24, 128);
+    l.prompt_len[2] = 64;
+    l.max_tokens[2] = 1;
+    l.arrival[2] = 3;
+    Timeline t;
+    run_load(&l, &t);
+    printf("early room: the newcomer arrived before step %d, first token in step %d, first "
+           "preemption in step %d\n", l.arrival[2], t.first_token_step[2],
+           t.first_preemption_step);
+    assert_true(t.first_preemption_step >= 0);
+    assert_true(t.first_token_step[2] <= l.arrival[2] + 1);
+}
+
+/* Three requests grow in a 20-block pool; a fourth comes with a 16-block prompt when they
+ * hold 18. Preempting every sequence that has given tokens but the oldest (or, when blocks
+ * run out, the one asking) would still leave it short: nobody is preempted for it, rather
+ * than victims thrown away for nothing or all work stopped for one prompt. */
 static void test_no_room_made_when_it_cannot_suffice(void **state)
 {
     (void)state;
@@ -170,7 +190,7 @@ static void test_no_room_made_when_it_cannot_suffice(void **state)
     l.prompt_len[0] = 3;
     l.prompt_len[3] = 64;
     l.max_tokens[3] = 1;
-    l.arrival[3] = 2;
+    l.arrival[3] = 20;
     Timeline t;
     run_load(&l, &t);
     printf("no room: %lld preemptions, %d steps preempting for nothing, the newcomer's first "
@@ -178,6 +198,8 @@ static void test_no_room_made_when_it_cannot_suffice(void **state)
            t.first_token_step[l.n_req - 1]);
     assert_true(t.preemptions > 0);
     assert_int_equal(t.wasted_room_steps, 0);
+    /* Nor is the oldest preempted to make the room: it runs straight to its end. */
+    assert_true(t.finish_step[0] < l.max_tokens[0]);
 }
 
 /* Long outputs in a pool where two sequences fit at full length: each preempted sequence
@@ -198,6 +220,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_newcomers_first_token_before_anyone_finishes),
         cmocka_unit_test(test_room_made_for_newcomer_when_blocks_run_out),
+        cmocka_unit_test(test_newcomer_does_not_wait_for_blocks_to_run_out),
         cmocka_unit_test(test_no_room_made_when_it_cannot_suffice),
         cmocka_unit_test(test_preempted_sequences_do_not_thrash),
     };
