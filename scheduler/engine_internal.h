@@ -193,6 +193,9 @@ void prefix_publish_full_blocks(Engine *e, Seq *s);
 /* Cached leading blocks usable by a sequence about to be admitted: returns the count and
  * how many of them are parked in the LRU (reviving them uses up available blocks). */
 int32_t prefix_peek(Engine *e, const Seq *s, int32_t *n_parked);
+/* How many of s's leading blocks are the first `hit` blocks of other's prefix-cache hit:
+ * when s releases them they stay cached for other (parked), not free. */
+int32_t prefix_blocks_in_hit(const Engine *e, const Seq *s, const Seq *other, int32_t hit);
 /* Pushes the first n cached blocks into the (empty) table. */
 int32_t prefix_attach(Engine *e, Seq *s, int32_t n_blocks); /* returns blocks attached */
 

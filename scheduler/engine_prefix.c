@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "scheduler/engine_internal.h"
 
@@ -55,6 +56,18 @@ int32_t prefix_peek(Engine *e, const Seq *s, int32_t *n_parked)
         if (block_pool_refcount(e->pool, block) == 0)
             (*n_parked)++;
     }
+    return k;
+}
+
+int32_t prefix_blocks_in_hit(const Engine *e, const Seq *s, const Seq *other, int32_t hit)
+{
+    if (s->req->cache_salt != other->req->cache_salt)
+        return 0;
+    const size_t bs = (size_t)e->cfg.block_size;
+    int32_t n = hit < s->n_published ? hit : s->n_published, k = 0;
+    while (k < n && memcmp(s->tokens + (size_t)k * bs, other->tokens + (size_t)k * bs,
+                           bs * sizeof *s->tokens) == 0)
+        k++;
     return k;
 }
 

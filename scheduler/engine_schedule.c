@@ -270,12 +270,13 @@ static int32_t pending_decode_blocks(const Engine *e)
     return blocks;
 }
 
-/* Blocks that go back to the pool when s releases its table (a block other tables share
- * stays with them). */
-static int32_t blocks_freed_by(const Engine *e, const Seq *s)
+/* Blocks that become available to `front` (its prefix-cache hit `hit` blocks) when s
+ * releases its table: not one other tables share, nor one of front's hit, which is only
+ * parked in the cache for front to take. */
+static int32_t blocks_freed_for(const Engine *e, const Seq *s, const Seq *front, int32_t hit)
 {
     int32_t n = 0;
-    for (int32_t i = 0; i < s->table.n_blocks; i++)
+    for (int32_t i = prefix_blocks_in_hit(e, s, front, hit); i < s->table.n_blocks; i++)
         n += block_pool_refcount(e->pool, s->table.blocks[i]) == 1;
     return n;
 }
@@ -305,7 +306,8 @@ static int32_t victims_for_room(Engine *e, const Seq *keep)
         const Seq *v = e->running.items[i];
         if (v->sched_mark == step_mark(e) || v->n_generated == 0)
             continue;
-        avail += blocks_freed_by(e, v) + block_table_blocks_needed(&v->table, e->pool, 1);
+        avail += blocks_freed_for(e, v, front, hit) +
+                 block_table_blocks_needed(&v->table, e->pool, 1);
         seats -= seats_of(v);
         n++;
     }
@@ -322,7 +324,9 @@ static void make_room_for_newcomer(Engine *e, const Seq *keep)
 {
     if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0 || prefill_running(e))
         return;
-    for (int32_t n = victims_for_room(e, keep); n > 0; n--)
+    /* Counted again after each victim: blocks the victims share (forked siblings) are
+     * freed only with the last of them. */
+    while (victims_for_room(e, keep) > 0)
         seq_preempt(e, preemption_victim(e));
 }
 
@@ -333,7 +337,8 @@ static void make_room_for_newcomer(Engine *e, const Seq *keep)
  * the oldest running sequence, so one long prompt cannot stop all work. */
 static void make_room_on_arrival(Engine *e)
 {
-    if (e->waiting.n == 0 || e->running.n == 0)
+    /* Not when decodes, a row each, fill the step: no row would be left for it. */
+    if (e->waiting.n == 0 || e->running.n == 0 || e->running.n >= e->cfg.max_batch_tokens)
         return;
     if (running_seats(e) + seats_of(e->waiting.items[0]) > e->cfg.max_seqs)
         return;

@@ -18,7 +18,10 @@ typedef struct {
     int n_req;
     int prompt_len[MAX_REQ], max_tokens[MAX_REQ];
     int arrival[MAX_REQ]; /* submitted before this step */
+    int n[MAX_REQ];       /* choices (0: 1) */
+    int starts_with[MAX_REQ]; /* 1 + the request whose prompt begins this one's (0: none) */
     int block_size, n_blocks, max_batch_tokens;
+    bool prefix_cache;
 } Load;
 
 static Load load_of(int n_req, int prompt_len, int max_tokens, int block_size, int n_blocks,
@@ -37,14 +40,17 @@ typedef struct {
     int first_token_step[MAX_REQ]; /* step after which the request had its first token */
     int finish_step[MAX_REQ];
     int first_preemption_step;
+    int first_preemptions; /* preemptions in that step */
     int64_t preemptions;
     int wasted_room_steps; /* steps preempting 2+ in which no request started */
 } Timeline;
 
-static void submit(Engine *e, const int32_t *prompt, int len, int max_tokens, uint64_t *id)
+static void submit(Engine *e, const int32_t *prompt, int len, int max_tokens, int n,
+                   uint64_t *id)
 {
     EngineRequest q = h_request(prompt, len, max_tokens);
     q.ignore_eos = true;
+    q.n = n > 0 ? n : 1;
     *id = h_submit(e, &q);
 }
 
@@ -53,7 +59,8 @@ static void submit(Engine *e, const int32_t *prompt, int len, int max_tokens, ui
 static void run_load(const Load *l, Timeline *t)
 {
     FakeModel *f = h_fake_new(FAKE_HASH);
-    Engine *e = h_engine(f, l->block_size, l->n_blocks, MAX_REQ, l->max_batch_tokens, false);
+    Engine *e = h_engine(f, l->block_size, l->n_blocks, MAX_REQ, l->max_batch_tokens,
+                         l->prefix_cache);
     Harness *h = calloc(1, sizeof *h);
     int32_t prompts[MAX_REQ][64];
     uint64_t ids[MAX_REQ];
@@ -62,6 +69,11 @@ static void run_load(const Load *l, Timeline *t)
     for (int i = 0; i < l->n_req; i++) {
         assert_true(l->prompt_len[i] <= 64);
         h_prompt(prompts[i], l->prompt_len[i], 1 + i, 500 + (uint64_t)i);
+        if (l->starts_with[i] > 0) {
+            int from = l->starts_with[i] - 1;
+            assert_true(from < i && l->prompt_len[from] <= l->prompt_len[i]);
+            memcpy(prompts[i], prompts[from], (size_t)l->prompt_len[from] * sizeof **prompts);
+        }
         t->first_token_step[i] = t->finish_step[i] = -1;
         last_arrival = l->arrival[i] > last_arrival ? l->arrival[i] : last_arrival;
     }
@@ -71,7 +83,7 @@ static void run_load(const Load *l, Timeline *t)
     for (int step = 0; step < 5000; step++) {
         for (int i = 0; i < l->n_req; i++)
             if (l->arrival[i] == step)
-                submit(e, prompts[i], l->prompt_len[i], l->max_tokens[i], &ids[i]);
+                submit(e, prompts[i], l->prompt_len[i], l->max_tokens[i], l->n[i], &ids[i]);
         int rows = h_step(h, e, f);
         bool started = false;
         for (int i = 0; i < l->n_req; i++) {
@@ -90,8 +102,10 @@ static void run_load(const Load *l, Timeline *t)
         if (st.preemptions - preemptions >= 2 && !started)
             t->wasted_room_steps++;
         preemptions = t->preemptions = st.preemptions;
-        if (st.preemptions > 0 && t->first_preemption_step < 0)
+        if (st.preemptions > 0 && t->first_preemption_step < 0) {
             t->first_preemption_step = step;
+            t->first_preemptions = (int)st.preemptions;
+        }
         if (step >= last_arrival && rows == 0 && st.running == 0 && st.waiting == 0)
             break;
     }
@@ -202,6 +216,48 @@ static void test_no_room_made_when_it_cannot_suffice(void **state)
     assert_true(t.finish_step[0] < l.max_tokens[0]);
 }
 
+/* A newcomer's prompt begins with B's, whose 3 blocks only B holds. Preempting B would
+ * not free them for it (they stay cached: its prefix-cache hit) and would leave it a block
+ * short, so B is not preempted: with the two running sequences exactly filling the pool
+ * at their end, nobody is. */
+static void test_victims_shared_prefix_is_not_room(void **state)
+{
+    (void)state;
+    Load l = load_of(3, 4, 40, 4, 24, 128);
+    l.prompt_len[1] = 12;
+    l.prompt_len[2] = 64;
+    l.max_tokens[2] = 1;
+    l.arrival[2] = 30;
+    l.starts_with[2] = 2;
+    l.prefix_cache = true;
+    Timeline t;
+    run_load(&l, &t);
+    printf("shared prefix: %lld preemptions, the newcomer's first token in step %d\n",
+           (long long)t.preemptions, t.first_token_step[2]);
+    assert_int_equal(t.preemptions, 0);
+}
+
+/* B's two choices share their 8 prompt blocks, freed only when both go. Room for a
+ * 16-block newcomer is counted again after each victim, so preempting B's two choices is
+ * seen to suffice and E, older, keeps running. */
+static void test_forked_victims_free_shared_blocks_together(void **state)
+{
+    (void)state;
+    Load l = load_of(4, 4, 60, 4, 30, 128);
+    l.prompt_len[2] = 32;
+    l.n[2] = 2;
+    l.prompt_len[3] = 64;
+    l.max_tokens[3] = 1;
+    l.arrival[3] = 9;
+    Timeline t;
+    run_load(&l, &t);
+    printf("forked victims: first preemption in step %d, %d in it, the newcomer's first "
+           "token in step %d\n", t.first_preemption_step, t.first_preemptions,
+           t.first_token_step[3]);
+    assert_int_equal(t.first_token_step[3], l.arrival[3]);
+    assert_int_equal(t.first_preemptions, 2);
+}
+
 /* Long outputs in a pool where two sequences fit at full length: each preempted sequence
  * comes back when it can run, so preemptions stay below the number of requests. */
 static void test_preempted_sequences_do_not_thrash(void **state)
@@ -222,6 +278,8 @@ int main(void)
         cmocka_unit_test(test_room_made_for_newcomer_when_blocks_run_out),
         cmocka_unit_test(test_newcomer_does_not_wait_for_blocks_to_run_out),
         cmocka_unit_test(test_no_room_made_when_it_cannot_suffice),
+        cmocka_unit_test(test_victims_shared_prefix_is_not_room),
+        cmocka_unit_test(test_forked_victims_free_shared_blocks_together),
         cmocka_unit_test(test_preempted_sequences_do_not_thrash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
