@@ -20,10 +20,10 @@
  * While it waits at the front with no prompt being computed, and preempting sequences that
  * have given tokens (but the oldest) can make its prompt fit, they are preempted at once:
  * they would go anyway when the running sequences' growth ran the blocks out, and the
- * newcomer would wait until then. A sequence
- * preempted after giving tokens comes back only when it can then run ADMIT_HORIZON_STEPS
- * beside what the running sequences may take meanwhile: admitting it into blocks they are
- * about to need would only preempt it again (thrash). Nobody overtakes the front, so
+ * newcomer would wait until then. A sequence preempted after giving tokens comes back
+ * only when it can then run ADMIT_HORIZON_STEPS beside what the running sequences may
+ * take meanwhile: admitting it into blocks they are about to need would only preempt it
+ * again (thrash). Nobody overtakes the front, so
  * while such a sequence waits for that room the queue behind it waits too (the price of
  * never starving it).
  */
@@ -316,10 +316,10 @@ static int32_t victims_for_room(Engine *e, const Seq *keep)
 /* If the front of the waiting queue has yet to give its first token and preempting
  * sequences that have given tokens (youngest first, never `keep`) can make its prompt fit
  * beside this step's remaining decodes, they go now. Called before each step
- * (make_room_on_arrival) and when blocks run out, when sequences are being preempted
- * anyway: otherwise each block freed goes to the running sequences' growth and the
- * newcomer waits behind every one preempted. Not while a prompt is being computed: that
- * one takes the rows and blocks first (and is itself a newcomer being served). */
+ * (make_room_on_arrival) and when blocks run out: there, without it, each block freed
+ * would go to the running sequences' growth and the newcomer would wait behind every one
+ * preempted. Not while a prompt is being computed: that one takes the rows and blocks
+ * first (and is itself a newcomer being served). */
 static void make_room_for_newcomer(Engine *e, const Seq *keep)
 {
     if (e->waiting.n == 0 || e->waiting.items[0]->n_generated > 0 || prefill_running(e))
