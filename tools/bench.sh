@@ -330,16 +330,38 @@ fi
 rm -f "$OUT/results-body.md" "$OUT/peer/results-body.md"
 
 # ---- plots ----------------------------------------------------------------------------
-if have_gnuplot && grep -q '^chat' "$OUT/results.tsv" 2>/dev/null; then
-    grep '^chat' "$OUT/results.tsv" > "$OUT/chat.tsv"
-    peer_thr="" peer_ttft=""
-    if [ -n "${BENCH_PEER_SERVER:-}" ] && grep -q '^chat' "$OUT/peer/results.tsv" 2>/dev/null; then
-        grep '^chat' "$OUT/peer/results.tsv" > "$OUT/peer/chat.tsv"
-        peer_thr=", \"$OUT/peer/chat.tsv\" using 3:7 with linespoints lw 2 dt 2 title \"the peer\""
-        peer_ttft=", \"$OUT/peer/chat.tsv\" using 3:9 with linespoints lw 2 dt 2 title \"the peer p50\""
-        peer_ttft+=", \"$OUT/peer/chat.tsv\" using 3:11 with linespoints lw 2 dt 2 title \"the peer p99\""
+# The gnuplot commands for one workload run at several concurrencies (chat, capacity):
+# output tok/s and TTFT p50/p99 against concurrency, the peer's levels beside them when it
+# ran. TTFT on a log scale: p50 and p99, ours and the peer's, lie orders of magnitude apart.
+plot_commands() { # workload
+    local w=$1 tsv=$OUT/$1.tsv peer=$OUT/peer/$1.tsv thr ttft
+    grep "^$w	" "$OUT/results.tsv" > "$tsv" || return 1
+    thr="\"$tsv\" using 3:7 with linespoints lw 2 title \"pagedserve\""
+    ttft="\"$tsv\" using 3:9 with linespoints lw 2 title \"pagedserve p50\","
+    ttft+=" \"$tsv\" using 3:11 with linespoints lw 2 title \"pagedserve p99\""
+    if [ -n "${BENCH_PEER_SERVER:-}" ] && grep "^$w	" "$OUT/peer/results.tsv" > "$peer" 2>/dev/null; then
+        thr+=", \"$peer\" using 3:7 with linespoints lw 2 dt 2 title \"the peer\""
+        ttft+=", \"$peer\" using 3:9 with linespoints lw 2 dt 2 title \"the peer p50\","
+        ttft+=" \"$peer\" using 3:11 with linespoints lw 2 dt 2 title \"the peer p99\""
     fi
-    cat > "$OUT/plots.gp" <<EOF
+    cat <<EOF
+set output "$OUT/$w-throughput.png"
+set title "$w: output tokens/s against concurrency"
+set ylabel "output tokens / s"
+unset logscale y
+plot $thr
+set output "$OUT/$w-ttft.png"
+set title "$w: time to first token against concurrency"
+set ylabel "TTFT (ms, log scale)"
+set logscale y 10
+plot $ttft
+EOF
+}
+
+if have_gnuplot; then
+    plotted=""
+    {
+        cat <<EOF
 set terminal png size 900,540
 set datafile separator "\t"
 set datafile missing "nan"
@@ -347,19 +369,14 @@ set grid
 set key left top
 set xlabel "concurrent clients"
 set logscale x 2
-set output "$OUT/chat-throughput.png"
-set title "chat: output tokens/s against concurrency"
-set ylabel "output tokens / s"
-plot "$OUT/chat.tsv" using 3:7 with linespoints lw 2 title "pagedserve"$peer_thr
-set output "$OUT/chat-ttft.png"
-set title "chat: time to first token against concurrency"
-set ylabel "TTFT (ms)"
-plot "$OUT/chat.tsv" using 3:9 with linespoints lw 2 title "pagedserve p50", \
-     "$OUT/chat.tsv" using 3:11 with linespoints lw 2 title "pagedserve p99"$peer_ttft
 EOF
-    if gnuplot "$OUT/plots.gp"; then log "plots: $OUT/chat-throughput.png, $OUT/chat-ttft.png"; fi
+        for w in chat capacity; do
+            if plot_commands "$w"; then plotted+=" $OUT/$w-throughput.png $OUT/$w-ttft.png"; fi
+        done
+    } > "$OUT/plots.gp"
+    if [ -n "$plotted" ] && gnuplot "$OUT/plots.gp"; then log "plots:$plotted"; fi
 else
-    have_gnuplot || log "no gnuplot: no plots"
+    log "no gnuplot: no plots"
 fi
 
 log "results: $OUT/results.md (tables), $OUT/*.json (every number), $OUT/results.tsv"
