@@ -35,6 +35,11 @@ static int check_config(const EngineConfig *c, char *err, size_t err_len)
         engine_set_err(err, err_len, "unknown KV dtype %d", (int)c->kv_dtype);
         return -1;
     }
+    if (c->max_prefill_chunk < ENGINE_PREFILL_CHUNK_AUTO) {
+        engine_set_err(err, err_len, "max_prefill_chunk %d: 0 or more, or auto (%d)",
+                       c->max_prefill_chunk, ENGINE_PREFILL_CHUNK_AUTO);
+        return -1;
+    }
     if (c->max_seqs < 1 || c->max_batch_tokens < 1 || c->max_queue < 0) {
         engine_set_err(err, err_len, "max_seqs (%d) and max_batch_tokens (%d) must be >= 1, "
                 "max_queue (%d) >= 0 (0 refuses every request)",
@@ -148,6 +153,8 @@ int engine_create_with_ops(const EngineModelOps *ops, const EngineConfig *cfg,
         engine_free_parts(e);
         return -1;
     }
+    if (e->cfg.max_prefill_chunk == ENGINE_PREFILL_CHUNK_AUTO)
+        engine_calibrate_prefill_chunk(e);
     engine_publish(e); /* a first stats snapshot */
     *out = e;
     return 0;

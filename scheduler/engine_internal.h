@@ -127,6 +127,7 @@ struct Engine {
     int32_t n_sched, cap_sched;
     ModelSeqBatch *batch;
     EventQueue step_events; /* produced by this step, published at its end */
+    EngineCalibration calibration; /* set at creation, read-only after */
     int64_t prompt_tokens, generation_tokens, hit_tokens, query_tokens, preemptions, steps;
     int64_t finished[FINISH_ERROR + 1];
 
@@ -181,6 +182,9 @@ void request_finish_all(Engine *e, Request *r, FinishReason why, const char *err
 void engine_forget_request(Engine *e, Request *r); /* when n_open reached 0 */
 /* Blocks a sequence of `positions` K/V positions needs alone. */
 int32_t engine_blocks_for_positions(const Engine *e, int64_t positions);
+
+/* engine_calibrate.c: sets cfg.max_prefill_chunk from two probe passes (creation only) */
+void engine_calibrate_prefill_chunk(Engine *e);
 
 /* engine_schedule.c */
 void engine_schedule(Engine *e);

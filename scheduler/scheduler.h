@@ -29,14 +29,38 @@ typedef struct {
     int max_seqs;             /* --max-seqs: sequences running at once */
     int max_batch_tokens;     /* --max-batch-tokens: rows per forward pass */
     int max_prefill_chunk;    /* --max-prefill-chunk: prefill rows a step may add while it
-                               * also decodes (0: the whole budget). Smaller keeps decodes'
-                               * inter-token latency even; larger gets prompts in sooner. */
+                               * also decodes (0: the whole budget; ENGINE_PREFILL_CHUNK_AUTO:
+                               * measured at creation, see engine_calibration). Smaller keeps
+                               * decodes' inter-token latency even; larger gets prompts in
+                               * sooner. */
     int max_queue;            /* --max-queue: waiting requests before submit says "full" */
     bool prefix_cache;        /* --no-prefix-cache turns it off */
     int threads;              /* --threads: compute threads of the forward pass (0: all cores) */
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);
+
+/* max_prefill_chunk value: engine creation times two probe passes on the real model —
+ * `decodes` decode rows alone, then with `probe_rows` prompt rows more — and takes the
+ * largest chunk (a multiple of 16, at least 64, at most max_batch_tokens) that keeps a
+ * mixed step within 2.5x the decode step, a prompt row's cost taken as constant: on
+ * machines where prompt rows are cheap beside a step's fixed cost, prompts get in sooner
+ * at the same inter-token regularity. No room for the probe (KV blocks, batch rows): 64. */
+#define ENGINE_PREFILL_CHUNK_AUTO (-1)
+
+typedef struct {
+    bool measured;     /* the probe ran (false: not asked for, or no room for it) */
+    int32_t chunk;     /* the max_prefill_chunk it chose */
+    int32_t decodes;   /* decode rows of the probe passes (attending over 128 positions) */
+    int32_t probe_rows;/* prompt rows the mixed pass added */
+    double decode_s;   /* fastest decode-only pass */
+    double mixed_s;    /* fastest mixed pass */
+    double seconds;    /* the whole probe, warm-up included */
+} EngineCalibration;
+
+/* The rule above on measured times (exposed for tests and tools). */
+int32_t engine_chunk_for_timing(double decode_s, double mixed_s, int32_t probe_rows,
+                                int32_t max_rows);
 
 typedef enum {
     FINISH_NONE = 0,
@@ -143,6 +167,8 @@ void engine_cancel(Engine *e, uint64_t request_id);
 int engine_poll(Engine *e, EngineEvent *out, int max);
 /* Thread-safe snapshot. */
 void engine_stats(Engine *e, EngineStats *out);
+/* What ENGINE_PREFILL_CHUNK_AUTO measured and chose (all zero when it was not asked for). */
+void engine_calibration(const Engine *e, EngineCalibration *out);
 
 /* For tests and tools without a thread: run one step on the calling thread (do not mix
  * with engine_start). Returns the number of rows computed (0 = nothing to do). */

@@ -60,8 +60,9 @@ static const Flag flags[] = {
      "sequences decoded at once"},
     {"max-batch-tokens", 0, FLAG_INT, FIELD(engine.max_batch_tokens), 1, 1 << 20, "N", "512",
      "token rows per forward pass"},
-    {"max-prefill-chunk", 0, FLAG_INT, FIELD(engine.max_prefill_chunk), 0, 1 << 20, "N", "64",
-     "prefill rows a step may add while it also decodes (0: the whole --max-batch-tokens)"},
+    {"max-prefill-chunk", 0, FLAG_SPECIAL, 0, 0, 1 << 20, "N|auto", "auto",
+     "prefill rows a step may add while it also decodes (0: the whole --max-batch-tokens; "
+     "auto: measured at startup, see docs/server.md)"},
     {"max-queue", 0, FLAG_INT, FIELD(engine.max_queue), 0, 1 << 24, "N", "256",
      "prompts waiting before new requests get 429 (a batch of more: 400; 0: refuse all)"},
     {"no-prefix-cache", 0, FLAG_SPECIAL, 0, 0, 0, NULL, "off",
@@ -186,6 +187,14 @@ static int flag_set_special(ServerConfig *c, Pending *pend, const Flag *f, const
         if (parse_number(f, where, v, &mb, err, err_len) != 0)
             return -1;
         c->engine.kv_cache_bytes = (size_t)mb << 20;
+    } else if (strcmp(f->name, "max-prefill-chunk") == 0) {
+        long long n;
+        if (strcasecmp(v, "auto") == 0)
+            c->engine.max_prefill_chunk = ENGINE_PREFILL_CHUNK_AUTO;
+        else if (parse_number(f, where, v, &n, err, err_len) != 0)
+            return -1;
+        else
+            c->engine.max_prefill_chunk = (int)n;
     } else if (strcmp(f->name, "weight-type") == 0) {
         if (model_weight_type_parse(v, &c->weight_type) != 0)
             return set_err(err, err_len, "%s: '%s' is not auto, f32, f16, bf16 or int8", where, v), -1;
@@ -445,7 +454,7 @@ static void config_defaults(ServerConfig *c)
     c->engine.kv_cache_bytes = (size_t)256 << 20;
     c->engine.max_seqs = 64;
     c->engine.max_batch_tokens = 512;
-    c->engine.max_prefill_chunk = 64;
+    c->engine.max_prefill_chunk = ENGINE_PREFILL_CHUNK_AUTO;
     c->engine.max_queue = 256;
     c->engine.prefix_cache = true;
     api_limits_default(&c->limits);

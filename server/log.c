@@ -173,6 +173,29 @@ static void log_weight_hint(const ModelConfig *m, double weight_mib)
                "and decodes faster", ggml_type_name(m->weight_type), weight_mib);
 }
 
+/* The prompt rows a decoding step may carry, and for auto what the probe measured. */
+static void prefill_chunk_text(const EngineConfig *e, const EngineCalibration *cal, char *out,
+                               size_t cap)
+{
+    if (e->max_prefill_chunk != ENGINE_PREFILL_CHUNK_AUTO)
+        snprintf(out, cap, "prefill chunk %d (--max-prefill-chunk)", e->max_prefill_chunk);
+    else if (!cal->measured)
+        snprintf(out, cap, "prefill chunk %d (auto: no room to measure)", cal->chunk);
+    else
+        snprintf(out, cap, "prefill chunk %d (auto: %d decodes %.1f ms, with %d prompt rows "
+                 "%.1f ms; probe %.2f s)", cal->chunk, cal->decodes, cal->decode_s * 1e3,
+                 cal->probe_rows, cal->mixed_s * 1e3, cal->seconds);
+}
+
+static json_t *probe_json(const EngineCalibration *cal)
+{
+    if (!cal->measured)
+        return json_null();
+    return json_pack("{s:i, s:f, s:i, s:f, s:f}", "decodes", (int)cal->decodes, "decode_ms",
+                     cal->decode_s * 1e3, "probe_rows", (int)cal->probe_rows, "mixed_ms",
+                     cal->mixed_s * 1e3, "seconds", cal->seconds);
+}
+
 /* What was loaded and how much KV memory it got: two lines in text, one "startup" event in
  * JSON (and a hint when quantised weights were widened). full_ctx_seqs is how many
  * sequences of the whole context length fit in the cache at once (the KV memory's bound;
@@ -188,7 +211,9 @@ void server_log_startup(const Server *s, double load_s)
     long long kv_tokens = (long long)st.blocks_total * e->block_size;
     int blocks_per_seq = (m->ctx_len + e->block_size - 1) / e->block_size;
     int full_ctx_seqs = blocks_per_seq > 0 ? st.blocks_total / blocks_per_seq : 0;
-    char model_msg[1024], kv_msg[512];
+    EngineCalibration cal;
+    engine_calibration(s->engine, &cal);
+    char model_msg[1024], kv_msg[512], chunk_msg[256];
     snprintf(model_msg, sizeof model_msg,
              "model %s (\"%s\") loaded in %.2f s: dim %d, %d layers, %d heads (%d KV), "
              "head_dim %d, ffn %d, vocab %d, context %d; weights %s on disk, %.1f MiB in memory "
@@ -202,9 +227,11 @@ void server_log_startup(const Server *s, double load_s)
              "cache %s; %d threads", st.blocks_total, e->block_size, kv_tokens,
              e->kv_cache_bytes >> 20, kv_dtype, full_ctx_seqs, e->max_seqs, e->max_batch_tokens,
              e->max_queue, e->prefix_cache ? "on" : "off", s->cfg->threads);
+    prefill_chunk_text(e, &cal, chunk_msg, sizeof chunk_msg);
     if (log_format == LOG_FORMAT_TEXT) {
         server_log(LOG_INFO, "%s", model_msg);
         server_log(LOG_INFO, "%s", kv_msg);
+        server_log(LOG_INFO, "%s", chunk_msg);
         log_weight_hint(m, weight_mib);
         return;
     }
@@ -237,8 +264,12 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "max_queue", json_integer(e->max_queue));
         json_object_set_new(f, "prefix_cache", json_boolean(e->prefix_cache));
         json_object_set_new(f, "threads", json_integer(s->cfg->threads));
+        bool automatic = e->max_prefill_chunk == ENGINE_PREFILL_CHUNK_AUTO;
+        json_object_set_new(f, "max_prefill_chunk",
+                            json_integer(automatic ? cal.chunk : e->max_prefill_chunk));
+        json_object_set_new(f, "prefill_chunk_probe", probe_json(&cal));
     }
-    server_log_event(LOG_INFO, "startup", f, "%s; %s", model_msg, kv_msg);
+    server_log_event(LOG_INFO, "startup", f, "%s; %s; %s", model_msg, kv_msg, chunk_msg);
     log_weight_hint(m, weight_mib);
 }
 

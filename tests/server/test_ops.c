@@ -152,6 +152,16 @@ static void check_startup(json_t *st, double blocks_total)
     assert_int_equal(int_field(st, "kv_tokens"), blocks * 16);
     /* a full-context sequence needs 512 / 16 = 32 blocks */
     assert_int_equal(int_field(st, "full_context_seqs"), blocks / 32);
+    /* --max-prefill-chunk auto (the default): measured on this model, whole blocks, at
+     * least the old fixed 64, at most a step */
+    json_int_t chunk = int_field(st, "max_prefill_chunk");
+    assert_true(chunk >= 64 && chunk <= int_field(st, "max_batch_tokens") && chunk % 16 == 0);
+    json_t *probe = json_object_get(st, "prefill_chunk_probe");
+    assert_int_equal(int_field(probe, "decodes"), 32);
+    assert_int_equal(int_field(probe, "probe_rows"), 64);
+    assert_true(real_field(probe, "decode_ms") > 0);
+    assert_true(real_field(probe, "mixed_ms") > 0);
+    assert_true(real_field(probe, "seconds") > 0);
 }
 
 static void check_completion_line(json_t *line, json_t *resp, int completion_tokens, bool stream)
@@ -351,13 +361,14 @@ static void test_text_log(void **state)
 {
     (void)state;
     static ServerProc sp;
-    const char *extra[] = {"--log-format", "text", NULL};
+    const char *extra[] = {"--log-format", "text", "--max-prefill-chunk", "96", NULL};
     assert_int_equal(start_random_server(&sp, extra), 0);
     json_decref(complete(sp.port, "ops-text",
                          "{\"model\":\"random\",\"prompt\":\"hi\",\"max_tokens\":2}"));
     log_fence(&sp, "ops-text-fence");
     char *log = stop_and_take_log(&sp);
     assert_non_null(strstr(log, " INFO  KV cache: "));
+    assert_non_null(strstr(log, " INFO  prefill chunk 96 (--max-prefill-chunk)\n"));
     assert_non_null(strstr(log, " INFO  listening on http://127.0.0.1:"));
     assert_non_null(strstr(log, " INFO  POST /v1/completions 200 "));
     assert_non_null(strstr(log, "id=ops-text"));
@@ -368,7 +379,7 @@ static void test_text_log(void **state)
         assert_true(line[0] != '{');
         assert_true(line[10] == 'T' && line[23] == 'Z' && line[24] == ' ');
     }
-    assert_true(n >= 6); /* two start-up lines, listening, requests, drain, stop */
+    assert_true(n >= 7); /* three start-up lines, listening, requests, drain, stop */
     free(log);
 }
 
@@ -383,6 +394,10 @@ static void test_log_format_flag(void **state)
     char *err = NULL;
     assert_int_equal(proc_run(bad, NULL, &err, 30.0), 2);
     assert_non_null(strstr(err, "--log-format"));
+    free(err);
+    const char *chunk[] = {bin, "-m", model, "--max-prefill-chunk", "lots", NULL};
+    assert_int_equal(proc_run(chunk, NULL, &err, 30.0), 2);
+    assert_non_null(strstr(err, "--max-prefill-chunk: 'lots' is not a whole number"));
     free(err);
     const char *help[] = {bin, "--help", NULL};
     char *out = NULL;
