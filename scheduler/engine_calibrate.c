@@ -23,7 +23,7 @@ enum {
     CAL_CONTEXT = 128,    /* positions each probe decode attends over (a chat's prompt) */
     CAL_PROBE_ROWS = 64,  /* prompt rows the mixed probe adds */
     CAL_CHUNK_MIN = 64,   /* the fixed default this replaces: auto never goes below it */
-    CAL_CHUNK_ALIGN = 16, /* chunks in whole blocks of the default size */
+    CAL_CHUNK_ALIGN = 16, /* round numbers: the measurement is not finer than this */
     CAL_MAX_PAIRS = 3,    /* probe pairs: each time the fastest of them counts */
 };
 #define CAL_STEP_RATIO 2.5 /* the ITL p99 target is 3x p50: room for noise and skew */
@@ -32,18 +32,15 @@ enum {
 int32_t engine_chunk_for_timing(double decode_s, double mixed_s, int32_t probe_rows,
                                 int32_t max_rows)
 {
-    int32_t chunk = CAL_CHUNK_MIN;
+    if (decode_s <= 0 || probe_rows < 1)
+        return CAL_CHUNK_MIN < max_rows ? CAL_CHUNK_MIN : max_rows;
     double per_row = (mixed_s - decode_s) / probe_rows;
-    if (decode_s > 0 && per_row > 0) {
-        double fit = (CAL_STEP_RATIO - 1.0) * decode_s / per_row;
-        if (fit > max_rows)
-            fit = max_rows;
-        int32_t aligned = (int32_t)fit / CAL_CHUNK_ALIGN * CAL_CHUNK_ALIGN;
-        if (aligned > chunk)
-            chunk = aligned;
-    } else if (decode_s > 0) {
-        chunk = max_rows; /* prompt rows cost nothing measurable */
-    }
+    double fit = per_row > 0 ? (CAL_STEP_RATIO - 1.0) * decode_s / per_row : max_rows;
+    if (fit >= max_rows)
+        return max_rows; /* prompt rows (almost) free: the whole step */
+    int32_t chunk = (int32_t)fit / CAL_CHUNK_ALIGN * CAL_CHUNK_ALIGN;
+    if (chunk < CAL_CHUNK_MIN)
+        chunk = CAL_CHUNK_MIN;
     return chunk < max_rows ? chunk : max_rows;
 }
 
@@ -57,11 +54,6 @@ typedef struct {
     ModelSeqBatch *batch;      /* decodes + 1 */
 } CalProbe;
 
-static int32_t blocks_for(const Engine *e, int32_t positions)
-{
-    return (positions + e->cfg.block_size - 1) / e->cfg.block_size;
-}
-
 /* Sizes the probe to what the engine can hold; 0 when it cannot hold one. */
 static int cal_size(const Engine *e, CalProbe *p)
 {
@@ -74,11 +66,11 @@ static int cal_size(const Engine *e, CalProbe *p)
     p->decodes = e->cfg.max_seqs < CAL_DECODES ? e->cfg.max_seqs : CAL_DECODES;
     if (p->decodes > e->cfg.max_batch_tokens - p->probe_rows)
         p->decodes = e->cfg.max_batch_tokens - p->probe_rows;
-    p->per_seq = blocks_for(e, p->context);
-    int32_t room = (e->n_blocks - blocks_for(e, p->probe_rows)) / p->per_seq;
+    p->per_seq = engine_blocks_for_positions(e, p->context);
+    int32_t room = (e->n_blocks - engine_blocks_for_positions(e, p->probe_rows)) / p->per_seq;
     if (p->decodes > room)
         p->decodes = room;
-    p->n_blocks = p->decodes * p->per_seq + blocks_for(e, p->probe_rows);
+    p->n_blocks = p->decodes * p->per_seq + engine_blocks_for_positions(e, p->probe_rows);
     return p->decodes >= 1;
 }
 
@@ -97,8 +89,11 @@ static int cal_alloc(Engine *e, CalProbe *p)
     p->tokens = calloc((size_t)p->probe_rows, sizeof *p->tokens);
     p->batch = calloc((size_t)p->decodes + 1, sizeof *p->batch);
     int32_t taken = 0;
-    while (p->blocks && taken < p->n_blocks && (p->blocks[taken] = block_pool_alloc(e->pool)) >= 0)
+    while (p->blocks && taken < p->n_blocks) {
+        if ((p->blocks[taken] = block_pool_alloc(e->pool)) < 0)
+            break;
         taken++;
+    }
     if (!p->tokens || !p->batch || taken < p->n_blocks) {
         cal_free(e, p, taken);
         return -1;
@@ -132,8 +127,9 @@ static int cal_measure(Engine *e, const CalProbe *p, EngineCalibration *c)
     for (int pair = 0; pair < CAL_MAX_PAIRS; pair++) {
         if (pair > 0 && engine_now() - start > CAL_BUDGET_S)
             break;
-        double d = cal_pass(e, p, p->decodes), m = cal_pass(e, p, p->decodes + 1);
-        if (d < 0 || m < 0)
+        double d = cal_pass(e, p, p->decodes);
+        double m = d < 0 ? -1 : cal_pass(e, p, p->decodes + 1);
+        if (m < 0)
             return -1;
         c->decode_s = d < c->decode_s ? d : c->decode_s;
         c->mixed_s = m < c->mixed_s ? m : c->mixed_s;
@@ -144,23 +140,26 @@ static int cal_measure(Engine *e, const CalProbe *p, EngineCalibration *c)
 void engine_calibrate_prefill_chunk(Engine *e)
 {
     EngineCalibration *c = &e->calibration;
-    *c = (EngineCalibration){ .chunk = CAL_CHUNK_MIN };
+    int32_t fallback = engine_chunk_for_timing(0, 0, 0, e->cfg.max_batch_tokens);
+    *c = (EngineCalibration){ .status = CALIBRATION_NO_ROOM, .chunk = fallback };
     CalProbe p = { 0 };
     double t0 = engine_now();
-    if (cal_size(e, &p) && cal_alloc(e, &p) == 0) {
-        if (cal_measure(e, &p, c) != 0) {
-            *c = (EngineCalibration){ .chunk = CAL_CHUNK_MIN };
+    if (cal_size(e, &p)) {
+        if (cal_alloc(e, &p) != 0) {
+            c->status = CALIBRATION_FAILED;
         } else {
-            c->measured = true;
-            c->decodes = p.decodes;
-            c->probe_rows = p.probe_rows;
-            c->chunk = engine_chunk_for_timing(c->decode_s, c->mixed_s, p.probe_rows,
-                                               e->cfg.max_batch_tokens);
+            if (cal_measure(e, &p, c) != 0) {
+                *c = (EngineCalibration){ .status = CALIBRATION_FAILED, .chunk = fallback };
+            } else {
+                c->status = CALIBRATION_MEASURED;
+                c->decodes = p.decodes;
+                c->probe_rows = p.probe_rows;
+                c->chunk = engine_chunk_for_timing(c->decode_s, c->mixed_s, p.probe_rows,
+                                                   e->cfg.max_batch_tokens);
+            }
+            cal_free(e, &p, p.n_blocks);
         }
-        cal_free(e, &p, p.n_blocks);
     }
-    if (c->chunk > e->cfg.max_batch_tokens)
-        c->chunk = e->cfg.max_batch_tokens;
     c->seconds = engine_now() - t0;
     e->cfg.max_prefill_chunk = c->chunk;
 }

@@ -40,25 +40,37 @@ typedef struct {
 
 void engine_config_default(EngineConfig *c);
 
-/* max_prefill_chunk value: engine creation times two probe passes on the real model —
- * `decodes` decode rows alone, then with `probe_rows` prompt rows more — and takes the
- * largest chunk (a multiple of 16, at least 64, at most max_batch_tokens) that keeps a
- * mixed step within 2.5x the decode step, a prompt row's cost taken as constant: on
- * machines where prompt rows are cheap beside a step's fixed cost, prompts get in sooner
- * at the same inter-token regularity. No room for the probe (KV blocks, batch rows): 64. */
+/* max_prefill_chunk value: engine creation (on the calling thread, before engine_start)
+ * runs the model's forward on scratch KV blocks: a warm-up, then up to 3 pairs of probe
+ * passes within about a second — `decodes` decode rows alone, attending over 128 positions
+ * (fewer if the context is shorter), then the same with `probe_rows` prompt rows more.
+ * Taking a prompt row's cost as constant, it chooses the largest chunk that keeps a mixed
+ * step within 2.5x the decode step alone (the inter-token p99/p50 a burst of prompts
+ * causes while others decode): a multiple of 16, at least 64, at most max_batch_tokens.
+ * Where prompt rows are cheap beside a step's fixed cost, prompts get in sooner; where
+ * they are dear, the chunk stays 64. Without room for the probe (KV blocks, batch rows),
+ * or when a pass fails: min(64, max_batch_tokens). Every scratch block is returned. */
 #define ENGINE_PREFILL_CHUNK_AUTO (-1)
 
+typedef enum {
+    CALIBRATION_NOT_ASKED = 0, /* a fixed max_prefill_chunk */
+    CALIBRATION_MEASURED,
+    CALIBRATION_NO_ROOM,       /* too few KV blocks or batch rows for one probe decode */
+    CALIBRATION_FAILED,        /* a probe pass failed, or out of memory */
+} CalibrationStatus;
+
 typedef struct {
-    bool measured;     /* the probe ran (false: not asked for, or no room for it) */
-    int32_t chunk;     /* the max_prefill_chunk it chose */
-    int32_t decodes;   /* decode rows of the probe passes (attending over 128 positions) */
-    int32_t probe_rows;/* prompt rows the mixed pass added */
-    double decode_s;   /* fastest decode-only pass */
-    double mixed_s;    /* fastest mixed pass */
-    double seconds;    /* the whole probe, warm-up included */
+    CalibrationStatus status;
+    int32_t chunk;      /* the max_prefill_chunk chosen (0 when not asked) */
+    int32_t decodes;    /* decode rows of the probe passes (measured only) */
+    int32_t probe_rows; /* prompt rows the mixed pass added */
+    double decode_s;    /* fastest decode-only pass */
+    double mixed_s;     /* fastest mixed pass */
+    double seconds;     /* the whole probe, warm-up included */
 } EngineCalibration;
 
-/* The rule above on measured times (exposed for tests and tools). */
+/* The rule above on measured times (exposed for tests and tools): a multiple of 16 in
+ * [64, max_rows], or max_rows itself when that is smaller or prompt rows measured free. */
 int32_t engine_chunk_for_timing(double decode_s, double mixed_s, int32_t probe_rows,
                                 int32_t max_rows);
 
@@ -146,7 +158,8 @@ typedef struct Engine Engine;
 
 /* The engine borrows the model (it must outlive the engine). notify(arg) is called from
  * the engine thread whenever new events are in the outbox; it must be cheap and
- * thread-safe (uv_async_send). */
+ * thread-safe (uv_async_send). With ENGINE_PREFILL_CHUNK_AUTO, creation runs 3-7 forward
+ * passes on the calling thread (seconds for a large model). */
 int engine_create(const Model *model, const EngineConfig *cfg,
                   void (*notify)(void *arg), void *notify_arg,
                   Engine **out, char *err, size_t err_len);

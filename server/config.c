@@ -192,7 +192,8 @@ static int flag_set_special(ServerConfig *c, Pending *pend, const Flag *f, const
         if (strcasecmp(v, "auto") == 0)
             c->engine.max_prefill_chunk = ENGINE_PREFILL_CHUNK_AUTO;
         else if (parse_number(f, where, v, &n, err, err_len) != 0)
-            return -1;
+            return set_err(err, err_len, "%s: '%s' is not auto or a whole number in 0..%lld",
+                           where, v, f->max), -1;
         else
             c->engine.max_prefill_chunk = (int)n;
     } else if (strcmp(f->name, "weight-type") == 0) {

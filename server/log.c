@@ -179,24 +179,34 @@ static void prefill_chunk_text(const EngineConfig *e, const EngineCalibration *c
 {
     if (e->max_prefill_chunk != ENGINE_PREFILL_CHUNK_AUTO)
         snprintf(out, cap, "prefill chunk %d (--max-prefill-chunk)", e->max_prefill_chunk);
-    else if (!cal->measured)
+    else if (cal->status == CALIBRATION_NO_ROOM)
         snprintf(out, cap, "prefill chunk %d (auto: no room to measure)", cal->chunk);
+    else if (cal->status == CALIBRATION_FAILED)
+        snprintf(out, cap, "prefill chunk %d (auto: a probe pass failed)", cal->chunk);
     else
         snprintf(out, cap, "prefill chunk %d (auto: %d decodes %.1f ms, with %d prompt rows "
                  "%.1f ms; probe %.2f s)", cal->chunk, cal->decodes, cal->decode_s * 1e3,
                  cal->probe_rows, cal->mixed_s * 1e3, cal->seconds);
 }
 
+/* A forward pass that fails on the engine's own probe batch is a bug worth a warning. */
+static void log_probe_failure(const EngineCalibration *cal)
+{
+    if (cal->status == CALIBRATION_FAILED)
+        server_log(LOG_WARN, "the --max-prefill-chunk auto probe failed (out of memory, or a "
+                   "forward pass refused its batch: a bug); using %d", cal->chunk);
+}
+
 static json_t *probe_json(const EngineCalibration *cal)
 {
-    if (!cal->measured)
+    if (cal->status != CALIBRATION_MEASURED)
         return json_null();
     return json_pack("{s:i, s:f, s:i, s:f, s:f}", "decodes", (int)cal->decodes, "decode_ms",
                      cal->decode_s * 1e3, "probe_rows", (int)cal->probe_rows, "mixed_ms",
                      cal->mixed_s * 1e3, "seconds", cal->seconds);
 }
 
-/* What was loaded and how much KV memory it got: two lines in text, one "startup" event in
+/* What was loaded and how much KV memory it got: three lines in text, one "startup" event in
  * JSON (and a hint when quantised weights were widened). full_ctx_seqs is how many
  * sequences of the whole context length fit in the cache at once (the KV memory's bound;
  * --max-seqs may be lower). */
@@ -232,6 +242,7 @@ void server_log_startup(const Server *s, double load_s)
         server_log(LOG_INFO, "%s", model_msg);
         server_log(LOG_INFO, "%s", kv_msg);
         server_log(LOG_INFO, "%s", chunk_msg);
+        log_probe_failure(&cal);
         log_weight_hint(m, weight_mib);
         return;
     }
@@ -270,6 +281,7 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "prefill_chunk_probe", probe_json(&cal));
     }
     server_log_event(LOG_INFO, "startup", f, "%s; %s; %s", model_msg, kv_msg, chunk_msg);
+    log_probe_failure(&cal);
     log_weight_hint(m, weight_mib);
 }
 

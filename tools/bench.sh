@@ -294,6 +294,18 @@ if [ -n "${BENCH_PEER_SERVER:-}" ]; then
     RUN_OUT=$OUT
 fi
 
+# "main 128 (auto), capacity 64 (--max-prefill-chunk)": what each server's startup log says.
+prefill_chunks() {
+    local f name chunk out=""
+    for f in "$OUT"/server-*.log; do
+        [ -f "$f" ] || continue
+        name=$(basename "$f" .log)
+        chunk=$(grep -o -m1 'prefill chunk [0-9]* ([^:)]*' "$f" | sed 's/prefill chunk //; s/$/)/')
+        out="$out${out:+, }${name#server-} ${chunk:-?}"
+    done
+    echo "${out:-none}"
+}
+
 # ---- results.md -----------------------------------------------------------------------
 {
     echo "# pagedserve serving benchmarks"
@@ -304,6 +316,7 @@ fi
          "geometry and parameter counts in each JSON's \"model\")"
     echo "- commit: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown);" \
          "server flags (besides each run's): ${SERVER_FLAGS[*]}"
+    echo "- prefill chunk (rows a decoding step may carry) per server: $(prefill_chunks)"
     echo "- machine peaks: products ${GFLOPS} GFLOP/s (the faster of pagedserve's kernel and" \
          "OpenBLAS, 256 rows; ${GFLOPS32} at 32 rows), memory read ${GBPS} GB/s (0 = not measured)"
     [ "$GFLOPS_SERVED" = 0 ] || echo "- $WEIGHT_TYPE products (the served weight type): ${GFLOPS_SERVED} GFLOP/s" \

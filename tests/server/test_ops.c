@@ -397,7 +397,7 @@ static void test_log_format_flag(void **state)
     free(err);
     const char *chunk[] = {bin, "-m", model, "--max-prefill-chunk", "lots", NULL};
     assert_int_equal(proc_run(chunk, NULL, &err, 30.0), 2);
-    assert_non_null(strstr(err, "--max-prefill-chunk: 'lots' is not a whole number"));
+    assert_non_null(strstr(err, "--max-prefill-chunk: 'lots' is not auto or a whole number"));
     free(err);
     const char *help[] = {bin, "--help", NULL};
     char *out = NULL;
