@@ -95,6 +95,17 @@ static void histogram(Out *o, const char *name, const char *help, const ApiHisto
     outf(o, "%s_count %llu\n", name, (unsigned long long)h->count);
 }
 
+/* The engine's fixed-bucket step histograms, rendered as any other. */
+static void step_histogram(Out *o, const char *name, const char *help,
+                           const EngineStepHistogram *e, const double *bounds) {
+    ApiHistogram h;
+    api_histogram_init(&h, bounds, ENGINE_STEP_BUCKETS);
+    for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) h.counts[i] = (uint64_t)e->counts[i];
+    h.count = (uint64_t)e->count;
+    h.sum = e->sum;
+    histogram(o, name, help, &h);
+}
+
 static double clamp01(double x) {
     return x < 0 ? 0 : x > 1 ? 1 : x;
 }
@@ -156,6 +167,12 @@ static void engine_metrics(Out *o, const EngineStats *s) {
             "Prompt tokens looked up in the prefix cache since start.",
             (double)s->prefix_cache_queries);
     counter(o, "pagedserve_engine_steps_total", "Engine steps run since start.", (double)s->steps);
+    step_histogram(o, "pagedserve_engine_step_seconds",
+                   "Seconds each engine step that computed tokens took: scheduling, the "
+                   "forward pass, sampling.", &s->step_seconds, engine_step_seconds_bounds);
+    step_histogram(o, "pagedserve_engine_step_tokens",
+                   "Tokens each engine step computed: one per decoding sequence plus the "
+                   "prompt tokens of its prefill chunks.", &s->step_rows, engine_step_rows_bounds);
 }
 
 static void request_metrics(Out *o, const ApiMetrics *m, const EngineStats *s) {

@@ -129,6 +129,7 @@ struct Engine {
     EventQueue step_events; /* produced by this step, published at its end */
     EngineCalibration calibration; /* set at creation, read-only after */
     int64_t prompt_tokens, generation_tokens, hit_tokens, query_tokens, preemptions, steps;
+    EngineStepHistogram step_seconds, step_rows; /* steps that computed rows */
     int64_t finished[FINISH_ERROR + 1];
 
     /* under mu */

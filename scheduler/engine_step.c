@@ -176,6 +176,8 @@ static void snapshot_stats(Engine *e, EngineStats *st)
     st->prefix_cache_queries = e->query_tokens;
     st->preemptions = e->preemptions;
     st->steps = e->steps;
+    st->step_seconds = e->step_seconds;
+    st->step_rows = e->step_rows;
     memcpy(st->requests_finished, e->finished, sizeof st->requests_finished);
     st->last_step_end = engine_now();
 }
@@ -216,6 +218,23 @@ void engine_publish(Engine *e)
         e->notify(e->notify_arg);
 }
 
+/* Buckets of a millisecond (a tiny model's step) to seconds (a large model's prefill), and
+ * of one decode row to a long prompt's chunk. */
+const double engine_step_seconds_bounds[ENGINE_STEP_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5};
+const double engine_step_rows_bounds[ENGINE_STEP_BUCKETS] = {
+    1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
+
+static void step_histogram_observe(EngineStepHistogram *h, const double *bounds, double v)
+{
+    int i = 0;
+    while (i < ENGINE_STEP_BUCKETS && v > bounds[i])
+        i++;
+    h->counts[i]++;
+    h->count++;
+    h->sum += v;
+}
+
 int engine_step(Engine *e)
 {
     Request **reqs;
@@ -232,8 +251,13 @@ int engine_step(Engine *e)
     free(reqs);
     free(cancels);
 
+    double t0 = engine_now();
     engine_schedule(e);
     int32_t rows = run_model(e);
+    if (rows > 0) {
+        step_histogram_observe(&e->step_seconds, engine_step_seconds_bounds, engine_now() - t0);
+        step_histogram_observe(&e->step_rows, engine_step_rows_bounds, rows);
+    }
     e->steps++;
     engine_publish(e);
     return rows;

@@ -135,6 +135,19 @@ typedef struct {
 
 void engine_event_free(EngineEvent *ev);
 
+/* A histogram of the engine's steps that computed rows, since start: counts[i] holds the
+ * observations in (bounds[i-1], bounds[i]], counts[ENGINE_STEP_BUCKETS] those above every
+ * bound (the bounds are engine_step_seconds_bounds or engine_step_rows_bounds). */
+#define ENGINE_STEP_BUCKETS 14
+typedef struct {
+    int64_t counts[ENGINE_STEP_BUCKETS + 1];
+    int64_t count;
+    double sum;
+} EngineStepHistogram;
+
+extern const double engine_step_seconds_bounds[ENGINE_STEP_BUCKETS];
+extern const double engine_step_rows_bounds[ENGINE_STEP_BUCKETS];
+
 typedef struct {
     /* KV blocks (paging) */
     int32_t blocks_total, blocks_used, blocks_free, blocks_cached, blocks_shared;
@@ -151,6 +164,9 @@ typedef struct {
     /* counters since start */
     int64_t prompt_tokens, generation_tokens, prefix_cache_hit_tokens, prefix_cache_queries;
     int64_t preemptions, steps, requests_finished[FINISH_ERROR + 1];
+    EngineStepHistogram step_seconds; /* wall time of each step that computed rows:
+                                       * scheduling, forward pass, sampling, events */
+    EngineStepHistogram step_rows;    /* rows (decode tokens + prompt tokens) it computed */
     double last_step_end;          /* monotonic seconds; watchdog for /health */
 } EngineStats;
 

@@ -255,6 +255,16 @@ static EngineStats sample_stats(void) {
     s.requests_finished[FINISH_CANCELLED] = 2;
     s.requests_finished[FINISH_ERROR] = 1;
     s.last_step_end = 12.5;
+    /* steps of 1 row (2), of 33-64 rows (3) and of more than 2048 (1) */
+    s.step_rows.counts[0] = 2;
+    s.step_rows.counts[6] = 3;
+    s.step_rows.counts[ENGINE_STEP_BUCKETS] = 1;
+    s.step_rows.count = 6;
+    s.step_rows.sum = 3122;
+    s.step_seconds.counts[4] = 5; /* (0.01, 0.02] */
+    s.step_seconds.counts[9] = 1; /* (0.1, 0.15] */
+    s.step_seconds.count = 6;
+    s.step_seconds.sum = 0.19;
     return s;
 }
 
@@ -329,10 +339,23 @@ static void test_format_and_values(void **state) {
     assert_true(value_of(x, "pagedserve_http_requests_total", "code=\"400\"") == 1);
     assert_null(find(x, "pagedserve_http_requests_total", "code=\"404\""));
     assert_null(find(x, "pagedserve_http_requests_total", "code=\"99\""));
+    /* the engine's step histograms, cumulative */
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"1\"") == 2);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"32\"") == 2);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"64\"") == 5);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"2048\"") == 5);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"+Inf\"") == 6);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_count", "") == 6);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_sum", "") == 3122);
+    assert_true(value_of(x, "pagedserve_engine_step_seconds_bucket", "le=\"0.01\"") == 0);
+    assert_true(value_of(x, "pagedserve_engine_step_seconds_bucket", "le=\"0.02\"") == 5);
+    assert_true(value_of(x, "pagedserve_engine_step_seconds_bucket", "le=\"0.15\"") == 6);
+    assert_true(value_of(x, "pagedserve_engine_step_seconds_sum", "") == 0.19);
     static const char *const hists[] = {
         "pagedserve_time_to_first_token_seconds", "pagedserve_inter_token_latency_seconds",
-        "pagedserve_e2e_request_latency_seconds", "pagedserve_request_queue_time_seconds"};
-    for (int i = 0; i < 4; i++) {
+        "pagedserve_e2e_request_latency_seconds", "pagedserve_request_queue_time_seconds",
+        "pagedserve_engine_step_seconds", "pagedserve_engine_step_tokens"};
+    for (int i = 0; i < 6; i++) {
         int f = family_find(x, hists[i]);
         assert_true(f >= 0);
         assert_string_equal(x->fam[f].type, "histogram");

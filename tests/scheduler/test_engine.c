@@ -227,6 +227,42 @@ static void test_chunked_prefill_keeps_decodes_going(void **state)
     h_fake_free(f);
 }
 
+/* The step histograms count the steps that computed rows: a 40-token prompt's step (in
+ * (32, 64]) and two decode steps (1 row each); a step with nothing to do is not counted. */
+static void test_step_histograms(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_HASH);
+    Engine *e = h_engine(f, 4, 64, 8, 64, false);
+    Harness *h = calloc(1, sizeof *h);
+    int32_t a[40];
+    h_prompt(a, 40, 50, 1);
+    EngineRequest q = h_request(a, 40, 3);
+    q.ignore_eos = true;
+    h_submit(e, &q);
+    h_run(h, e, f, 10);
+    h_step(h, e, f); /* idle */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.step_rows.count, 3);
+    assert_true(st.step_rows.sum == 42);
+    assert_int_equal(st.step_rows.counts[0], 2); /* le 1 */
+    assert_int_equal(engine_step_rows_bounds[5], 32);
+    assert_int_equal(engine_step_rows_bounds[6], 64);
+    assert_int_equal(st.step_rows.counts[6], 1);
+    int64_t in_buckets = 0;
+    for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++)
+        in_buckets += st.step_seconds.counts[i];
+    assert_int_equal(st.step_seconds.count, 3);
+    assert_int_equal(in_buckets, 3);
+    assert_true(st.step_seconds.sum > 0);
+    assert_true(st.steps > 3);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* max_prefill_chunk: a prompt alone gets the whole budget; once something decodes, each step
  * carries the decode rows plus at most max_prefill_chunk prefill rows. */
 static void test_prefill_chunk_cap_while_decoding(void **state)
@@ -1364,6 +1400,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_request_greedy),
+        cmocka_unit_test(test_step_histograms),
         cmocka_unit_test(test_batch_respects_budget_and_matches_reference),
         cmocka_unit_test(test_fcfs_order),
         cmocka_unit_test(test_fcfs_admission_under_budget),
