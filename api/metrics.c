@@ -97,10 +97,13 @@ static void histogram(Out *o, const char *name, const char *help, const ApiHisto
 
 /* The engine's fixed-bucket step histograms, rendered as any other. */
 static void step_histogram(Out *o, const char *name, const char *help,
-                           const EngineStepHistogram *e, const double *bounds) {
+                           const EngineStepHistogram *e) {
     ApiHistogram h;
-    api_histogram_init(&h, bounds, ENGINE_STEP_BUCKETS);
-    for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) h.counts[i] = (uint64_t)e->counts[i];
+    api_histogram_init(&h, e->bounds, e->bounds ? ENGINE_STEP_BUCKETS : 0);
+    if (e->bounds)
+        for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) h.counts[i] = (uint64_t)e->counts[i];
+    else
+        h.counts[0] = (uint64_t)e->count;
     h.count = (uint64_t)e->count;
     h.sum = e->sum;
     histogram(o, name, help, &h);
@@ -169,10 +172,10 @@ static void engine_metrics(Out *o, const EngineStats *s) {
     counter(o, "pagedserve_engine_steps_total", "Engine steps run since start.", (double)s->steps);
     step_histogram(o, "pagedserve_engine_step_seconds",
                    "Seconds each engine step that computed tokens took: scheduling, the "
-                   "forward pass, sampling.", &s->step_seconds, engine_step_seconds_bounds);
+                   "forward pass, sampling.", &s->step_seconds);
     step_histogram(o, "pagedserve_engine_step_tokens",
                    "Tokens each engine step computed: one per decoding sequence plus the "
-                   "prompt tokens of its prefill chunks.", &s->step_rows, engine_step_rows_bounds);
+                   "prompt tokens of its prefill chunks.", &s->step_rows);
 }
 
 static void request_metrics(Out *o, const ApiMetrics *m, const EngineStats *s) {

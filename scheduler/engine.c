@@ -144,6 +144,8 @@ int engine_create_with_ops(const EngineModelOps *ops, const EngineConfig *cfg,
         e->hash_secret = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     e->notify = notify;
     e->notify_arg = notify_arg;
+    e->step_seconds.bounds = engine_step_seconds_bounds;
+    e->step_rows.bounds = engine_step_rows_bounds;
     if (engine_alloc_parts(e, err, err_len) != 0) {
         engine_free_parts(e);
         return -1;

@@ -225,10 +225,10 @@ const double engine_step_seconds_bounds[ENGINE_STEP_BUCKETS] = {
 const double engine_step_rows_bounds[ENGINE_STEP_BUCKETS] = {
     1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
 
-static void step_histogram_observe(EngineStepHistogram *h, const double *bounds, double v)
+static void step_histogram_observe(EngineStepHistogram *h, double v)
 {
     int i = 0;
-    while (i < ENGINE_STEP_BUCKETS && v > bounds[i])
+    while (i < ENGINE_STEP_BUCKETS && v > h->bounds[i])
         i++;
     h->counts[i]++;
     h->count++;
@@ -255,8 +255,8 @@ int engine_step(Engine *e)
     engine_schedule(e);
     int32_t rows = run_model(e);
     if (rows > 0) {
-        step_histogram_observe(&e->step_seconds, engine_step_seconds_bounds, engine_now() - t0);
-        step_histogram_observe(&e->step_rows, engine_step_rows_bounds, rows);
+        step_histogram_observe(&e->step_seconds, engine_now() - t0);
+        step_histogram_observe(&e->step_rows, rows);
     }
     e->steps++;
     engine_publish(e);

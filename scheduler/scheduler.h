@@ -137,9 +137,11 @@ void engine_event_free(EngineEvent *ev);
 
 /* A histogram of the engine's steps that computed rows, since start: counts[i] holds the
  * observations in (bounds[i-1], bounds[i]], counts[ENGINE_STEP_BUCKETS] those above every
- * bound (the bounds are engine_step_seconds_bounds or engine_step_rows_bounds). */
+ * bound. bounds points at engine_step_seconds_bounds or engine_step_rows_bounds (NULL in
+ * a zeroed EngineStats: no bucket but +Inf). */
 #define ENGINE_STEP_BUCKETS 14
 typedef struct {
+    const double *bounds;
     int64_t counts[ENGINE_STEP_BUCKETS + 1];
     int64_t count;
     double sum;

@@ -22,6 +22,7 @@ typedef struct {
     BsSamples ttft, itl, e2e, tpot; /* sorted, seconds */
     double first_ttft;              /* request 0 */
     double preemptions, prefix_hits, prefix_queries;
+    double steps, step_tokens, step_seconds; /* the server's steps while the level ran */
     /* KV capacity */
     double ctx, kv_bytes, bpt, slots, contiguous_seqs, paged_fit_seqs;
     /* roofline */
@@ -143,6 +144,9 @@ static void stats_compute(const BsConfig *cfg, const BsLevel *lv, Stats *s)
     s->preemptions = delta(lv->after.preemptions, lv->before.preemptions);
     s->prefix_hits = delta(lv->after.prefix_hits, lv->before.prefix_hits);
     s->prefix_queries = delta(lv->after.prefix_queries, lv->before.prefix_queries);
+    s->steps = delta(lv->after.steps, lv->before.steps);
+    s->step_tokens = delta(lv->after.step_tokens, lv->before.step_tokens);
+    s->step_seconds = delta(lv->after.step_seconds, lv->before.step_seconds);
     stats_capacity(cfg, lv, s);
     stats_roofline(cfg, lv, s);
 }
@@ -276,6 +280,10 @@ void bs_report_summary(const BsConfig *cfg)
         if (s.ok == 0)
             printf(" no request succeeded");
         printf("\n");
+        if (!isnan(s.steps) && s.steps > 0)
+            printf("  engine (its /metrics): %.0f steps computed tokens, %.1f tokens and "
+                   "%.1f ms a step\n", s.steps, s.step_tokens / s.steps,
+                   1e3 * s.step_seconds / s.steps);
         if (!isnan(s.contiguous_seqs)) {
             char run[32], pre[32], fill[160];
             fmt_num(run, sizeof run, lv->peak_running, 0);
@@ -327,13 +335,16 @@ static json_t *jsnap(const BsMetricsSnap *m)
 {
     if (!m->ok)
         return json_null();
-    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "kv_cache_usage_ratio",
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+                     "kv_cache_usage_ratio",
                      jnum(m->kv_usage), "num_requests_running", jnum(m->running),
                      "num_preemptions_total", jnum(m->preemptions), "prefix_cache_hits_total",
                      jnum(m->prefix_hits), "prefix_cache_queries_total", jnum(m->prefix_queries),
                      "prompt_tokens_total", jnum(m->prompt_tokens), "generation_tokens_total",
                      jnum(m->generation_tokens), "kv_blocks_total", jnum(m->blocks_total),
-                     "kv_blocks_used", jnum(m->blocks_used));
+                     "kv_blocks_used", jnum(m->blocks_used), "engine_step_tokens_count",
+                     jnum(m->steps), "engine_step_tokens_sum", jnum(m->step_tokens),
+                     "engine_step_seconds_sum", jnum(m->step_seconds));
 }
 
 static json_t *level_json(const BsConfig *cfg, const BsLevel *lv)

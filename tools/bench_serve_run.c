@@ -202,6 +202,9 @@ static BsMetricsSnap metrics_parse(bool ok, int status, const char *t, size_t n)
     s.blocks_used = prom(t, n, "pagedserve_kv_blocks_used");
     s.slots_allocated = prom(t, n, "pagedserve_kv_slots_allocated");
     s.kv_slot_fill = prom(t, n, "pagedserve_kv_slot_fill_ratio");
+    s.steps = prom(t, n, "pagedserve_engine_step_tokens_count");
+    s.step_tokens = prom(t, n, "pagedserve_engine_step_tokens_sum");
+    s.step_seconds = prom(t, n, "pagedserve_engine_step_seconds_sum");
     s.ok = ok && status == 200 && (!isnan(s.kv_usage) || !isnan(s.running));
     return s;
 }

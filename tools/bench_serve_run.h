@@ -80,6 +80,7 @@ typedef struct {
     double kv_usage, running, waiting, preemptions, prefix_hits, prefix_queries;
     double prompt_tokens, generation_tokens, blocks_total, blocks_used, slots_allocated;
     double kv_slot_fill;   /* pagedserve_kv_slot_fill_ratio */
+    double steps, step_tokens, step_seconds; /* engine step histograms: _count, _sums */
 } BsMetricsSnap;
 
 typedef struct {

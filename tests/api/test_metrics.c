@@ -230,9 +230,18 @@ static void check_rules(const Exposition *x) {
 
 /* ---- tests ---------------------------------------------------------------------------------- */
 
-static EngineStats sample_stats(void) {
+/* A fresh engine's stats: nothing counted, the step histograms' bounds set (as
+ * engine_create sets them). */
+static EngineStats idle_stats(void) {
     EngineStats s;
     memset(&s, 0, sizeof s);
+    s.step_rows.bounds = engine_step_rows_bounds;
+    s.step_seconds.bounds = engine_step_seconds_bounds;
+    return s;
+}
+
+static EngineStats sample_stats(void) {
+    EngineStats s = idle_stats();
     s.blocks_total = 200;
     s.blocks_used = 50;
     s.blocks_free = 150;
@@ -377,8 +386,7 @@ static void test_histogram_vs_naive(void **state) {
         api_histogram_observe(&m.ttft, obs[i]);
         sum += obs[i];
     }
-    EngineStats s;
-    memset(&s, 0, sizeof s);
+    EngineStats s = idle_stats();
     char *text = api_metrics_render(&m, &s, NULL);
     Exposition *x = malloc(sizeof *x);
     exposition_parse(text, x);
@@ -411,8 +419,7 @@ static void test_edges(void **state) {
     (void)state;
     ApiMetrics m;
     api_metrics_init(&m);
-    EngineStats s;
-    memset(&s, 0, sizeof s); /* an empty pool: no division by zero */
+    EngineStats s = idle_stats(); /* an empty pool: no division by zero */
     char *text = api_metrics_render(&m, &s, NULL);
     Exposition *x = malloc(sizeof *x);
     exposition_parse(text, x);

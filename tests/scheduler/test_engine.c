@@ -234,6 +234,11 @@ static void test_step_histograms(void **state)
     (void)state;
     FakeModel *f = h_fake_new(FAKE_HASH);
     Engine *e = h_engine(f, 4, 64, 8, 64, false);
+    EngineStats st;
+    engine_stats(e, &st); /* fresh: the bounds are there before any step, for /metrics */
+    assert_ptr_equal(st.step_rows.bounds, engine_step_rows_bounds);
+    assert_ptr_equal(st.step_seconds.bounds, engine_step_seconds_bounds);
+    assert_int_equal(st.step_rows.count, 0);
     Harness *h = calloc(1, sizeof *h);
     int32_t a[40];
     h_prompt(a, 40, 50, 1);
@@ -242,7 +247,6 @@ static void test_step_histograms(void **state)
     h_submit(e, &q);
     h_run(h, e, f, 10);
     h_step(h, e, f); /* idle */
-    EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.step_rows.count, 3);
     assert_true(st.step_rows.sum == 42);

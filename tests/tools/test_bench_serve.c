@@ -713,6 +713,16 @@ static void test_real_server_closed_loop(void **state)
     assert_int_equal(jint(srv, "after.generation_tokens_total") -
                          jint(srv, "before.generation_tokens_total"),
                      8 * 16);
+    /* Its steps: every generated token came out of one, and a step that computed tokens
+     * computed at least one (16 tokens a request: the first from a prefill step). */
+    long steps = jint(srv, "after.engine_step_tokens_count") -
+                 jint(srv, "before.engine_step_tokens_count");
+    long step_tokens = jint(srv, "after.engine_step_tokens_sum") -
+                       jint(srv, "before.engine_step_tokens_sum");
+    assert_true(steps >= 16 && steps <= 8 * 16);
+    assert_true(step_tokens >= 8 * 15 + 8 * 12 && step_tokens >= steps);
+    assert_true(json_number_value(json_object_get(json_object_get(srv, "after"),
+                                                  "engine_step_seconds_sum")) > 0);
     assert_true(jint(srv, "polls_ok") >= 1);
     long peak = jint(srv, "peak_num_requests_running");
     assert_true(peak >= 0 && peak <= 4);
