@@ -413,8 +413,10 @@ void api_metrics_count_http(ApiMetrics *m, int status);
  * pagedserve_prefix_cache_hits_total              vllm:prefix_cache_hits_total
  * pagedserve_prefix_cache_queries_total           vllm:prefix_cache_queries_total
  * pagedserve_engine_steps_total                   (no counterpart)
- * pagedserve_engine_step_tokens                   vllm:iteration_tokens_total (a histogram)
- * pagedserve_engine_step_seconds                  (v0: vllm:model_execute_time_milliseconds)
+ * pagedserve_engine_step_tokens                   ~ vllm:iteration_tokens_total (v1 counts a
+ *                                                 prompt whole, at the step ending its prefill;
+ *                                                 here each chunk's rows, when computed)
+ * pagedserve_engine_step_seconds                  (no per-step counterpart)
  * pagedserve_request_success_total{finished_reason} vllm:request_success_total
  *   (from EngineStats.requests_finished: one per choice; labels stop|length|abort|error)
  * pagedserve_http_requests_total{code}            (prometheus-fastapi-instrumentator's

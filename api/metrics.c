@@ -96,6 +96,7 @@ static void histogram(Out *o, const char *name, const char *help, const ApiHisto
 }
 
 /* The engine's fixed-bucket step histograms, rendered as any other. */
+_Static_assert(ENGINE_STEP_BUCKETS <= API_HIST_MAX_BOUNDS, "step buckets fit ApiHistogram");
 static void step_histogram(Out *o, const char *name, const char *help,
                            const EngineStepHistogram *e) {
     ApiHistogram h;
@@ -174,8 +175,9 @@ static void engine_metrics(Out *o, const EngineStats *s) {
                    "Seconds each engine step that computed tokens took: scheduling, the "
                    "forward pass, sampling.", &s->step_seconds);
     step_histogram(o, "pagedserve_engine_step_tokens",
-                   "Tokens each engine step computed: one per decoding sequence plus the "
-                   "prompt tokens of its prefill chunks.", &s->step_rows);
+                   "Tokens each engine step computed: one per decoding sequence plus its "
+                   "prefill rows (prompt tokens, or a preempted sequence's tokens recomputed).",
+                   &s->step_rows);
 }
 
 static void request_metrics(Out *o, const ApiMetrics *m, const EngineStats *s) {

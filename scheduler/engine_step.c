@@ -125,6 +125,7 @@ static void fail_scheduled(Engine *e)
     }
 }
 
+/* Rows the step's forward pass computed (0 when it failed). */
 static int32_t run_model(Engine *e)
 {
     int32_t rows = 0;
@@ -141,10 +142,11 @@ static int32_t run_model(Engine *e)
     if (e->n_sched == 0)
         return 0;
     const float *logits = e->ops.forward(e->ops.ctx, &e->kv, e->batch, e->n_sched);
-    if (!logits)
+    if (!logits) {
         fail_scheduled(e);
-    else
-        engine_process_outputs(e, logits);
+        return 0;
+    }
+    engine_process_outputs(e, logits);
     return rows;
 }
 
@@ -221,9 +223,10 @@ void engine_publish(Engine *e)
 /* Buckets of a millisecond (a tiny model's step) to seconds (a large model's prefill), and
  * of one decode row to a long prompt's chunk. */
 const double engine_step_seconds_bounds[ENGINE_STEP_BUCKETS] = {
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5};
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 20.0, 60.0};
 const double engine_step_rows_bounds[ENGINE_STEP_BUCKETS] = {
-    1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048};
+    1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
 
 static void step_histogram_observe(EngineStepHistogram *h, double v)
 {

@@ -139,7 +139,7 @@ void engine_event_free(EngineEvent *ev);
  * observations in (bounds[i-1], bounds[i]], counts[ENGINE_STEP_BUCKETS] those above every
  * bound. bounds points at engine_step_seconds_bounds or engine_step_rows_bounds (NULL in
  * a zeroed EngineStats: no bucket but +Inf). */
-#define ENGINE_STEP_BUCKETS 14
+#define ENGINE_STEP_BUCKETS 18
 typedef struct {
     const double *bounds;
     int64_t counts[ENGINE_STEP_BUCKETS + 1];
@@ -166,8 +166,9 @@ typedef struct {
     /* counters since start */
     int64_t prompt_tokens, generation_tokens, prefix_cache_hit_tokens, prefix_cache_queries;
     int64_t preemptions, steps, requests_finished[FINISH_ERROR + 1];
-    EngineStepHistogram step_seconds; /* wall time of each step that computed rows:
-                                       * scheduling, forward pass, sampling, events */
+    EngineStepHistogram step_seconds; /* wall time of each step that computed rows, from
+                                       * scheduling to its sampled outputs (not the
+                                       * inbox before it nor publishing after) */
     EngineStepHistogram step_rows;    /* rows (decode tokens + prompt tokens) it computed */
     double last_step_end;          /* monotonic seconds; watchdog for /health */
 } EngineStats;
@@ -202,7 +203,8 @@ void engine_stats(Engine *e, EngineStats *out);
 void engine_calibration(const Engine *e, EngineCalibration *out);
 
 /* For tests and tools without a thread: run one step on the calling thread (do not mix
- * with engine_start). Returns the number of rows computed (0 = nothing to do). */
+ * with engine_start). Returns the number of rows computed (0: nothing to do, or the
+ * forward pass failed and its sequences ended with an error). */
 int engine_step(Engine *e);
 
 /* ---- added: details of the contract ------------------------------------------------------

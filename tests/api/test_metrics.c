@@ -441,6 +441,24 @@ static void test_edges(void **state) {
     assert_true(fabs(value_of(x, "pagedserve_kv_internal_fragmentation_ratio", "") - 28.0 / 128.0) < 1e-9);
     assert_true(value_of(x, "pagedserve_kv_slot_fill_ratio", "") == 100.0 / 128.0);
     assert_true(value_of(x, "pagedserve_prompt_tokens_total", "") == 123456789012345.0);
+    free(text);
+    /* every bound of the step histograms is a bucket; zeroed stats (no bounds) still give
+     * a well-formed family: +Inf equal to the count */
+    char le[64];
+    for (int i = 0; i < ENGINE_STEP_BUCKETS; i++) {
+        snprintf(le, sizeof le, "le=\"%g\"", engine_step_rows_bounds[i]);
+        assert_non_null(find(x, "pagedserve_engine_step_tokens_bucket", le));
+        snprintf(le, sizeof le, "le=\"%g\"", engine_step_seconds_bounds[i]);
+        assert_non_null(find(x, "pagedserve_engine_step_seconds_bucket", le));
+    }
+    memset(&s, 0, sizeof s);
+    s.step_rows.count = 3;
+    s.step_rows.sum = 7;
+    text = api_metrics_render(&m, &s, NULL);
+    exposition_parse(text, x);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_bucket", "le=\"+Inf\"") == 3);
+    assert_true(value_of(x, "pagedserve_engine_step_tokens_count", "") == 3);
+    assert_null(find(x, "pagedserve_engine_step_tokens_bucket", "le=\"1\""));
     free(x);
     free(text);
 

@@ -1348,7 +1348,11 @@ static void test_forward_failure(void **state)
     h_submit(e, &q);
     h_step(h, e, f);
     f->fail_forward = 1;
-    h_step(h, e, f);
+    assert_int_equal(h_step(h, e, f), 0); /* computed nothing */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.step_rows.count, 1); /* the prompt's step only */
+    assert_int_equal(st.step_seconds.count, 1);
     uint64_t id = 1;
     for (int c = 0; c < 2; c++) {
         assert_int_equal(h_req(h, id)->ch[c].reason, FINISH_ERROR);

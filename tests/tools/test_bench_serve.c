@@ -714,7 +714,8 @@ static void test_real_server_closed_loop(void **state)
                          jint(srv, "before.generation_tokens_total"),
                      8 * 16);
     /* Its steps: every generated token came out of one, and a step that computed tokens
-     * computed at least one (16 tokens a request: the first from a prefill step). */
+     * computed at least one (16 tokens a request: the first from a prefill step). The
+     * prompts are distinct random words: no prefix-cache hit shortens a prefill. */
     long steps = jint(srv, "after.engine_step_tokens_count") -
                  jint(srv, "before.engine_step_tokens_count");
     long step_tokens = jint(srv, "after.engine_step_tokens_sum") -
