@@ -67,10 +67,11 @@ static int cal_size(const Engine *e, CalProbe *p)
     if (p->decodes > e->cfg.max_batch_tokens - p->probe_rows)
         p->decodes = e->cfg.max_batch_tokens - p->probe_rows;
     p->per_seq = engine_blocks_for_positions(e, p->context);
-    int32_t room = (e->n_blocks - engine_blocks_for_positions(e, p->probe_rows)) / p->per_seq;
+    int32_t prompt_blocks = engine_blocks_for_positions(e, p->probe_rows);
+    int32_t room = (e->n_blocks - prompt_blocks) / p->per_seq;
     if (p->decodes > room)
         p->decodes = room;
-    p->n_blocks = p->decodes * p->per_seq + engine_blocks_for_positions(e, p->probe_rows);
+    p->n_blocks = p->decodes * p->per_seq + prompt_blocks;
     return p->decodes >= 1;
 }
 
