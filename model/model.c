@@ -49,6 +49,18 @@ int model_load(const char *path, Model **out, char *err, size_t err_len)
     return model_load_as(path, MODEL_WEIGHTS_AUTO, out, err, err_len);
 }
 
+int model_plan(const char *path, ModelWeightType weights, ModelPlan *plan, char *err,
+               size_t err_len)
+{
+    GgufFile *f = NULL;
+    memset(plan, 0, sizeof *plan);
+    if (gguf_open(path, &f, err, err_len) != 0)
+        return -1;
+    int rc = weights_plan(f, weights, plan, err, err_len);
+    gguf_close(f);
+    return rc;
+}
+
 int model_load_as(const char *path, ModelWeightType weights, Model **out, char *err,
                   size_t err_len)
 {

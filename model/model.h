@@ -84,6 +84,19 @@ int model_load_as(const char *path, ModelWeightType weights, Model **out, char *
                   size_t err_len);
 void model_free(Model *m);
 
+/* What model_load_as(path, weights) would hold, found without allocating it (the same
+ * checks run first, so a file it refuses fails here too): the config as the load fills
+ * it, the bytes of weights in memory (model_weight_bytes after the load), and the largest
+ * row-major F32 copy of a matrix the load holds beside them for a moment before packing
+ * it. For checking that a model fits in memory before loading it. */
+typedef struct {
+    ModelConfig config;
+    size_t weight_bytes;
+    size_t load_extra_bytes;
+} ModelPlan;
+int model_plan(const char *path, ModelWeightType weights, ModelPlan *plan, char *err,
+               size_t err_len);
+
 const ModelConfig *model_config(const Model *m);
 const Tokenizer *model_tokenizer(const Model *m);
 /* Bytes of weights held in memory (after dequantisation, as F32 or F16). */
@@ -110,6 +123,9 @@ typedef struct {
 
 /* Scratch buffers for passes of up to max_rows rows; one per engine. */
 typedef struct ModelRunner ModelRunner;
+
+/* The most a runner of max_rows rows holds: its buffers, and logits for every row. */
+size_t model_runner_bytes(const ModelConfig *c, int max_rows);
 
 int model_runner_create(const Model *m, int max_rows, ModelRunner **out,
                         char *err, size_t err_len);

@@ -174,7 +174,8 @@ static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_
 
 typedef struct {
     const GgufFile *f;
-    size_t bytes;          /* F32 bytes allocated so far */
+    size_t bytes;          /* bytes held so far (a dry run counts what it would hold) */
+    size_t largest_copy;   /* largest row-major F32 matrix held a moment before packing */
     uint32_t type_count[64];
     uint32_t type_other;   /* matrices of types ≥ 64 (unsupported anyway) */
     char *err;
@@ -188,10 +189,9 @@ typedef struct {
 static float dry_run_buffer[1];
 
 static float *alloc_floats(Loader *ld, size_t n, const char *what) {
-    if (ld->dry)
-        return dry_run_buffer;
-    void *p = NULL;
-    if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, n * sizeof(float)) != 0) {
+    void *p = dry_run_buffer;
+    if (n > SIZE_MAX / sizeof(float) ||
+        (!ld->dry && posix_memalign(&p, 64, n * sizeof(float)) != 0)) {
         model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
         return NULL;
     }
@@ -282,7 +282,7 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 /* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
 static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
                         MatmulWeights *dst, const char *what) {
-    int rc = matmul_weights_pack(dst, rows, in, out, type);
+    int rc = ld->dry ? 0 : matmul_weights_pack(dst, rows, in, out, type);
     if (rc == -2 && type == MATMUL_F16)
         return model_errorf(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
                     "not finite): load the model with --weight-type f32", what);
@@ -303,14 +303,16 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
     return 0;
 }
 
-/* Packs a loaded row-major matrix into dst and frees it (a dry run has nothing to pack). */
+/* Packs a loaded row-major matrix into dst and frees it (a dry run only counts). */
 static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
                       MatmulWeights *dst, const char *what) {
-    if (ld->dry)
-        return 0;
-    ld->bytes -= (size_t)in * out * sizeof(float);
+    size_t copy = (size_t)in * out * sizeof(float);
+    if (copy > ld->largest_copy)
+        ld->largest_copy = copy;
+    ld->bytes -= copy;
     int rc = pack_counted(ld, rows, in, out, type, dst, what);
-    free(rows);
+    if (!ld->dry)
+        free(rows);
     return rc;
 }
 
@@ -394,8 +396,8 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
         const char *const embd[] = { "token_embd.weight" };
-        if (!ld->dry && pack_counted(ld, w->token_embd, (int)dim, (int)vocab, pack_type_for(ld, 1, embd),
-                                     &w->output, "token_embd.weight (tied output)") < 0)
+        if (pack_counted(ld, w->token_embd, (int)dim, (int)vocab, pack_type_for(ld, 1, embd),
+                         &w->output, "token_embd.weight (tied output)") < 0)
             return -1;
     } else {
         const char *const names[] = { "output.weight" };
@@ -416,24 +418,46 @@ int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
     return weights_load_as(f, MODEL_WEIGHTS_AUTO, config, w, weight_bytes, err, err_len);
 }
 
-int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config,
-                    TransformerWeights *w, size_t *weight_bytes, char *err, size_t err_len) {
-    memset(w, 0, sizeof *w);
-    *weight_bytes = 0;
-    ModelConfig c;
-    if (read_config(f, &c, err, err_len) < 0)
+/* Reads the config and runs the loader over every tensor without allocating anything: a
+ * file that names a huge or unsupported tensor fails here, before any buffer exists. */
+static int weights_dry_run(const GgufFile *f, ModelWeightType want, ModelConfig *c, Loader *dry,
+                           char *err, size_t err_len) {
+    if (read_config(f, c, err, err_len) < 0)
         return -1;
     if (want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) /* before any loading */
         return model_errorf(err, err_len, "%s", BF16_UNSUPPORTED);
     if (want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported())
         return model_errorf(err, err_len, "%s", INT8_UNSUPPORTED);
-    /* First a dry run over the same code: a file that names a huge or unsupported tensor
-     * fails here, before any of its buffers is allocated. */
-    Loader dry = {.f = f, .err = err, .err_len = err_len, .dry = true};
-    int checked = load_tensors(&dry, &c, w);
-    free(w->layers);
+    *dry = (Loader){.f = f, .err = err, .err_len = err_len, .dry = true, .want = want};
+    TransformerWeights w = {0};
+    int rc = load_tensors(dry, c, &w);
+    free(w.layers);
+    return rc;
+}
+
+int weights_plan(const GgufFile *f, ModelWeightType want, ModelPlan *plan, char *err,
+                 size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    Loader dry;
+    if (weights_dry_run(f, want, &plan->config, &dry, err, err_len) < 0)
+        return -1;
+    plan->config.weight_type = most_common_type(&dry);
+    plan->config.packed_matrices = dry.n_packed;
+    plan->config.packed_matrices_f16 = dry.n_packed_f16;
+    plan->config.packed_matrices_bf16 = dry.n_packed_bf16;
+    plan->config.packed_matrices_i8 = dry.n_packed_i8;
+    plan->weight_bytes = dry.bytes;
+    plan->load_extra_bytes = dry.largest_copy;
+    return 0;
+}
+
+int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config,
+                    TransformerWeights *w, size_t *weight_bytes, char *err, size_t err_len) {
     memset(w, 0, sizeof *w);
-    if (checked < 0)
+    *weight_bytes = 0;
+    ModelConfig c;
+    Loader dry;
+    if (weights_dry_run(f, want, &c, &dry, err, err_len) < 0)
         return -1;
     Loader ld = {.f = f, .err = err, .err_len = err_len, .want = want};
     if (load_tensors(&ld, &c, w) < 0) {

@@ -46,6 +46,9 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
                     TransformerWeights *w, size_t *weight_bytes, char *err, size_t err_len);
 int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
                  size_t *weight_bytes, char *err, size_t err_len);
+/* The dry run of weights_load_as alone (model_plan). */
+int weights_plan(const GgufFile *f, ModelWeightType want, ModelPlan *plan, char *err,
+                 size_t err_len);
 void weights_free(TransformerWeights *w, const ModelConfig *config);
 
 #endif

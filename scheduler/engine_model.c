@@ -75,6 +75,17 @@ static void real_destroy(void *ctx)
     free(m);
 }
 
+/* Per vocabulary entry: the sampler's candidate and weight, a row of scratch logits, the
+ * detokeniser's and the JSON format's token tables and cached masks; 64 bytes is above
+ * their sum for the usual token lengths. */
+#define ENGINE_BYTES_PER_VOCAB 64
+
+size_t engine_memory_bytes(const ModelConfig *mc, const EngineConfig *cfg)
+{
+    return cfg->kv_cache_bytes + model_runner_bytes(mc, cfg->max_batch_tokens) +
+           (size_t)mc->vocab_size * ENGINE_BYTES_PER_VOCAB;
+}
+
 int engine_create(const Model *model, const EngineConfig *cfg,
                   void (*notify)(void *arg), void *notify_arg,
                   Engine **out, char *err, size_t err_len)

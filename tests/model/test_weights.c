@@ -149,14 +149,19 @@ static GgufFile *make_model(const Spec *s, void **data) {
 }
 
 /* weights_load must fail with a message containing each needle. */
-static void expect_load_fail(const Spec *s, const char *needle1, const char *needle2) {
+/* The load refuses the file with a message holding both needles; with `planned` (every
+ * fault of keys, shapes or types) weights_plan refuses it too, with the same message and
+ * before allocating anything; a tensor's values only the real load reads. */
+static void load_fails(const Spec *s, const char *needle1, const char *needle2, bool planned) {
     void *data;
     GgufFile *f = make_model(s, &data);
     ModelConfig c;
     TransformerWeights w;
     size_t bytes = 123;
-    char err[512] = "";
+    char err[512] = "", plan_err[512] = "";
     int rc = weights_load(f, &c, &w, &bytes, err, sizeof err);
+    ModelPlan plan;
+    int plan_rc = weights_plan(f, MODEL_WEIGHTS_AUTO, &plan, plan_err, sizeof plan_err);
     gguf_close(f);
     free(data);
     if (rc == 0) {
@@ -166,6 +171,14 @@ static void expect_load_fail(const Spec *s, const char *needle1, const char *nee
     if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
         fail_msg("error '%s' does not mention '%s'%s%s", err, needle1, needle2 ? " and " : "",
                  needle2 ? needle2 : "");
+    if (!planned)
+        return;
+    assert_int_equal(plan_rc, -1);
+    assert_string_equal(plan_err, err);
+}
+
+static void expect_load_fail(const Spec *s, const char *needle1, const char *needle2) {
+    load_fails(s, needle1, needle2, true);
 }
 
 /* Dequantised copy of a file tensor. */
@@ -488,6 +501,47 @@ static void test_forced_weight_types(void **state) {
     }
 }
 
+/* weights_plan says what weights_load_as then holds, for every file type and every weight
+ * type asked: the same config and matrix types, the same bytes, and as the load's passing
+ * copy the largest matrix read row-major as F32 before packing (with a tied output the
+ * embedding table is kept, not a passing copy). */
+static void test_plan_matches_load(void **state) {
+    (void)state;
+    const GgmlType files[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 };
+    const ModelWeightType wants[] = { MODEL_WEIGHTS_AUTO, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16,
+                                      MODEL_WEIGHTS_BF16, MODEL_WEIGHTS_INT8 };
+    for (size_t i = 0; i < 2 * sizeof files / sizeof files[0]; i++)
+        for (size_t k = 0; k < sizeof wants / sizeof wants[0]; k++) {
+            if (wants[k] == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported())
+                continue; /* refused before planning; test_bf16_needs_cpu_support covers it */
+            Spec s = default_spec();
+            s.type = files[i / 2];
+            s.tied = i % 2;
+            void *data;
+            GgufFile *f = make_model(&s, &data);
+            ModelPlan plan;
+            ModelConfig c;
+            TransformerWeights w;
+            size_t bytes;
+            char err[512];
+            if (weights_plan(f, wants[k], &plan, err, sizeof err) < 0 ||
+                weights_load_as(f, wants[k], &c, &w, &bytes, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            assert_memory_equal(&plan.config, &c, sizeof c);
+            assert_int_equal(plan.weight_bytes, bytes);
+            size_t q = (size_t)c.n_heads * c.head_dim, kv = (size_t)c.n_kv_heads * c.head_dim;
+            size_t dim = (size_t)c.dim, ffn = (size_t)c.ffn_dim, vocab = (size_t)c.vocab_size;
+            size_t largest = s.tied ? 0 : vocab * dim;
+            const size_t layer[] = { (q + 2 * kv) * dim, q * dim, 2 * ffn * dim, ffn * dim };
+            for (size_t m = 0; m < 4; m++)
+                largest = layer[m] > largest ? layer[m] : largest;
+            assert_int_equal(plan.load_extra_bytes, largest * sizeof(float));
+            weights_free(&w, &c);
+            gguf_close(f);
+            free(data);
+        }
+}
+
 /* Without the instructions a forced type needs (a CPU that has them is told it has not,
  * through the environment variable `off`, as matmul.h allows), loading is refused with a
  * message that names them. */
@@ -649,7 +703,7 @@ static void test_rope_scaling_and_freqs(void **state) {
     const float zero[8] = {1, 1, 0, 1, 1, 1, 1, 1};
     s.rope_freqs = zero;
     s.n_rope_freqs = 8;
-    expect_load_fail(&s, "rope_freqs.weight[2]", "positive");
+    load_fails(&s, "rope_freqs.weight[2]", "positive", false);
 }
 
 /* An unsupported type is refused naming tensor and type (patched into a valid file). */
@@ -690,6 +744,7 @@ int main(void) {
         cmocka_unit_test(test_f16_file_stays_f16),
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
+        cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
