@@ -294,9 +294,49 @@ static int http_start(Server *s)
     return 0;
 }
 
+/* The "memory" event: the check's line, and its numbers for log collectors. */
+static void log_memory(LogLevel level, const ModelPlan *plan, const ServerConfig *c,
+                       const ServerMemory *mem, const char *msg)
+{
+    json_t *f = json_object();
+    if (f) {
+        json_object_set_new(f, "needed_mib", json_integer((json_int_t)(server_memory_need(plan, &c->engine) >> 20)));
+        json_object_set_new(f, "available_mib", mem->available ? json_integer((json_int_t)(mem->available >> 20)) : json_null());
+        json_object_set_new(f, "cgroup_limit_mib", mem->cgroup_limit ? json_integer((json_int_t)(mem->cgroup_limit >> 20)) : json_null());
+    }
+    server_log_event(level, "memory", f, "%s", msg);
+}
+
+/* Refuses (logged) a model and KV cache that would not fit, before allocating them. */
+static int server_check_memory(const ServerConfig *c)
+{
+    char msg[1024];
+    ModelPlan plan;
+    if (model_plan(c->model_path, c->weight_type, &plan, msg, sizeof msg) != 0) {
+        server_log(LOG_ERROR, "cannot load model: %s", msg);
+        return -1;
+    }
+    ServerMemory mem;
+    server_memory_read("", &mem);
+    if (server_memory_check(c, &plan, &mem, msg, sizeof msg) == 0) {
+        log_memory(LOG_INFO, &plan, c, &mem, msg);
+        return 0;
+    }
+    if (!c->no_memory_check) {
+        log_memory(LOG_ERROR, &plan, c, &mem, msg);
+        return -1;
+    }
+    size_t len = strlen(msg);
+    snprintf(msg + len, sizeof msg - len, " (--no-memory-check: loading)");
+    log_memory(LOG_WARN, &plan, c, &mem, msg);
+    return 0;
+}
+
 static int server_open(Server *s)
 {
-    char err[512];
+    char err[1024];
+    if (server_check_memory(s->cfg) != 0)
+        return -1;
     double t0 = server_now();
     if (model_load_as(s->cfg->model_path, s->cfg->weight_type, &s->model, err, sizeof err) != 0) {
         server_log(LOG_ERROR, "cannot load model: %s", err);

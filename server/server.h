@@ -78,6 +78,7 @@ typedef struct {
     bool force_usage;        /* --force-usage */
     int health_stall_s;      /* --health-stall-s, 60 */
     int threads;             /* --threads, number of cores */
+    bool no_memory_check;    /* --no-memory-check: load even when it looks too big */
     LogLevel log_level;      /* --log-level, info */
     LogFormat log_format;    /* --log-format, json */
 } ServerConfig;
@@ -105,6 +106,28 @@ bool server_log_enabled(LogLevel level);
  * {"ts","level","event":"message","msg"}. Structured events (start-up, requests, ...) are
  * server_log_event in server_internal.h. */
 void server_log(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- memory: does the model fit? ------------------------------------------------------------ */
+
+/* What this process may still allocate, read from files under root ("" for the real /proc
+ * and /sys; a test gives a folder laid out like them). */
+typedef struct {
+    uint64_t meminfo_available; /* /proc/meminfo MemAvailable; 0 = unreadable */
+    uint64_t cgroup_limit;      /* the memory limit leaving the least room, of the process's
+                                 * cgroup and those above it (v2 memory.max, v1
+                                 * hierarchical_memory_limit); 0 = none */
+    uint64_t cgroup_used;       /* that cgroup's usage less its inactive file pages */
+    uint64_t available;         /* the smaller room of the two; 0 = nothing readable */
+} ServerMemory;
+void server_memory_read(const char *root, ServerMemory *m);
+/* Bytes the server holds with this model (model_plan) and engine config: the weights, then
+ * the larger of the load's F32 copy and the engine's memory, and a base for the process. */
+size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine);
+/* 0 when the need fits in m->available (or nothing was readable), with a line for the log
+ * in msg; -1 with the error in msg: the need and its parts, what is available and where
+ * that came from, the int8 weights' size when smaller, and the flags that change it. */
+int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const ServerMemory *m,
+                        char *msg, size_t msg_len);
 
 /* ---- health probe ----------------------------------------------------------------------------- */
 

@@ -234,13 +234,21 @@ static void test_json_log(void **state)
     json_t *lines = parse_log_lines(log);
     free(log);
 
-    /* lifecycle: startup, listening, ... draining, stopping, stopped */
+    /* lifecycle: memory, startup, listening, ... draining, stopping, stopped */
+    int memory = find_event(lines, "memory", NULL);
     int startup = find_event(lines, "startup", NULL), listening = find_event(lines, "listening",
                                                                              NULL);
     int draining = find_event(lines, "draining", NULL), stopping = find_event(lines, "stopping",
                                                                                NULL);
     int stopped = find_event(lines, "stopped", NULL);
-    assert_int_equal(startup, 0);
+    assert_int_equal(memory, 0);
+    json_t *mem = json_array_get(lines, (size_t)memory);
+    assert_string_equal(json_string_value(json_object_get(mem, "level")), "info");
+    assert_true(int_field(mem, "needed_mib") > 16); /* the --kv-cache-mb alone */
+    assert_non_null(json_object_get(mem, "cgroup_limit_mib"));
+    json_t *avail = json_object_get(mem, "available_mib");
+    assert_true(json_is_null(avail) || json_integer_value(avail) >= int_field(mem, "needed_mib"));
+    assert_int_equal(startup, 1);
     assert_true(listening > startup);
     assert_true(draining > listening && stopping > draining && stopped > stopping);
     check_startup(json_array_get(lines, (size_t)startup), blocks_total);

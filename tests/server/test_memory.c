@@ -1,0 +1,334 @@
+/* test_memory — the start-up memory check: what server_memory_read finds in /proc and
+ * /sys laid out by the test (MemAvailable, cgroup v2 and v1 limits, in a container and
+ * not), what server_memory_check says about a real model file against it, and the
+ * binary refusing a KV cache no machine has, or one above its cgroup's limit. */
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "server/server.h"
+#include "tests/server/server_test.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
+
+static const char *bin_path(const char *name)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_bin_dir(), name);
+    return path;
+}
+
+/* ---- a machine of the test's own: files under a temporary root ------------------------- */
+
+static char root[64];
+
+static int root_setup(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/pagedserve-mem-XXXXXX");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int root_teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Writes text to root/path, making its folders. */
+static void put(const char *path, const char *text)
+{
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", root, path);
+    for (char *p = full + strlen(root) + 1; (p = strchr(p, '/')); p++) {
+        *p = '\0';
+        mkdir(full, 0755);
+        *p = '/';
+    }
+    FILE *f = fopen(full, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void put_meminfo(uint64_t available_kib)
+{
+    char text[256];
+    snprintf(text, sizeof text, "MemTotal:       25000000 kB\nMemFree:        1000 kB\n"
+             "MemAvailable:   %llu kB\nBuffers:        12 kB\n", (unsigned long long)available_kib);
+    put("/proc/meminfo", text);
+}
+
+static void put_number(const char *path, uint64_t v)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%llu\n", (unsigned long long)v);
+    put(path, text);
+}
+
+static ServerMemory read_root(void)
+{
+    ServerMemory m;
+    server_memory_read(root, &m);
+    return m;
+}
+
+/* ---- server_memory_read ---------------------------------------------------------------- */
+
+static void test_meminfo_only(void **state)
+{
+    root_setup(state);
+    put_meminfo(8 * 1024 * 1024);
+    ServerMemory m = read_root();
+    assert_int_equal(m.meminfo_available, 8 * GiB);
+    assert_int_equal(m.cgroup_limit, 0);
+    assert_int_equal(m.available, 8 * GiB);
+    root_teardown(state);
+}
+
+static void test_nothing_readable(void **state)
+{
+    root_setup(state);
+    ServerMemory m = read_root();
+    assert_int_equal(m.available, 0);
+    put("/proc/meminfo", "MemTotal: 1 kB\nMemAvailable: many kB\n");
+    put("/proc/self/cgroup", "0::/a\n");
+    put("/sys/fs/cgroup/a/memory.max", "max\n");
+    m = read_root();
+    assert_int_equal(m.available, 0);
+    root_teardown(state);
+}
+
+/* v2: the process's cgroup and those above it; inactive file pages do not count as used;
+ * the limit leaving the least room wins, whichever level it is on. */
+static void test_cgroup_v2(void **state)
+{
+    root_setup(state);
+    put_meminfo(8 * 1024 * 1024);
+    put("/proc/self/cgroup", "0::/svc/job\n");
+    put("/sys/fs/cgroup/svc/job/memory.max", "max\n");
+    put_number("/sys/fs/cgroup/svc/memory.max", 2 * GiB);
+    put_number("/sys/fs/cgroup/svc/memory.current", 700 * MiB);
+    put("/sys/fs/cgroup/svc/memory.stat", "anon 400000\nfile 300000\nactive_file 1\n"
+        "inactive_file 209715200\nslab 3\n"); /* 200 MiB */
+    ServerMemory m = read_root();
+    assert_int_equal(m.cgroup_limit, 2 * GiB);
+    assert_int_equal(m.cgroup_used, 500 * MiB);
+    assert_int_equal(m.available, 2 * GiB - 500 * MiB);
+    /* a tighter limit on the job itself */
+    put_number("/sys/fs/cgroup/svc/job/memory.max", 1 * GiB);
+    put_number("/sys/fs/cgroup/svc/job/memory.current", 100 * MiB);
+    m = read_root();
+    assert_int_equal(m.cgroup_limit, 1 * GiB);
+    assert_int_equal(m.available, 1 * GiB - 100 * MiB);
+    /* the parent's limit binds again once it leaves less room than the job's */
+    put_number("/sys/fs/cgroup/svc/memory.current", 1900 * MiB);
+    m = read_root();
+    assert_int_equal(m.cgroup_limit, 2 * GiB);
+    assert_int_equal(m.available, 2 * GiB - 1700 * MiB);
+    /* MemAvailable when it is the smaller */
+    put_meminfo(100 * 1024);
+    m = read_root();
+    assert_int_equal(m.available, 100 * MiB);
+    root_teardown(state);
+}
+
+/* In a container the path names the host's cgroup, which the container's mount does not
+ * have: its top is the container's own cgroup (docker run --memory). */
+static void test_cgroup_v2_container(void **state)
+{
+    root_setup(state);
+    put_meminfo(20 * 1024 * 1024);
+    put("/proc/self/cgroup", "0::/system.slice/docker-0123abcd.scope\n");
+    put_number("/sys/fs/cgroup/memory.max", 512 * MiB);
+    put_number("/sys/fs/cgroup/memory.current", 12 * MiB);
+    ServerMemory m = read_root();
+    assert_int_equal(m.cgroup_limit, 512 * MiB);
+    assert_int_equal(m.available, 500 * MiB);
+    root_teardown(state);
+}
+
+/* v1: the memory controller's line (one of a list), memory.stat's hierarchical limit less
+ * usage_in_bytes and total_inactive_file; "unlimited" (about 2^63) is no limit. */
+static void test_cgroup_v1(void **state)
+{
+    root_setup(state);
+    put_meminfo(20 * 1024 * 1024);
+    put("/proc/self/cgroup", "5:cpu,cpuacct:/\n4:memory:/grp\n0::/\n");
+    put("/sys/fs/cgroup/memory/grp/memory.stat", "cache 1\nrss 2\nhierarchical_memory_limit "
+        "1073741824\ntotal_cache 3\ntotal_inactive_file 104857600\n");
+    put_number("/sys/fs/cgroup/memory/grp/memory.usage_in_bytes", 300 * MiB);
+    ServerMemory m = read_root();
+    assert_int_equal(m.cgroup_limit, 1 * GiB);
+    assert_int_equal(m.cgroup_used, 200 * MiB);
+    assert_int_equal(m.available, 824 * MiB);
+    put("/sys/fs/cgroup/memory/grp/memory.stat", "hierarchical_memory_limit 9223372036854771712\n");
+    m = read_root();
+    assert_int_equal(m.cgroup_limit, 0);
+    assert_int_equal(m.available, 20 * GiB);
+    root_teardown(state);
+}
+
+/* ---- server_memory_check on a real file ------------------------------------------------ */
+
+static ServerConfig config_for(const char *model, ModelWeightType type, size_t kv_mib)
+{
+    ServerConfig c = {0};
+    c.model_path = (char *)model;
+    c.weight_type = type;
+    engine_config_default(&c.engine);
+    c.engine.kv_cache_bytes = kv_mib * MiB;
+    return c;
+}
+
+/* The need adds the planned weights, the larger of the load's copy and the engine's
+ * memory, and a base; exactly the need fits, a byte less is refused with the numbers and
+ * the ways out; nothing readable is not refused. */
+static void test_check(void **state)
+{
+    (void)state;
+    const char *model = test_random_model();
+    assert_non_null(model);
+    ServerConfig c = config_for(model, MODEL_WEIGHTS_AUTO, 64);
+    ModelPlan plan;
+    char msg[1024];
+    assert_int_equal(model_plan(model, c.weight_type, &plan, msg, sizeof msg), 0);
+    size_t need = server_memory_need(&plan, &c.engine);
+    assert_true(need > plan.weight_bytes + c.engine.kv_cache_bytes);
+    assert_true(need >= plan.weight_bytes + engine_memory_bytes(&plan.config, &c.engine));
+    ServerMemory m = {.meminfo_available = need, .available = need};
+    assert_int_equal(server_memory_check(&c, &plan, &m, msg, sizeof msg), 0);
+    assert_non_null(strstr(msg, "MemAvailable"));
+    m.available = m.meminfo_available = need - 1;
+    assert_int_equal(server_memory_check(&c, &plan, &m, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "not enough memory"));
+    assert_non_null(strstr(msg, "KV cache 64 MiB"));
+    assert_non_null(strstr(msg, "(MemAvailable)"));
+    assert_non_null(strstr(msg, "--kv-cache-mb"));
+    assert_non_null(strstr(msg, "--no-memory-check"));
+    /* a cgroup's limit is named when it is what binds */
+    m = (ServerMemory){.meminfo_available = 8 * GiB, .cgroup_limit = need, .cgroup_used = 2 * MiB,
+                       .available = need - 2 * MiB};
+    assert_int_equal(server_memory_check(&c, &plan, &m, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "cgroup's memory limit"));
+    m = (ServerMemory){0};
+    assert_int_equal(server_memory_check(&c, &plan, &m, msg, sizeof msg), 0);
+    assert_non_null(strstr(msg, "unknown"));
+}
+
+/* A file widened to F32 is told what int8 would hold; asked for int8 already, it is not. */
+static void test_check_int8_hint(void **state)
+{
+    (void)state;
+    char model[64], bin[1024], msg[1024];
+    snprintf(model, sizeof model, "/tmp/pagedserve-mem-q8-%d.gguf", (int)getpid());
+    snprintf(bin, sizeof bin, "%s/mkmodel", test_bin_dir());
+    const char *mk[] = {bin, "--demo", "--type", "q8_0", "-o", model, NULL};
+    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+    ServerConfig c = config_for(model, MODEL_WEIGHTS_AUTO, 16);
+    ModelPlan plan, int8;
+    assert_int_equal(model_plan(model, MODEL_WEIGHTS_AUTO, &plan, msg, sizeof msg), 0);
+    assert_int_equal(model_plan(model, MODEL_WEIGHTS_INT8, &int8, msg, sizeof msg), 0);
+    assert_true(int8.weight_bytes < plan.weight_bytes);
+    ServerMemory m = {.meminfo_available = 1, .available = 1};
+    assert_int_equal(server_memory_check(&c, &plan, &m, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "q8_0 on disk, held as f32"));
+    assert_non_null(strstr(msg, "--weight-type int8 holds these weights in"));
+    c.weight_type = MODEL_WEIGHTS_INT8;
+    assert_int_equal(server_memory_check(&c, &int8, &m, msg, sizeof msg), -1);
+    assert_null(strstr(msg, "--weight-type int8"));
+    unlink(model);
+}
+
+/* ---- the binary ------------------------------------------------------------------------ */
+
+/* A KV cache of 1 TiB: refused before anything is allocated, exit 1, the event logged. */
+static void test_refuses_what_no_machine_has(void **state)
+{
+    (void)state;
+    const char *argv[] = {bin_path("pagedserve"), "-m", test_random_model(), "--port", "0",
+                          "--kv-cache-mb", "1048576", NULL};
+    char *err = NULL;
+    assert_int_equal(proc_run(argv, NULL, &err, 30.0), 1);
+    assert_non_null(strstr(err, "\"event\":\"memory\""));
+    assert_non_null(strstr(err, "not enough memory"));
+    assert_non_null(strstr(err, "KV cache 1024.0 GiB"));
+    assert_null(strstr(err, "\"event\":\"startup\""));
+    free(err);
+}
+
+/* ---- a real cgroup: the kernel's own files --------------------------------------------- */
+
+/* A memory cgroup of its own with a 256 MiB limit (v2 under the root, or v1's memory
+ * hierarchy), or 0 when this machine does not let the test make one (not root, no memory
+ * controller): then the cgroup test says it was skipped. */
+static int cgroup_make(char *dir, size_t cap)
+{
+    struct stat st;
+    int v2 = stat("/sys/fs/cgroup/cgroup.controllers", &st) == 0;
+    snprintf(dir, cap, "%s/pagedserve-test-%d", v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory",
+             (int)getpid());
+    if (mkdir(dir, 0755) != 0)
+        return 0;
+    char file[600];
+    snprintf(file, sizeof file, "%s/%s", dir, v2 ? "memory.max" : "memory.limit_in_bytes");
+    FILE *f = fopen(file, "w");
+    int ok = f && fprintf(f, "%llu\n", (unsigned long long)(256 * MiB)) > 0;
+    if (f)
+        ok = (fclose(f) == 0) && ok;
+    if (!ok)
+        rmdir(dir);
+    return ok;
+}
+
+/* In a cgroup limited to 256 MiB (as `docker run --memory 256m` makes), a 512 MiB KV
+ * cache is refused by name of the limit, where it used to be killed by the kernel
+ * without a word; with --no-memory-check the server is let through (and the kernel then
+ * kills it when the cache is touched, or it fails to allocate: never a clean start). */
+static void test_real_cgroup_limit(void **state)
+{
+    (void)state;
+    char dir[512];
+    if (!cgroup_make(dir, sizeof dir)) {
+        print_message("SKIPPED real cgroup limit: cannot create a memory cgroup here "
+                      "(needs root and a writable memory controller)\n");
+        return;
+    }
+    char script[1536];
+    snprintf(script, sizeof script, "echo $$ > %s/cgroup.procs && exec \"$0\" \"$@\"", dir);
+    const char *argv[] = {"/bin/sh", "-c", script, bin_path("pagedserve"), "-m", test_random_model(),
+                          "--port", "0", "--threads", "1", "--kv-cache-mb", "512",
+                          "--max-prefill-chunk", "64", NULL, NULL};
+    char *err = NULL, *err_let = NULL;
+    int rc = proc_run(argv, NULL, &err, 60.0);
+    argv[14] = "--no-memory-check";
+    int rc_let = proc_run(argv, NULL, &err_let, 60.0);
+    int removed = rmdir(dir); /* before any assertion can leave it behind */
+    print_message("in the cgroup: exit %d; with --no-memory-check: exit %d\n", rc, rc_let);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "not enough memory"));
+    assert_non_null(strstr(err, "the cgroup's memory limit 256 MiB"));
+    assert_non_null(strstr(err_let, "--no-memory-check: loading"));
+    assert_int_not_equal(rc_let, 0);
+    assert_int_equal(removed, 0);
+    free(err);
+    free(err_let);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_meminfo_only),
+        cmocka_unit_test(test_nothing_readable),
+        cmocka_unit_test(test_cgroup_v2),
+        cmocka_unit_test(test_cgroup_v2_container),
+        cmocka_unit_test(test_cgroup_v1),
+        cmocka_unit_test(test_check),
+        cmocka_unit_test(test_check_int8_hint),
+        cmocka_unit_test(test_refuses_what_no_machine_has),
+        cmocka_unit_test(test_real_cgroup_limit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
