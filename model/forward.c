@@ -34,13 +34,14 @@ struct ModelRunner {
 
 static int qkv_dim(const ModelConfig *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 
-/* What model_runner_create allocates a row, and ensure_logits at most (rows <= max_rows). */
-size_t model_runner_bytes(const ModelConfig *c, int max_rows)
+/* What model_runner_create allocates a row, and ensure_logits for logit_rows rows. */
+size_t model_runner_bytes(const ModelConfig *c, int max_rows, int logit_rows)
 {
     size_t floats = 2 * (size_t)c->dim + (size_t)qkv_dim(c) + (size_t)c->n_heads * c->head_dim +
-                    2 * (size_t)c->ffn_dim + (size_t)c->vocab_size;
+                    2 * (size_t)c->ffn_dim;
     size_t row = floats * sizeof(float) + sizeof(int32_t) + sizeof(int32_t *) + sizeof(AttnSeq);
-    return (size_t)max_rows * row + sizeof(ModelRunner);
+    return (size_t)max_rows * row + (size_t)logit_rows * c->vocab_size * sizeof(float) +
+           sizeof(ModelRunner);
 }
 
 int model_runner_create(const Model *m, int max_rows, ModelRunner **out, char *err,

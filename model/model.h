@@ -85,14 +85,15 @@ int model_load_as(const char *path, ModelWeightType weights, Model **out, char *
 void model_free(Model *m);
 
 /* What model_load_as(path, weights) would hold, found without allocating it (the same
- * checks run first, so a file it refuses fails here too): the config as the load fills
- * it, the bytes of weights in memory (model_weight_bytes after the load), and the largest
- * row-major F32 copy of a matrix the load holds beside them for a moment before packing
- * it. For checking that a model fits in memory before loading it. */
+ * checks of keys, shapes and types run first, so a file they refuse fails here too): the
+ * config as the load fills it, the bytes of weights in memory (model_weight_bytes after
+ * the load), and the most the load holds at once (each matrix is read as a row-major F32
+ * copy and packed beside it before the copy is freed). For checking that a model fits in
+ * memory before loading it. */
 typedef struct {
     ModelConfig config;
     size_t weight_bytes;
-    size_t load_extra_bytes;
+    size_t load_peak_bytes; /* >= weight_bytes */
 } ModelPlan;
 int model_plan(const char *path, ModelWeightType weights, ModelPlan *plan, char *err,
                size_t err_len);
@@ -124,8 +125,9 @@ typedef struct {
 /* Scratch buffers for passes of up to max_rows rows; one per engine. */
 typedef struct ModelRunner ModelRunner;
 
-/* The most a runner of max_rows rows holds: its buffers, and logits for every row. */
-size_t model_runner_bytes(const ModelConfig *c, int max_rows);
+/* What a runner of max_rows rows holds: its buffers, and logits grown to logit_rows rows
+ * (they grow to the most rows a pass asked logits for). */
+size_t model_runner_bytes(const ModelConfig *c, int max_rows, int logit_rows);
 
 int model_runner_create(const Model *m, int max_rows, ModelRunner **out,
                         char *err, size_t err_len);

@@ -175,7 +175,7 @@ static int read_config(const GgufFile *f, ModelConfig *c, char *err, size_t err_
 typedef struct {
     const GgufFile *f;
     size_t bytes;          /* bytes held so far (a dry run counts what it would hold) */
-    size_t largest_copy;   /* largest row-major F32 matrix held a moment before packing */
+    size_t peak;           /* the most held at once: a matrix's F32 copy beside its packing */
     uint32_t type_count[64];
     uint32_t type_other;   /* matrices of types ≥ 64 (unsupported anyway) */
     char *err;
@@ -307,8 +307,9 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
 static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
                       MatmulWeights *dst, const char *what) {
     size_t copy = (size_t)in * out * sizeof(float);
-    if (copy > ld->largest_copy)
-        ld->largest_copy = copy;
+    size_t during = ld->bytes + matmul_weights_bytes(in, out, type); /* bytes holds the copy */
+    if (during > ld->peak)
+        ld->peak = during;
     ld->bytes -= copy;
     int rc = pack_counted(ld, rows, in, out, type, dst, what);
     if (!ld->dry)
@@ -447,7 +448,7 @@ int weights_plan(const GgufFile *f, ModelWeightType want, ModelPlan *plan, char 
     plan->config.packed_matrices_bf16 = dry.n_packed_bf16;
     plan->config.packed_matrices_i8 = dry.n_packed_i8;
     plan->weight_bytes = dry.bytes;
-    plan->load_extra_bytes = dry.largest_copy;
+    plan->load_peak_bytes = dry.peak > dry.bytes ? dry.peak : dry.bytes;
     return 0;
 }
 

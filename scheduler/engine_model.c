@@ -80,9 +80,12 @@ static void real_destroy(void *ctx)
  * their sum for the usual token lengths. */
 #define ENGINE_BYTES_PER_VOCAB 64
 
+/* Logits are counted for a row a sequence, what decode and the ends of prompts ask; only
+ * prompt logprobs (echo) ask them for every prompt row, up to max_batch_tokens. */
 size_t engine_memory_bytes(const ModelConfig *mc, const EngineConfig *cfg)
 {
-    return cfg->kv_cache_bytes + model_runner_bytes(mc, cfg->max_batch_tokens) +
+    int logit_rows = cfg->max_seqs < cfg->max_batch_tokens ? cfg->max_seqs : cfg->max_batch_tokens;
+    return cfg->kv_cache_bytes + model_runner_bytes(mc, cfg->max_batch_tokens, logit_rows) +
            (size_t)mc->vocab_size * ENGINE_BYTES_PER_VOCAB;
 }
 

@@ -182,9 +182,10 @@ typedef struct Engine Engine;
 int engine_create(const Model *model, const EngineConfig *cfg,
                   void (*notify)(void *arg), void *notify_arg,
                   Engine **out, char *err, size_t err_len);
-/* About the most engine_create allocates for a model of this config: the KV cache, the
- * model runner's scratch for max_batch_tokens rows with their logits, and the tables kept
- * per vocabulary entry (for checking that a model fits before loading it). */
+/* About what engine_create and serving allocate for a model of this config: the KV cache,
+ * the model runner's scratch for max_batch_tokens rows with logits for a row a sequence
+ * (prompt logprobs may grow them to every row), and the tables kept per vocabulary entry
+ * (for checking that a model fits before loading it). */
 size_t engine_memory_bytes(const ModelConfig *mc, const EngineConfig *cfg);
 /* Start / stop the engine thread. engine_stop cancels everything still in flight and
  * joins; events produced until then stay pollable. */

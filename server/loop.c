@@ -301,7 +301,7 @@ static void log_memory(LogLevel level, const ModelPlan *plan, const ServerConfig
     json_t *f = json_object();
     if (f) {
         json_object_set_new(f, "needed_mib", json_integer((json_int_t)(server_memory_need(plan, &c->engine) >> 20)));
-        json_object_set_new(f, "available_mib", mem->available ? json_integer((json_int_t)(mem->available >> 20)) : json_null());
+        json_object_set_new(f, "available_mib", mem->known ? json_integer((json_int_t)(mem->available >> 20)) : json_null());
         json_object_set_new(f, "cgroup_limit_mib", mem->cgroup_limit ? json_integer((json_int_t)(mem->cgroup_limit >> 20)) : json_null());
     }
     server_log_event(level, "memory", f, "%s", msg);

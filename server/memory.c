@@ -9,8 +9,8 @@
  *
  * What is available: /proc/meminfo's MemAvailable, and under a memory limit (cgroup v2
  * memory.max of the process's cgroup or any above it; v1 hierarchical_memory_limit) the
- * limit less the cgroup's usage, not counting inactive file pages (the kernel reclaims
- * those before it kills). The smaller wins. Every file is read under a root folder, ""
+ * limit less the cgroup's usage, not counting its file cache (the kernel reclaims it
+ * before it kills: the model file's own pages among them). The smaller wins. Every file is read under a root folder, ""
  * for the real ones, so that tests can lay out a machine of their own. */
 #include "server/server.h"
 
@@ -37,8 +37,6 @@ static char *read_text(const char *root, const char *path, char *buf, size_t cap
     return buf;
 }
 
-/* The number after `key` (which includes its separator) at the start of a line of text:
- * 0, or -1 when no line starts so or no number follows. */
 /* read_text of dir/name. */
 static char *read_in(const char *root, const char *dir, const char *name, char *buf, size_t cap)
 {
@@ -47,6 +45,8 @@ static char *read_in(const char *root, const char *dir, const char *name, char *
     return n > 0 && (size_t)n < sizeof path ? read_text(root, path, buf, cap) : NULL;
 }
 
+/* The number after `key` (which includes its separator) at the start of a line of text:
+ * 0, or -1 when no line starts so or no number follows. */
 static int find_number(const char *text, const char *key, uint64_t *out)
 {
     size_t klen = strlen(key);
@@ -73,8 +73,8 @@ static void meminfo_read(const char *root, ServerMemory *m)
         m->meminfo_available = kib * 1024;
 }
 
-/* A cgroup's limit and what it uses that the kernel cannot reclaim; 0 when it has no
- * limit (or no readable one). */
+/* A cgroup's limit and what it uses beyond its file cache (which the kernel reclaims
+ * before it kills; tmpfs pages it cannot); 0 when it has no limit (or no readable one). */
 static int cgroup_v2_limit(const char *root, const char *dir, uint64_t *limit, uint64_t *used)
 {
     char buf[8192];
@@ -84,26 +84,31 @@ static int cgroup_v2_limit(const char *root, const char *dir, uint64_t *limit, u
     *limit = strtoull(buf, &end, 10);
     if (end == buf || *limit >= MEM_UNLIMITED)
         return 0;
-    uint64_t current = 0, inactive = 0;
+    uint64_t current = 0, file = 0, shmem = 0;
     if (read_in(root, dir, "memory.current", buf, sizeof buf))
         current = strtoull(buf, NULL, 10);
-    if (read_in(root, dir, "memory.stat", buf, sizeof buf))
-        find_number(buf, "inactive_file ", &inactive);
-    *used = current > inactive ? current - inactive : 0;
+    if (read_in(root, dir, "memory.stat", buf, sizeof buf)) {
+        find_number(buf, "file ", &file);
+        find_number(buf, "shmem ", &shmem);
+    }
+    uint64_t cache = file > shmem ? file - shmem : 0;
+    *used = current > cache ? current - cache : 0;
     return 1;
 }
 
 static int cgroup_v1_limit(const char *root, const char *dir, uint64_t *limit, uint64_t *used)
 {
     char buf[16384];
-    uint64_t usage = 0, inactive = 0;
+    uint64_t usage = 0, file = 0, shmem = 0;
     if (!read_in(root, dir, "memory.stat", buf, sizeof buf) ||
         find_number(buf, "hierarchical_memory_limit ", limit) != 0 || *limit >= MEM_UNLIMITED)
         return 0;
-    find_number(buf, "total_inactive_file ", &inactive);
+    find_number(buf, "total_cache ", &file);
+    find_number(buf, "total_shmem ", &shmem);
+    uint64_t cache = file > shmem ? file - shmem : 0;
     if (read_in(root, dir, "memory.usage_in_bytes", buf, sizeof buf))
         usage = strtoull(buf, NULL, 10);
-    *used = usage > inactive ? usage - inactive : 0;
+    *used = usage > cache ? usage - cache : 0;
     return 1;
 }
 
@@ -185,9 +190,10 @@ void server_memory_read(const char *root, ServerMemory *m)
     memset(m, 0, sizeof *m);
     meminfo_read(root, m);
     cgroup_read(root, m);
+    m->known = m->meminfo_available > 0 || m->cgroup_limit > 0;
     m->available = m->meminfo_available;
     uint64_t room = m->cgroup_limit - m->cgroup_used;
-    if (m->cgroup_limit && (m->available == 0 || room < m->available))
+    if (m->cgroup_limit && (m->meminfo_available == 0 || room < m->available))
         m->available = room;
 }
 
@@ -203,9 +209,8 @@ static const char *size_text(uint64_t bytes, char *buf, size_t cap)
 
 size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
 {
-    size_t engine_bytes = engine_memory_bytes(&plan->config, engine);
-    size_t after_load = engine_bytes > plan->load_extra_bytes ? engine_bytes : plan->load_extra_bytes;
-    return plan->weight_bytes + after_load + MEM_PROCESS_BASE;
+    size_t serving = plan->weight_bytes + engine_memory_bytes(&plan->config, engine);
+    return (serving > plan->load_peak_bytes ? serving : plan->load_peak_bytes) + MEM_PROCESS_BASE;
 }
 
 /* ", and --weight-type int8 would hold them in X" when int8 is smaller and can be asked. */
@@ -229,14 +234,14 @@ int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const Serv
     char need_s[32], avail_s[32], w_s[32], kv_s[32], rest_s[32], limit_s[32], used_s[32], where[128];
     size_text(need, need_s, sizeof need_s);
     size_text(m->available, avail_s, sizeof avail_s);
-    if (m->cgroup_limit && m->available == m->cgroup_limit - m->cgroup_used)
+    if (m->cgroup_limit && (m->meminfo_available == 0 || m->available == m->cgroup_limit - m->cgroup_used))
         snprintf(where, sizeof where, "the cgroup's memory limit %s, %s of it in use",
                  size_text(m->cgroup_limit, limit_s, sizeof limit_s), size_text(m->cgroup_used, used_s, sizeof used_s));
     else
         snprintf(where, sizeof where, "MemAvailable");
-    if (m->available == 0 || need <= m->available) {
+    if (!m->known || need <= m->available) {
         snprintf(msg, msg_len, "memory: %s needed, %s available (%s)", need_s,
-                 m->available ? avail_s : "unknown", m->available ? where : "nothing readable");
+                 m->known ? avail_s : "unknown", m->known ? where : "nothing readable");
         return 0;
     }
     const ModelConfig *mc = &plan->config;
@@ -244,7 +249,7 @@ int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const Serv
     int8_hint(c, plan, hint, sizeof hint);
     snprintf(msg, msg_len,
              "not enough memory: this model and KV cache need %s (weights %s: %s on disk, held "
-             "as %s; KV cache %s; buffers %s) and %s is available (%s)%s; --kv-cache-mb sizes "
+             "as %s; KV cache %s; the rest %s) and %s is available (%s)%s; --kv-cache-mb sizes "
              "the cache; --no-memory-check starts anyway",
              need_s, size_text(plan->weight_bytes, w_s, sizeof w_s), ggml_type_name(mc->weight_type),
              model_matrix_type_name(mc), size_text(c->engine.kv_cache_bytes, kv_s, sizeof kv_s),

@@ -116,12 +116,13 @@ typedef struct {
     uint64_t cgroup_limit;      /* the memory limit leaving the least room, of the process's
                                  * cgroup and those above it (v2 memory.max, v1
                                  * hierarchical_memory_limit); 0 = none */
-    uint64_t cgroup_used;       /* that cgroup's usage less its inactive file pages */
-    uint64_t available;         /* the smaller room of the two; 0 = nothing readable */
+    uint64_t cgroup_used;       /* that cgroup's usage less its file cache (not tmpfs) */
+    uint64_t available;         /* the smaller room of the two (0 when the cgroup is full) */
+    bool known;                 /* either was readable; if not, the check passes */
 } ServerMemory;
 void server_memory_read(const char *root, ServerMemory *m);
-/* Bytes the server holds with this model (model_plan) and engine config: the weights, then
- * the larger of the load's F32 copy and the engine's memory, and a base for the process. */
+/* Bytes the server holds with this model (model_plan) and engine config: the larger of the
+ * load's peak and the weights with the engine's memory, and a base for the process. */
 size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine);
 /* 0 when the need fits in m->available (or nothing was readable), with a line for the log
  * in msg; -1 with the error in msg: the need and its parts, what is available and where

@@ -502,9 +502,10 @@ static void test_forced_weight_types(void **state) {
 }
 
 /* weights_plan says what weights_load_as then holds, for every file type and every weight
- * type asked: the same config and matrix types, the same bytes, and as the load's passing
- * copy the largest matrix read row-major as F32 before packing (with a tied output the
- * embedding table is kept, not a passing copy). */
+ * type asked: the same config and matrix types, the same bytes, and a peak above them by
+ * at most the largest matrix read row-major as F32 before packing (with a tied output the
+ * embedding table is kept, not a passing copy): the last matrix's copy is still held as
+ * it is packed. */
 static void test_plan_matches_load(void **state) {
     (void)state;
     const GgmlType files[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 };
@@ -535,7 +536,8 @@ static void test_plan_matches_load(void **state) {
             const size_t layer[] = { (q + 2 * kv) * dim, q * dim, 2 * ffn * dim, ffn * dim };
             for (size_t m = 0; m < 4; m++)
                 largest = layer[m] > largest ? layer[m] : largest;
-            assert_int_equal(plan.load_extra_bytes, largest * sizeof(float));
+            assert_true(plan.load_peak_bytes > plan.weight_bytes);
+            assert_true(plan.load_peak_bytes <= plan.weight_bytes + largest * sizeof(float));
             weights_free(&w, &c);
             gguf_close(f);
             free(data);
