@@ -419,6 +419,16 @@ int weights_load(const GgufFile *f, ModelConfig *config, TransformerWeights *w,
     return weights_load_as(f, MODEL_WEIGHTS_AUTO, config, w, weight_bytes, err, err_len);
 }
 
+/* What the load's counts add to the config: the file's main matrix type and how each
+ * matrix was packed. */
+static void config_count_matrices(ModelConfig *c, const Loader *ld) {
+    c->weight_type = most_common_type(ld);
+    c->packed_matrices = ld->n_packed;
+    c->packed_matrices_f16 = ld->n_packed_f16;
+    c->packed_matrices_bf16 = ld->n_packed_bf16;
+    c->packed_matrices_i8 = ld->n_packed_i8;
+}
+
 /* Reads the config and runs the loader over every tensor without allocating anything: a
  * file that names a huge or unsupported tensor fails here, before any buffer exists. */
 static int weights_dry_run(const GgufFile *f, ModelWeightType want, ModelConfig *c, Loader *dry,
@@ -442,11 +452,7 @@ int weights_plan(const GgufFile *f, ModelWeightType want, ModelPlan *plan, char 
     Loader dry;
     if (weights_dry_run(f, want, &plan->config, &dry, err, err_len) < 0)
         return -1;
-    plan->config.weight_type = most_common_type(&dry);
-    plan->config.packed_matrices = dry.n_packed;
-    plan->config.packed_matrices_f16 = dry.n_packed_f16;
-    plan->config.packed_matrices_bf16 = dry.n_packed_bf16;
-    plan->config.packed_matrices_i8 = dry.n_packed_i8;
+    config_count_matrices(&plan->config, &dry);
     plan->weight_bytes = dry.bytes;
     plan->load_peak_bytes = dry.peak > dry.bytes ? dry.peak : dry.bytes;
     return 0;
@@ -465,11 +471,7 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
         weights_free(w, &c);
         return -1;
     }
-    c.weight_type = most_common_type(&ld);
-    c.packed_matrices = ld.n_packed;
-    c.packed_matrices_f16 = ld.n_packed_f16;
-    c.packed_matrices_bf16 = ld.n_packed_bf16;
-    c.packed_matrices_i8 = ld.n_packed_i8;
+    config_count_matrices(&c, &ld);
     *config = c;
     *weight_bytes = ld.bytes;
     return 0;

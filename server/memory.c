@@ -4,14 +4,15 @@
  * the pages are touched: loading a model too big for the box (a quantised file widened to
  * F32, a --kv-cache-mb above what is free, a container started with --memory) would end
  * without a word. So before loading, the server adds up what it will hold (model_plan's
- * weights and load-time copy, the engine's KV cache and buffers, a base for the process)
+ * weights and load peak, the engine's KV cache and buffers, a base for the process)
  * and compares it with what the machine and its cgroup leave: a clear error instead.
  *
  * What is available: /proc/meminfo's MemAvailable, and under a memory limit (cgroup v2
  * memory.max of the process's cgroup or any above it; v1 hierarchical_memory_limit) the
  * limit less the cgroup's usage, not counting its file cache (the kernel reclaims it
- * before it kills: the model file's own pages among them). The smaller wins. Every file is read under a root folder, ""
- * for the real ones, so that tests can lay out a machine of their own. */
+ * before it kills: the model file's own pages among them). The smaller wins. Every file
+ * is read under a root folder, "" for the real ones, so that tests can lay out a machine
+ * of their own. */
 #include "server/server.h"
 
 #include <inttypes.h>
@@ -120,11 +121,14 @@ static int dir_exists(const char *root, const char *dir)
     return stat(full, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* What the kept cgroup limit leaves (cgroup_used <= cgroup_limit). */
+static uint64_t cgroup_room(const ServerMemory *m) { return m->cgroup_limit - m->cgroup_used; }
+
 /* Keeps the limit that leaves the least room. */
 static void cgroup_consider(ServerMemory *m, uint64_t limit, uint64_t used)
 {
     uint64_t room = limit > used ? limit - used : 0;
-    if (m->cgroup_limit == 0 || room < m->cgroup_limit - m->cgroup_used) {
+    if (m->cgroup_limit == 0 || room < cgroup_room(m)) {
         m->cgroup_limit = limit;
         m->cgroup_used = used < limit ? used : limit;
     }
@@ -192,9 +196,8 @@ void server_memory_read(const char *root, ServerMemory *m)
     cgroup_read(root, m);
     m->known = m->meminfo_available > 0 || m->cgroup_limit > 0;
     m->available = m->meminfo_available;
-    uint64_t room = m->cgroup_limit - m->cgroup_used;
-    if (m->cgroup_limit && (m->meminfo_available == 0 || room < m->available))
-        m->available = room;
+    if (m->cgroup_limit && (m->meminfo_available == 0 || cgroup_room(m) < m->available))
+        m->available = cgroup_room(m);
 }
 
 /* "27.5 GiB", "512 MiB" */
@@ -213,7 +216,7 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
     return (serving > plan->load_peak_bytes ? serving : plan->load_peak_bytes) + MEM_PROCESS_BASE;
 }
 
-/* ", and --weight-type int8 would hold them in X" when int8 is smaller and can be asked. */
+/* "; --weight-type int8 holds these weights in X" when int8 is smaller and not asked. */
 static void int8_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
 {
     ModelPlan int8;
@@ -234,7 +237,7 @@ int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const Serv
     char need_s[32], avail_s[32], w_s[32], kv_s[32], rest_s[32], limit_s[32], used_s[32], where[128];
     size_text(need, need_s, sizeof need_s);
     size_text(m->available, avail_s, sizeof avail_s);
-    if (m->cgroup_limit && (m->meminfo_available == 0 || m->available == m->cgroup_limit - m->cgroup_used))
+    if (m->cgroup_limit && m->available == cgroup_room(m))
         snprintf(where, sizeof where, "the cgroup's memory limit %s, %s of it in use",
                  size_text(m->cgroup_limit, limit_s, sizeof limit_s), size_text(m->cgroup_used, used_s, sizeof used_s));
     else
