@@ -49,6 +49,33 @@ int model_load(const char *path, Model **out, char *err, size_t err_len)
     return model_load_as(path, MODEL_WEIGHTS_AUTO, out, err, err_len);
 }
 
+/* The checks after the weights', which model_plan runs too: the attention kernels' head
+ * size, and a tokenizer with one token per embedding row (kept in *tok when tok is not
+ * NULL). */
+static int check_head_and_tokenizer(const char *path, GgufFile *f, const ModelConfig *c,
+                                    Tokenizer **tok, char *err, size_t err_len)
+{
+    if (c->head_dim > ATTN_MAX_HEAD_DIM || c->rope_dim > ATTN_MAX_HEAD_DIM) {
+        snprintf(err, err_len, "%s: head dimension %d is larger than the %d the attention "
+                 "kernels support", path, c->head_dim, ATTN_MAX_HEAD_DIM);
+        return -1;
+    }
+    Tokenizer *t = NULL;
+    if (tokenizer_load(f, &t, err, err_len) != 0)
+        return -1;
+    if (tokenizer_n_vocab(t) != c->vocab_size) {
+        snprintf(err, err_len, "%s: tokenizer has %d tokens but token_embd has %d rows", path,
+                 tokenizer_n_vocab(t), c->vocab_size);
+        tokenizer_free(t);
+        return -1;
+    }
+    if (tok)
+        *tok = t;
+    else
+        tokenizer_free(t);
+    return 0;
+}
+
 int model_plan(const char *path, ModelWeightType weights, ModelPlan *plan, char *err,
                size_t err_len)
 {
@@ -57,6 +84,8 @@ int model_plan(const char *path, ModelWeightType weights, ModelPlan *plan, char 
     if (gguf_open(path, &f, err, err_len) != 0)
         return -1;
     int rc = weights_plan(f, weights, plan, err, err_len);
+    if (rc == 0)
+        rc = check_head_and_tokenizer(path, f, &plan->config, NULL, err, err_len);
     gguf_close(f);
     return rc;
 }
@@ -74,18 +103,8 @@ int model_load_as(const char *path, ModelWeightType weights, Model **out, char *
         goto fail;
     if (weights_load_as(m->file, weights, &m->config, &m->w, &m->weight_bytes, err, err_len) != 0)
         goto fail;
-    if (m->config.head_dim > ATTN_MAX_HEAD_DIM || m->config.rope_dim > ATTN_MAX_HEAD_DIM) {
-        snprintf(err, err_len, "%s: head dimension %d is larger than the %d the attention "
-                 "kernels support", path, m->config.head_dim, ATTN_MAX_HEAD_DIM);
+    if (check_head_and_tokenizer(path, m->file, &m->config, &m->tokenizer, err, err_len) != 0)
         goto fail;
-    }
-    if (tokenizer_load(m->file, &m->tokenizer, err, err_len) != 0)
-        goto fail;
-    if (tokenizer_n_vocab(m->tokenizer) != m->config.vocab_size) {
-        snprintf(err, err_len, "%s: tokenizer has %d tokens but token_embd has %d rows", path,
-                 tokenizer_n_vocab(m->tokenizer), m->config.vocab_size);
-        goto fail;
-    }
     *out = m;
     return 0;
 fail:

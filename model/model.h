@@ -85,7 +85,8 @@ int model_load_as(const char *path, ModelWeightType weights, Model **out, char *
 void model_free(Model *m);
 
 /* What model_load_as(path, weights) would hold, found without allocating it (the same
- * checks of keys, shapes and types run first, so a file they refuse fails here too): the
+ * checks of keys, shapes, types, head size and tokenizer run, so a file they refuse fails
+ * here too, with the same message): the
  * config as the load fills it, the bytes of weights in memory (model_weight_bytes after
  * the load), and the most the load holds at once (each matrix is read as a row-major F32
  * copy and packed beside it before the copy is freed). For checking that a model fits in

@@ -169,6 +169,31 @@ static int free_model(void **state)
     return 0;
 }
 
+/* A head larger than the attention kernels take is refused by name, by the plan the
+ * server's memory check reads as well as by the load (both used to pass the plan). */
+static void test_wide_heads_are_refused(void **state)
+{
+    (void)state;
+    Fixture fx;
+    const char *bin = getenv("PAGEDSERVE_BIN_DIR");
+    assert_non_null(bin);
+    snprintf(fx.path, sizeof(fx.path), "/tmp/pagedserve-forward-wide-head-%d.gguf", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s --dim 1024 --heads 2 --kv-heads 2 --layers 1 "
+             "--ffn 64 --vocab 300 --ctx 64 --type f32 > /dev/null", bin, fx.path);
+    assert_int_equal(system(cmd), 0);
+    char plan_err[512] = "", load_err[512] = "";
+    ModelPlan plan;
+    int planned = model_plan(fx.path, MODEL_WEIGHTS_AUTO, &plan, plan_err, sizeof plan_err);
+    int loaded = model_load(fx.path, &fx.model, load_err, sizeof load_err);
+    unlink(fx.path);
+    assert_int_equal(planned, -1);
+    assert_int_equal(loaded, -1);
+    assert_null(fx.model);
+    assert_non_null(strstr(plan_err, "head dimension 512 is larger than the 256"));
+    assert_string_equal(plan_err, load_err);
+}
+
 typedef struct {
     BlockPool *pool;
     BlockTable table;
@@ -697,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_mixed_batch_matches_reference),
         cmocka_unit_test(test_last_layer_packing_matches_reference),
         cmocka_unit_test(test_invalid_batches_are_refused),
+        cmocka_unit_test(test_wide_heads_are_refused),
     };
     const struct CMUnitTest shared_model[] = {
         cmocka_unit_test(test_stories260k_greedy_matches_reference),
