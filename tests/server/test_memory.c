@@ -2,6 +2,9 @@
  * /sys laid out by the test (MemAvailable, cgroup v2 and v1 limits, in a container and
  * not), what server_memory_check says about a real model file against it, and the
  * binary refusing a KV cache no machine has, or one above its cgroup's limit. */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -272,6 +275,29 @@ static void test_refuses_what_no_machine_has(void **state)
 
 /* ---- a real cgroup: the kernel's own files --------------------------------------------- */
 
+/* Removes the cgroups of earlier runs whose test process is gone (killed by ctest's
+ * timeout before its rmdir; their server children die with it). A cgroup still holding a
+ * process is not empty, and rmdir leaves it. */
+static void cgroup_sweep(const char *parent)
+{
+    DIR *d = opendir(parent);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid;
+        char tail;
+        if (sscanf(e->d_name, "pagedserve-test-%d%c", &pid, &tail) != 1)
+            continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+        rmdir(path);
+    }
+    closedir(d);
+}
+
 /* A memory cgroup of its own with a 256 MiB limit (v2 under the root, or v1's memory
  * hierarchy), or 0 when this machine does not let the test make one (not root, no memory
  * controller): then the cgroup test says it was skipped. */
@@ -279,8 +305,9 @@ static int cgroup_make(char *dir, size_t cap)
 {
     struct stat st;
     int v2 = stat("/sys/fs/cgroup/cgroup.controllers", &st) == 0;
-    snprintf(dir, cap, "%s/pagedserve-test-%d", v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory",
-             (int)getpid());
+    const char *parent = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    cgroup_sweep(parent);
+    snprintf(dir, cap, "%s/pagedserve-test-%d", parent, (int)getpid());
     if (mkdir(dir, 0755) != 0)
         return 0;
     char file[600];
