@@ -97,23 +97,33 @@ static int read_int(const json_t *obj, const char *field, json_int_t lo, json_in
 }
 
 /* A number in [lo, hi]; lo_open excludes lo itself. */
+static bool float_in(double x, double lo, bool lo_open, double hi) {
+    return isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
+}
+
+/* A number in [lo, hi] (lo excluded when lo_open), checked as the float the sampler keeps:
+ * 1e-50 is 0 and 1e300 is inf there. */
 static int read_float(const json_t *obj, const char *field, double lo, bool lo_open,
                       double hi, float *out, ApiError *e) {
     const json_t *v = json_object_get(obj, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) return bad(e, field, "a number", v);
     double x = json_number_value(v);
-    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+    float f = (float)x;
+    if (!float_in(f, lo, lo_open, hi)) {
+        char as_float[48] = "";
+        if (float_in(x, lo, lo_open, hi)) /* only as a float */
+            snprintf(as_float, sizeof as_float, " (%g as a 32-bit float)", (double)f);
         if (isinf(hi))
-            api_error_set(e, 400, field, "invalid_value", "'%s' must be %s %g, got %g", field,
-                          lo_open ? ">" : ">=", lo, x);
+            api_error_set(e, 400, field, "invalid_value", "'%s' must be %s %g and finite, got %g%s",
+                          field, lo_open ? ">" : ">=", lo, x, as_float);
         else
             api_error_set(e, 400, field, "invalid_value",
-                          "'%s' must be in %s%g, %g], got %g", field, lo_open ? "(" : "[", lo,
-                          hi, x);
+                          "'%s' must be in %s%g, %g], got %g%s", field, lo_open ? "(" : "[", lo,
+                          hi, x, as_float);
         return -1;
     }
-    *out = (float)x;
+    *out = f;
     return 0;
 }
 

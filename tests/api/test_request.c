@@ -200,6 +200,10 @@ static void test_bad_values(void **state) {
         {"\"repetition_penalty\":0", 400, "repetition_penalty"},
         {"\"repetition_penalty\":-1", 400, "repetition_penalty"},
         {"\"repetition_penalty\":\"x\"", 400, "repetition_penalty"},
+        /* in range as doubles, out of it as the floats the sampler keeps: 0 and inf */
+        {"\"top_p\":1e-50", 400, "top_p"},
+        {"\"repetition_penalty\":1e-50", 400, "repetition_penalty"},
+        {"\"repetition_penalty\":1e300", 400, "repetition_penalty"},
         {"\"logprobs\":21", 400, "logprobs"},
         {"\"logprobs\":-1", 400, "logprobs"},
         {"\"logprobs\":true", 400, "logprobs"},
@@ -259,6 +263,11 @@ static void test_bad_values(void **state) {
     for (int i = 0; i < 257; i++) body[o++] = 's';
     snprintf(body + o, sizeof body - o, "\"}");
     expect_error(body, 400, "stop", "256");
+    /* the message says why a positive number is not > 0 */
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"top_p\":1e-50}", 400, "top_p",
+                 "got 1e-50 (0 as a 32-bit float)");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"repetition_penalty\":1e300}", 400,
+                 "repetition_penalty", "got 1e+300 (inf as a 32-bit float)");
     /* fill-in-the-middle takes string prompts, without echo; an empty suffix is none */
     expect_error("{\"model\":\"m\",\"prompt\":[1,2],\"suffix\":\"x\"}", 400, "suffix", "string");
     expect_error("{\"model\":\"m\",\"prompt\":\"a\",\"suffix\":\"x\",\"echo\":true}", 400, "suffix",
