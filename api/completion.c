@@ -142,24 +142,24 @@ static json_t *token_text_json(const ApiVocab *v, int32_t id, bool *is_control) 
 }
 
 /* {token text: logprob} of the top alternatives, plus the chosen token when it is not
- * among them (OpenAI: "up to logprobs + 1 elements"). Equal texts keep the likelier one. */
+ * among them (OpenAI: "up to logprobs + 1 elements"). Equal texts (a byte token and the
+ * token it prints as) share a key: the chosen token's logprob when it is one of them, so
+ * that top[tokens[i]] is token_logprobs[i], else the likelier one's. */
 static json_t *top_dict(const ApiVocab *v, int32_t token, float logprob, int32_t n_top,
                         const int32_t *ids, const float *lps) {
     json_t *d = json_object();
-    bool chosen_seen = false;
+    json_t *chosen = token_text_json(v, token, NULL);
+    const char *ck = chosen ? json_string_value(chosen) : NULL;
     for (int32_t i = 0; i < n_top && i < ENGINE_MAX_TOP_LOGPROBS; i++) {
         json_t *key = token_text_json(v, ids[i], NULL);
         const char *k = key ? json_string_value(key) : NULL;
-        if (k && !json_object_get(d, k)) json_object_set_new(d, k, api_json_logprob(lps[i]));
-        json_decref(key);
-        if (ids[i] == token) chosen_seen = true;
-    }
-    if (!chosen_seen) {
-        json_t *key = token_text_json(v, token, NULL);
-        const char *k = key ? json_string_value(key) : NULL;
-        if (k && !json_object_get(d, k)) json_object_set_new(d, k, api_json_logprob(logprob));
+        bool is_chosen_text = k && ck && !strcmp(k, ck);
+        if (k && !json_object_get(d, k))
+            json_object_set_new(d, k, api_json_logprob(is_chosen_text ? logprob : lps[i]));
         json_decref(key);
     }
+    if (ck && !json_object_get(d, ck)) json_object_set_new(d, ck, api_json_logprob(logprob));
+    json_decref(chosen);
     return d;
 }
 

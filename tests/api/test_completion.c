@@ -289,6 +289,58 @@ static void test_body_logprobs(void **state) {
     api_request_free(r);
 }
 
+/* A vocabulary where the byte token 0xFF prints ",", as the byte token <0x2C> of a
+ * SentencePiece vocabulary prints the same text as its "," token. */
+static int comma_twice_text(void *arg, int32_t id, char *out, size_t cap, bool *is_control) {
+    if (id == T(0xFF)) {
+        *is_control = false;
+        return snprintf(out, cap, ",");
+    }
+    return fake_vocab_bytes.token_text(arg, id, out, cap, is_control);
+}
+
+/* top_logprobs is keyed by text: when the chosen token shares its text with a likelier
+ * alternative, the key holds the chosen token's own logprob, so that
+ * top_logprobs[i][tokens[i]] == token_logprobs[i] as clients read it (found by an API
+ * audit: the likelier twin's value was kept). */
+static void test_body_logprobs_equal_texts(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    v.token_text = comma_twice_text;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"logprobs\":2}");
+    ApiCompletion *c = api_completion_new(r, &v, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    EngineEvent ev = ev_token(0, T(0xFF), ",", -28.0f); /* forced, say by logit_bias */
+    set_tops(&ev, 2, (int32_t[]){T(','), T('a')}, (float[]){-0.03f, -4.0f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T(0xFF), ",", -2.0f); /* in the top 2, after its twin */
+    set_tops(&ev, 2, (int32_t[]){T(','), T(0xFF)}, (float[]){-0.5f, -2.0f});
+    feed(c, 0, ev, &out);
+    ev = ev_token(0, T(','), ",", -0.5f); /* the likelier one chosen: unchanged */
+    set_tops(&ev, 2, (int32_t[]){T(','), T(0xFF)}, (float[]){-0.5f, -2.0f});
+    feed(c, 0, ev, &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 2, 3, 0), &out);
+
+    json_t *o = parse_json(out.data, out.len);
+    json_t *lp = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    static const double want[] = {-28.0, -2.0, -0.5};
+    static const size_t want_size[] = {2, 1, 1};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *top = json_array_get(tops, i);
+        assert_near(json_number_value(json_array_get(json_object_get(lp, "token_logprobs"), i)),
+                    want[i]);
+        assert_near(json_number_value(json_object_get(top, ",")), want[i]);
+        assert_int_equal(json_object_size(top), want_size[i]);
+    }
+    assert_near(json_number_value(json_object_get(json_array_get(tops, 0), "a")), -4.0);
+    json_decref(o);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
 /* Echo + logprobs: prompt tokens come first, the first one null. The engine sends one
  * PROMPT event per prompt token (token 0 with NaN); n_prompt - 1 events must work too. */
 static void run_echo_logprobs(bool event_for_token0) {
@@ -1114,6 +1166,7 @@ int main(void) {
         cmocka_unit_test(test_body_single),
         cmocka_unit_test(test_body_n2_two_prompts),
         cmocka_unit_test(test_body_logprobs),
+        cmocka_unit_test(test_body_logprobs_equal_texts),
         cmocka_unit_test(test_body_echo_logprobs),
         cmocka_unit_test(test_body_echo_token_prompt),
         cmocka_unit_test(test_body_bad_utf8_and_leftover),
