@@ -116,11 +116,48 @@ static int remember(Compiler *c, const json_t *sch, int node) {
     return 0;
 }
 
-/* A "#..." JSON pointer into the document (RFC 6901: ~1 is '/', ~0 is '~'). */
+static int hex_digit(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* The fragment of a "#..." $ref with its %XX escapes decoded (a URI's, RFC 3986) into out,
+ * or -1 when it is not one, or a %-escape is cut short or a NUL. */
+static int ref_fragment(const char *ref, char *out, size_t cap) {
+    if (ref[0] != '#') return -1;
+    size_t n = 0;
+    for (const char *p = ref + 1; *p; p++) {
+        char ch = *p;
+        if (ch == '%') {
+            int hi = hex_digit(p[1]), lo = hi < 0 ? -1 : hex_digit(p[2]);
+            if (lo < 0 || hi + lo == 0) return -1; /* cut short, or %00 */
+            ch = (char)(hi * 16 + lo);
+            p += 2;
+        }
+        if (n + 1 >= cap) return -1;
+        out[n++] = ch;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+/* The array index a pointer token names: digits, 0 or without a leading zero (RFC 6901). */
+static bool pointer_index(const char *token, size_t *idx) {
+    if (!*token || (token[0] == '0' && token[1]) || strspn(token, "0123456789") != strlen(token))
+        return false;
+    *idx = strtoul(token, NULL, 10);
+    return true;
+}
+
+/* A "#..." JSON pointer into the document, its %-escapes decoded first and then its
+ * tokens' ~1 ('/') and ~0 ('~') (RFC 6901, sections 4 and 6). */
 static const json_t *resolve_ref(const json_t *doc, const char *ref) {
-    if (ref[0] != '#') return NULL;
+    char frag[1024];
+    if (ref_fragment(ref, frag, sizeof frag) != 0) return NULL;
     const json_t *at = doc;
-    const char *p = ref + 1;
+    const char *p = frag;
     while (at && *p == '/') {
         char token[256];
         size_t n = 0;
@@ -131,9 +168,8 @@ static const json_t *resolve_ref(const json_t *doc, const char *ref) {
             token[n++] = ch;
         }
         token[n] = '\0';
-        char *end;
-        unsigned long idx = strtoul(token, &end, 10);
-        if (json_is_array(at)) at = *token && !*end ? json_array_get(at, idx) : NULL;
+        size_t idx;
+        if (json_is_array(at)) at = pointer_index(token, &idx) ? json_array_get(at, idx) : NULL;
         else at = json_is_object(at) ? json_object_get(at, token) : NULL;
     }
     return *p ? NULL : at;

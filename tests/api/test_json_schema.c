@@ -293,6 +293,29 @@ static void test_refused(void **state) {
     compile_error(big, "64");
 }
 
+/* A $ref is a URI fragment holding a JSON pointer: percent-escapes are decoded before
+ * the pointer's ~0 and ~1, and an array index is 0 or has no leading zero (RFC 6901).
+ * Found by an API audit: "a%20b" was refused and "01" taken as 1. */
+static void test_ref_pointers(void **state) {
+    (void)state;
+    const char *spaced = "{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":"
+                         "\"#/$defs/a%20b~1c%7E0\"}},\"required\":[\"x\"],"
+                         "\"$defs\":{\"a b/c~\":{\"type\":\"integer\"}}}";
+    expect(spaced, "{\"x\":12}", 1);
+    expect(spaced, "{\"x\":\"", -1);
+    const char *indexed = "{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":"
+                          "[{\"type\":\"string\"},{\"type\":\"boolean\"}]},\"b\":{\"$ref\":"
+                          "\"#/properties/a/anyOf/1\"}},\"required\":[\"a\",\"b\"]}";
+    expect(indexed, "{\"a\":\"s\",\"b\":true}", 1);
+    compile_error("{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":"
+                  "\"string\"},{\"type\":\"boolean\"}]},\"b\":{\"$ref\":"
+                  "\"#/properties/a/anyOf/01\"}}}", "$ref");
+    compile_error("{\"type\":\"object\",\"properties\":{\"b\":{\"$ref\":\"#/$defs/a%2\"}},"
+                  "\"$defs\":{\"a%2\":{}}}", "$ref");
+    compile_error("{\"type\":\"object\",\"properties\":{\"b\":{\"$ref\":\"#/$defs/a%00b\"}},"
+                  "\"$defs\":{\"a\":{}}}", "$ref");
+}
+
 /* What a review found (each was accepted, or refused, wrongly before). */
 static void test_review_findings(void **state) {
     (void)state;
@@ -925,6 +948,7 @@ int main(void) {
         cmocka_unit_test(test_lenient),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_review_findings),
+        cmocka_unit_test(test_ref_pointers),
         cmocka_unit_test(test_walks_are_valid),
         cmocka_unit_test(test_instances_are_accepted),
         cmocka_unit_test(test_copy_and_canonical),
