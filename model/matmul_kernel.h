@@ -208,7 +208,11 @@ void matmul_kernel_i8_amx_run(const MatmulTask *t, int p0, int p1);
  * the process may use them, matmul_bf16_amx_fits(rows, in) and t->xb holds x; otherwise it
  * runs matmul_kernel_bf16_run. Same products, summed in another order. */
 void matmul_kernel_bf16_amx_run(const MatmulTask *t, int p0, int p1);
-#define MATMUL_BF16_AMX_ROWS 4
+/* From one row: at 1-3 rows AMX also beat the AVX512_BF16 kernel on every shape of the
+ * 110M model (bench matmul --type bf16 --best, alternated twice, us: 1 row qkv 87-90 ->
+ * 78-79, logits 1219-1254 -> 980-1131; 3 rows 102 -> 74-81, 1368-1371 -> 1009-1057), and
+ * a product's rows then never change its order of sums (model_runner_set_batch_invariant). */
+#define MATMUL_BF16_AMX_ROWS 1
 int matmul_bf16_amx_fits(int rows, int in);
 /* x[0..n) rounded to BF16 (nearest even, as VCVTNEPS2BF16) at dst, zero-padded to an even
  * count (matmul_bf16.c; AVX512_BF16 only). */
