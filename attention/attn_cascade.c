@@ -132,6 +132,8 @@ void attn_cascade_free(Cascade *cc)
 void attn_cascade_plan(Cascade *cc, const AttnCall *c, const AttnSeq *seqs, int n_seqs)
 {
     memset(cc, 0, sizeof *cc);
+    if (c->batch_invariant) /* a merged state is not the one the row's own walk reaches */
+        return;
     const KvLayout *lay = &c->kv->layout;
     int32_t min_blocks = (ATTN_CASCADE_MIN_SHARED + lay->block_size - 1) / lay->block_size;
     int n_cand = 0;

@@ -20,6 +20,7 @@ typedef struct {
     int decode_kv_per_item; /* KV heads per item of a decode row (see attn_item_split) */
     int n_heads;
     const Cascade *cascade; /* decode rows on a shared prefix (NULL: none) */
+    int batch_invariant;    /* AttnShape's: every item walks as a decode row's does */
 } AttnCall;
 
 /* How a sequence's items are cut: KV-head chunks × query-head chunks × row tiles. */

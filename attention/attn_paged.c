@@ -323,7 +323,9 @@ static AttnPrefetch span_prefetch_head(const AttnCall *c, const TileSpan *t, int
  * -> 314-322 (binary against binary); toggled: --seqs 32 --gen 256 F32/F16 461-493 ->
  * 476-523, int8/Q8 1029-1091 -> 1056-1272, --seqs 1 --prompt 1024 int8/Q8 133 -> 160.
  * The all-at-once form had itself measured 1.4-1.8x over asking for short spans only
- * (into L1) in one hour, and within noise in later ones. */
+ * (into L1) in one hour, and within noise in later ones. With batch_invariant every item
+ * walks this way (one KV head and several rows, or a decode row's several heads): a
+ * vector's tiles and folds are then those of its position alone. */
 static void item_walk_direct(const ItemState *it)
 {
     const KvLayout *lay = &it->c->kv->layout;
@@ -545,7 +547,7 @@ static void attend_item(ItemState *it)
      * vectors of several rows (or many heads) get the tiles widened once, and many of them
      * take the tiles in as matrix products, whose rows of V and accumulators are a whole
      * number of registers long. */
-    int direct = it->n_rows == 1 && it->n_h < ATTN_MATRIX_MIN_VECS;
+    int direct = c->batch_invariant || (it->n_rows == 1 && it->n_h < ATTN_MATRIX_MIN_VECS);
     int matrix = !direct && n_vecs >= ATTN_MATRIX_MIN_VECS;
     it->acc_stride = matrix ? (hd + 7) & ~7 : hd;
     float acc[ATTN_MAX_VECS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(32)));
@@ -720,6 +722,7 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
         .q_stride = q_stride,
         .out_stride = out_stride,
         .n_heads = shape->n_heads,
+        .batch_invariant = shape->batch_invariant,
     };
     c.decode_kv_per_item = decode_kv_per_item(seqs, n_seqs, shape->n_kv_heads,
                                               parallel ? compute_threads() : 1);
@@ -729,7 +732,7 @@ void attn_paged(const KvView *kv, int layer, const AttnShape *shape,
     /* Decode rows on a shared prefix: the shared positions first, for all members at
      * once; their own items (below) merge the partial states. */
     Cascade cascade;
-    attn_cascade_plan(&cascade, &c, seqs, n_seqs);
+    attn_cascade_plan(&cascade, &c, seqs, n_seqs); /* none when batch_invariant */
     if (cascade.n_groups > 0) {
         c.cascade = &cascade;
         int n_shared = cascade.first_item[cascade.n_groups];

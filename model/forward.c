@@ -30,6 +30,7 @@ struct ModelRunner {
     int32_t *positions; /* [max_rows] */
     const int32_t **row_tables; /* [max_rows]: each row's sequence's block table */
     AttnSeq *attn;      /* [max_rows]: at most one sequence per row */
+    int batch_invariant; /* model_runner_set_batch_invariant */
 };
 
 static int qkv_dim(const ModelConfig *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
@@ -82,6 +83,11 @@ void model_runner_set_threads(ModelRunner *r, int n_threads)
 {
     (void)r; /* the pool is process-wide: the last setting wins */
     matmul_init(n_threads);
+}
+
+void model_runner_set_batch_invariant(ModelRunner *r, int on)
+{
+    r->batch_invariant = on != 0;
 }
 
 void model_runner_free(ModelRunner *r)
@@ -293,6 +299,7 @@ static int attention_layer(ModelRunner *r, const KvView *kv, int layer,
         .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim,
         .scale = 1.0f / sqrtf((float)c->head_dim),
+        .batch_invariant = r->batch_invariant,
     };
     /* Rows write distinct slots, so they store in parallel: on the engine thread alone the
      * Q8 store of a 96-row step was ~1 ms while the other core waited. */

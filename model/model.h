@@ -136,6 +136,12 @@ void model_runner_free(ModelRunner *r);
 /* Compute threads for the passes (<= 0, the default: every core). They are the process's
  * one compute pool (compute/compute.h), whichever thread runs model_forward. */
 void model_runner_set_threads(ModelRunner *r, int n_threads);
+/* on: each row's logits are the same bits whatever else a pass holds and however a
+ * sequence's rows are cut into passes (attention's batch_invariant; the products, on every
+ * kernel, and the per-row steps sum in one order at any row count already). Off (the
+ * default): faster prefill and shared-prefix decode attention, the last bits depending on
+ * the batch. */
+void model_runner_set_batch_invariant(ModelRunner *r, int on);
 
 /* Run one pass. Returns the logits rows (vocab_size floats each), in sequence order:
  * one row for LOGITS_LAST, n_rows rows for LOGITS_ALL, none for LOGITS_NONE. The memory

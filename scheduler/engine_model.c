@@ -17,6 +17,7 @@ void engine_config_default(EngineConfig *c)
     c->max_queue = 1024;
     c->prefix_cache = true;
     c->threads = 0;
+    c->batch_invariant = false;
 }
 
 typedef struct {
@@ -109,6 +110,7 @@ int engine_create(const Model *model, const EngineConfig *cfg,
         return -1;
     }
     model_runner_set_threads(m->runner, cfg->threads);
+    model_runner_set_batch_invariant(m->runner, cfg->batch_invariant);
     const ModelConfig *mc = model_config(model);
     const Tokenizer *tok = model_tokenizer(model);
     size_t detok_max = tokenizer_detok_max_bytes(tok);

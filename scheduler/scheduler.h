@@ -36,6 +36,9 @@ typedef struct {
     int max_queue;            /* --max-queue: waiting requests before submit says "full" */
     bool prefix_cache;        /* --no-prefix-cache turns it off */
     int threads;              /* --threads: compute threads of the forward pass (0: all cores) */
+    bool batch_invariant;     /* --batch-invariant: a sequence's logits the same bits whatever
+                               * it is batched with, chunked or preempted into (see
+                               * model_runner_set_batch_invariant) */
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);

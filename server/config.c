@@ -67,6 +67,9 @@ static const Flag flags[] = {
      "prompts waiting before new requests get 429 (a batch of more: 400; 0: refuse all)"},
     {"no-prefix-cache", 0, FLAG_SPECIAL, 0, 0, 0, NULL, "off",
      "do not reuse KV blocks of identical prompt prefixes"},
+    {"batch-invariant", 0, FLAG_BOOL, FIELD(engine.batch_invariant), 0, 0, NULL, "off",
+     "a request's tokens the same bits whatever runs beside it (slower prompts and "
+     "shared-prefix decodes)"},
     {"api-key", 0, FLAG_SPECIAL, 0, 0, 0, "KEY", "none",
      "require 'Authorization: Bearer KEY' (see /health, /ready, /metrics)"},
     {"api-key-file", 0, FLAG_SPECIAL, 0, 0, 0, "PATH", "none",

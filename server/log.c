@@ -234,9 +234,10 @@ void server_log_startup(const Server *s, double load_s)
     snprintf(kv_msg, sizeof kv_msg,
              "KV cache: %d blocks of %d tokens = %lld tokens (%zu MiB, %s), %d sequences of "
              "full context at once; max %d sequences, %d tokens per step, queue %d, prefix "
-             "cache %s; %d threads", st.blocks_total, e->block_size, kv_tokens,
+             "cache %s; %d threads%s", st.blocks_total, e->block_size, kv_tokens,
              e->kv_cache_bytes >> 20, kv_dtype, full_ctx_seqs, e->max_seqs, e->max_batch_tokens,
-             e->max_queue, e->prefix_cache ? "on" : "off", s->cfg->threads);
+             e->max_queue, e->prefix_cache ? "on" : "off", s->cfg->threads,
+             e->batch_invariant ? "; batch-invariant" : "");
     prefill_chunk_text(e, &cal, chunk_msg, sizeof chunk_msg);
     if (log_format == LOG_FORMAT_TEXT) {
         server_log(LOG_INFO, "%s", model_msg);
@@ -275,6 +276,7 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "max_queue", json_integer(e->max_queue));
         json_object_set_new(f, "prefix_cache", json_boolean(e->prefix_cache));
         json_object_set_new(f, "threads", json_integer(s->cfg->threads));
+        json_object_set_new(f, "batch_invariant", json_boolean(e->batch_invariant));
         bool automatic = e->max_prefill_chunk == ENGINE_PREFILL_CHUNK_AUTO;
         json_object_set_new(f, "max_prefill_chunk",
                             json_integer(automatic ? cal.chunk : e->max_prefill_chunk));

@@ -143,7 +143,7 @@ static double time_calls(const BenchPool *p, const AttnShape *shape, const AttnS
 }
 
 /* The 110M model's heads; --kv-heads N makes it grouped-query (12 / N query heads a KV head). */
-static AttnShape SHAPE_110M = {12, 12, 64, 0.125f};
+static AttnShape SHAPE_110M = {12, 12, 64, 0.125f, 0};
 
 /* Decode rows: n_seqs sequences of ctx positions, sequence s on the pool's table s, with
  * query and output row s % batch (random queries). */

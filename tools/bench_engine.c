@@ -2,7 +2,7 @@
  *
  *   bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] [--gen 64] [--prefix 512]
  *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16|bf16|int8]
- *                [--kv-dtype f16|f32|q8]
+ *                [--kv-dtype f16|f32|q8] [--batch-invariant 0|1]
  *
  * Decode: `seqs` requests of `prompt` random tokens each, `gen` new tokens, ignore_eos;
  * reports aggregate decode tokens/s over the steps after every prompt is in (prefill is
@@ -25,6 +25,7 @@ typedef struct {
     size_t kv_mb;
     KvDtype kv_dtype;
     ModelWeightType weight_type;
+    bool batch_invariant;
 } EngineBenchArgs;
 
 static double now_s(void)
@@ -50,6 +51,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         else if (!strcmp(argv[i], "--prefix")) a->prefix = atoi(v);
         else if (!strcmp(argv[i], "--threads")) a->threads = atoi(v);
         else if (!strcmp(argv[i], "--kv-cache-mb")) a->kv_mb = (size_t)atol(v);
+        else if (!strcmp(argv[i], "--batch-invariant")) a->batch_invariant = atoi(v) != 0;
         else if (!strcmp(argv[i], "--kv-dtype")) {
             if (kv_dtype_parse(v, &a->kv_dtype) != 0) {
                 fprintf(stderr, "bench engine: --kv-dtype takes f16, f32 or q8\n");
@@ -74,7 +76,8 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
     if (!a->model_path || a->prompt < 1 || a->gen < 1 || a->prefix < 1) {
         fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
                 "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
-                "                    [--weight-type auto|f32|f16|bf16|int8] [--kv-dtype f16|f32|q8]\n");
+                "                    [--weight-type auto|f32|f16|bf16|int8] [--kv-dtype f16|f32|q8]\n"
+                "                    [--batch-invariant 0|1]\n");
         return -1;
     }
     return 0;
@@ -89,6 +92,7 @@ static Engine *open_engine(const Model *m, const EngineBenchArgs *a, int max_seq
     cfg.max_seqs = max_seqs;
     cfg.prefix_cache = prefix;
     cfg.threads = a->threads;
+    cfg.batch_invariant = a->batch_invariant;
     Engine *e;
     char err[256];
     if (engine_create(m, &cfg, NULL, NULL, &e, err, sizeof err) != 0) {

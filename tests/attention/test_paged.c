@@ -191,11 +191,13 @@ static float max_abs_diff_rows(const float *a, const float *b, int n_rows, int s
 
 /* Run query rows [q_pos, q_pos+n_q) of several sequences in one attn_paged call and compare
  * each with the reference. which[i] is the sequence of item i. */
-static void check_call(Fixture *f, const int *which, const int *q_pos, const int *n_q, int n_items)
+static void check_call_as(Fixture *f, const int *which, const int *q_pos, const int *n_q, int n_items,
+                          int batch_invariant)
 {
     const Config *c = &f->cfg;
     int qw = q_width(c), stride = qw + PAD;
-    AttnShape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)};
+    AttnShape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
+                       batch_invariant};
     AttnSeq *seqs = calloc((size_t)n_items, sizeof *seqs);
     float **outs = calloc((size_t)n_items, sizeof *outs);
     for (int i = 0; i < n_items; i++) {
@@ -218,8 +220,9 @@ static void check_call(Fixture *f, const int *which, const int *q_pos, const int
                        c->n_kv_heads, c->head_dim, shape.scale, q_pos[i], n_q[i], want, stride);
         float err = max_abs_diff_rows(outs[i], want, n_q[i], stride, qw);
         if (!(err <= TOL))
-            fail_msg("%s: seq %d rows [%d,%d): max abs error %g", name, s, q_pos[i],
-                     q_pos[i] + n_q[i], (double)err);
+            fail_msg("%s%s: seq %d rows [%d,%d): max abs error %g", name,
+                     batch_invariant ? " (batch_invariant)" : "", s, q_pos[i], q_pos[i] + n_q[i],
+                     (double)err);
         for (int r = 0; r < n_q[i]; r++)
             for (int p = 0; p < PAD; p++)
                 assert_true(outs[i][(size_t)r * stride + qw + p] == 12345.0f);
@@ -228,6 +231,14 @@ static void check_call(Fixture *f, const int *which, const int *q_pos, const int
     }
     free(outs);
     free(seqs);
+}
+
+/* The same call as it runs by default, and with batch_invariant (every item walked as a
+ * decode row's, no cascade). */
+static void check_call(Fixture *f, const int *which, const int *q_pos, const int *n_q, int n_items)
+{
+    check_call_as(f, which, q_pos, n_q, n_items, 0);
+    check_call_as(f, which, q_pos, n_q, n_items, 1);
 }
 
 /* ---- decode: many sequences of different lengths, one query row each, one call ------- */
@@ -562,7 +573,7 @@ static void test_first_position_is_v(void **state)
     fixture_store(&f, 0, 1, 0, 1);
     float out[4 * 32];
     AttnSeq seq = {f.table[0], 0, 1, f.q[0], out};
-    AttnShape shape = {4, 2, 32, 0.17f};
+    AttnShape shape = {4, 2, 32, 0.17f, 0};
     attn_paged(&f.view, 1, &shape, &seq, 1, 4 * 32, 4 * 32);
     for (int h = 0; h < 4; h++)
         for (int d = 0; d < 32; d++)
@@ -579,7 +590,7 @@ static void test_empty_inputs(void **state)
     int len = 5;
     Fixture f;
     fixture_init(&f, &c, &len, 1);
-    AttnShape shape = {2, 1, 8, 0.35f};
+    AttnShape shape = {2, 1, 8, 0.35f, 0};
     attn_paged(&f.view, 1, &shape, NULL, 0, 16, 16);
     float out[16] = {7.0f};
     AttnSeq seq = {f.table[0], 3, 0, f.q[0], out};
@@ -625,7 +636,7 @@ static void test_real_pool(void **state)
         }
         /* seq 0: a prefill chunk [40, 75); seq 1: decode at 32. */
         float out0[35 * HEADS * HD], out1[HEADS * HD], want0[35 * HEADS * HD], want1[HEADS * HD];
-        AttnShape shape = {HEADS, KV_HEADS, HD, 0.2f};
+        AttnShape shape = {HEADS, KV_HEADS, HD, 0.2f, 0};
         AttnSeq seqs[2] = {{tables[0].blocks, 40, 35, q[0] + 40 * qw, out0},
                            {tables[1].blocks, 32, 1, q[1] + 32 * qw, out1}};
         attn_paged(&view, 1, &shape, seqs, 2, qw, qw);

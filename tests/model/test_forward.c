@@ -502,6 +502,136 @@ static void test_last_layer_packing_matches_reference(void **state)
     free(ra); free(rb); free(rc); free(rd);
 }
 
+/* ---- batch invariance: a row's logits whatever else a pass holds ------------------ */
+
+enum { INV_N = 100, INV_PREFIX = 64, INV_SIBLINGS = 5 };
+
+/* Sequence a's logits rows [from, INV_N) in passes of `step` rows (1: one a pass), each
+ * pass beside an unrelated prompt's chunk of 13 rows, into out (INV_N rows). */
+static void invariant_chunked(const Model *m, PagedRun *p, const int32_t *a, int step, float *out)
+{
+    int V = m->config.vocab_size;
+    int32_t other[INV_N];
+    random_tokens(other, INV_N, V, 99);
+    BlockTable ta, tb;
+    block_table_init(&ta);
+    block_table_init(&tb);
+    KvView kv = block_pool_view(p->pool);
+    for (int pos = 0, opos = 0; pos < INV_N; pos += step, opos += 13) {
+        int n = pos + step <= INV_N ? step : INV_N - pos, on = opos + 13 <= INV_N ? 13 : 0;
+        assert_int_equal(block_table_append(&ta, p->pool, n), 0);
+        assert_int_equal(block_table_append(&tb, p->pool, on), 0);
+        ModelSeqBatch b[2] = {
+            { a + pos, pos, n, ta.blocks, MODEL_LOGITS_ALL },
+            { other + opos, opos, on, tb.blocks, MODEL_LOGITS_LAST },
+        };
+        const float *lg = model_forward(p->runner, &kv, b, on ? 2 : 1);
+        assert_non_null(lg);
+        memcpy(out + (size_t)pos * V, lg, (size_t)n * V * sizeof(float));
+    }
+    block_table_destroy(&ta, p->pool);
+    block_table_destroy(&tb, p->pool);
+}
+
+/* a's prompt of INV_PREFIX rows in one pass, then its rows one a pass beside
+ * INV_SIBLINGS decode rows whose tables share its prompt's blocks (what the prefix cache
+ * makes: the case attention's cascade groups), into out (rows [INV_PREFIX, INV_N)). */
+static void invariant_beside_siblings(const Model *m, PagedRun *p, const int32_t *a, float *out)
+{
+    int V = m->config.vocab_size;
+    enum { S = INV_SIBLINGS + 1 };
+    int32_t tok[S][INV_N];
+    memcpy(tok[0], a, sizeof tok[0]);
+    BlockTable t[S];
+    for (int i = 0; i < S; i++)
+        block_table_init(&t[i]);
+    KvView kv = block_pool_view(p->pool);
+    assert_int_equal(block_table_append(&t[0], p->pool, INV_PREFIX), 0);
+    ModelSeqBatch first = { a, 0, INV_PREFIX, t[0].blocks, MODEL_LOGITS_LAST };
+    assert_non_null(model_forward(p->runner, &kv, &first, 1));
+    for (int i = 1; i < S; i++) {
+        memcpy(tok[i], a, INV_PREFIX * sizeof(int32_t));
+        random_tokens(tok[i] + INV_PREFIX, INV_N - INV_PREFIX, V, 40 + (unsigned)i);
+        assert_int_equal(block_table_fork(&t[i], &t[0], p->pool), 0);
+    }
+    for (int pos = INV_PREFIX; pos < INV_N; pos++) {
+        ModelSeqBatch rows[S];
+        for (int i = 0; i < S; i++) {
+            assert_int_equal(block_table_append(&t[i], p->pool, 1), 0);
+            rows[i] = (ModelSeqBatch){ tok[i] + pos, pos, 1, t[i].blocks, MODEL_LOGITS_LAST };
+        }
+        const float *lg = model_forward(p->runner, &kv, rows, S);
+        assert_non_null(lg);
+        memcpy(out + (size_t)pos * V, lg, (size_t)V * sizeof(float));
+    }
+    for (int i = 0; i < S; i++)
+        block_table_destroy(&t[i], p->pool);
+}
+
+/* The first row (from `from` on) where two sets of logits differ in any bit, or -1. */
+static int first_differing_row(const float *x, const float *y, int from, int V)
+{
+    for (int r = from; r < INV_N; r++)
+        if (memcmp(x + (size_t)r * V, y + (size_t)r * V, (size_t)V * sizeof(float)) != 0)
+            return r;
+    return -1;
+}
+
+/* With the runner's batch_invariant on, sequence a's logits are the same bits in one
+ * 100-row pass, one row a pass, 7 and 33 rows a pass beside another prompt, and as decode
+ * rows beside 5 siblings on its prompt's blocks. Off, they differ in the last bits (an
+ * audit saw seeded and greedy text change with preemption and shared-prefix
+ * neighbours). */
+static void check_batch_invariant(const Model *m, KvDtype dtype)
+{
+    int V = m->config.vocab_size;
+    int32_t a[INV_N];
+    random_tokens(a, INV_N, V, 5);
+    size_t bytes = (size_t)INV_N * V * sizeof(float);
+    float *whole = malloc(bytes), *other = malloc(bytes);
+    static const int steps[] = { INV_N, 1, 7, 33 };
+    for (int k = 0; k < 5; k++) {
+        PagedRun p;
+        paged_open(&p, m, dtype, 16, 128);
+        model_runner_set_batch_invariant(p.runner, 1);
+        if (k < 4)
+            invariant_chunked(m, &p, a, steps[k], k == 0 ? whole : other);
+        else
+            invariant_beside_siblings(m, &p, a, other);
+        paged_close(&p);
+        int from = k < 4 ? 0 : INV_PREFIX, row = k == 0 ? -1 : first_differing_row(whole, other, from, V);
+        if (row >= 0)
+            fail_msg("%s KV, case %d: row %d differs from the one-pass logits", kv_dtype_name(dtype), k, row);
+    }
+    free(whole);
+    free(other);
+}
+
+static void test_batch_invariant(void **state)
+{
+    Fixture *fx = *state;
+    check_batch_invariant(fx->model, KV_DTYPE_F16);
+    check_batch_invariant(fx->model, KV_DTYPE_F32);
+    check_batch_invariant(fx->model, KV_DTYPE_Q8);
+    static const struct { ModelWeightType type; const char *name; } lossy[] = {
+        { MODEL_WEIGHTS_F16, "f16" }, { MODEL_WEIGHTS_INT8, "int8" }, { MODEL_WEIGHTS_BF16, "bf16" },
+    };
+    for (size_t i = 0; i < sizeof lossy / sizeof lossy[0]; i++) {
+        if ((lossy[i].type == MODEL_WEIGHTS_INT8 && !matmul_i8_supported()) ||
+            (lossy[i].type == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported())) {
+            print_message("SKIPPED batch invariance of %s weights: this CPU cannot run them\n",
+                          lossy[i].name);
+            continue;
+        }
+        Model *m;
+        char err[256];
+        assert_int_equal(model_load_as(fx->path, lossy[i].type, &m, err, sizeof err), 0);
+        print_message("batch invariance, %s weights\n", lossy[i].name);
+        check_batch_invariant(m, KV_DTYPE_F16);
+        model_free(m);
+    }
+}
+
 static void test_invalid_batches_are_refused(void **state)
 {
     Fixture *fx = *state;
@@ -723,6 +853,7 @@ int main(void)
         cmocka_unit_test(test_last_layer_packing_matches_reference),
         cmocka_unit_test(test_invalid_batches_are_refused),
         cmocka_unit_test(test_wide_heads_are_refused),
+        cmocka_unit_test(test_batch_invariant),
     };
     const struct CMUnitTest shared_model[] = {
         cmocka_unit_test(test_stories260k_greedy_matches_reference),
@@ -730,6 +861,7 @@ int main(void)
     const struct CMUnitTest wide_model[] = {
         cmocka_unit_test(test_wide_prefill_matches_reference),
         cmocka_unit_test(test_wide_two_prompts_match_reference),
+        cmocka_unit_test(test_batch_invariant),
     };
     int failed = cmocka_run_group_tests_name("forward_random_model", random_model,
                                              make_random_model, free_model);
