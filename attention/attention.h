@@ -60,10 +60,11 @@ typedef struct {
     int head_dim;
     float scale;    /* usually 1/sqrt(head_dim) */
     /* 1: every query vector takes the same arithmetic whatever else the call holds: the
-     * decode row's walk (its sequence's blocks in order, one tile a block, folded into one
-     * vector at a time) for prefill rows too, and no shared-prefix cascade. A row's output
-     * is then a function of its query and the K/V it sees alone, bit for bit, however the
-     * rows are chunked and batched; prefill and shared-prefix decode attend slower. */
+     * decode row's walk (its sequence's blocks in order, tiles of up to 32 positions within
+     * each block, folded into one vector at a time) for prefill rows too, and no
+     * shared-prefix cascade. A row's output is then a function of its query and the K/V it
+     * sees alone, bit for bit, however the rows are chunked and batched; prefill rows,
+     * decode rows of groups above 8, and decode rows on a shared prefix attend slower. */
     int batch_invariant;
 } AttnShape;
 

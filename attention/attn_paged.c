@@ -17,6 +17,9 @@
  *   small register-blocked matrix products, scores Sᵀ = K·Qᵀ and acc = diag(rescale)·acc +
  *   P·V, so each K and V value loaded serves several vectors (see fold_tile_matrix).
  *
+ * With AttnShape.batch_invariant every item takes the decode row's walk (and no call
+ * forms a cascade, below): each vector's sums then run in one order, its own.
+ *
  * Extra memory per query vector: acc[head_dim] + one tile of scores (+ its query,
  * transposed, in the matrix form). No score row of length N, no N×N matrix.
  */
@@ -546,7 +549,7 @@ static void attend_item(ItemState *it)
     /* A decode row's few vectors per KV head read F16 or Q8 straight from the cache;
      * vectors of several rows (or many heads) get the tiles widened once, and many of them
      * take the tiles in as matrix products, whose rows of V and accumulators are a whole
-     * number of registers long. */
+     * number of registers long. batch_invariant: every item reads as a decode row does. */
     int direct = c->batch_invariant || (it->n_rows == 1 && it->n_h < ATTN_MATRIX_MIN_VECS);
     int matrix = !direct && n_vecs >= ATTN_MATRIX_MIN_VECS;
     it->acc_stride = matrix ? (hd + 7) & ~7 : hd;

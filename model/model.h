@@ -138,9 +138,10 @@ void model_runner_free(ModelRunner *r);
 void model_runner_set_threads(ModelRunner *r, int n_threads);
 /* on: each row's logits are the same bits whatever else a pass holds and however a
  * sequence's rows are cut into passes (attention's batch_invariant; the products, on every
- * kernel, and the per-row steps sum in one order at any row count already). Off (the
- * default): faster prefill and shared-prefix decode attention, the last bits depending on
- * the batch. */
+ * kernel, and the per-row steps sum in one order at any row count already — except a BF16
+ * product on AMX whose rounded copy of x could not be allocated, which falls back to the
+ * AVX512_BF16 kernel's order). Off (the default): faster prefill and shared-prefix decode
+ * attention, the last bits depending on the batch. */
 void model_runner_set_batch_invariant(ModelRunner *r, int on);
 
 /* Run one pass. Returns the logits rows (vocab_size floats each), in sequence order:

@@ -60,7 +60,8 @@ typedef struct {
     ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8: matrices in memory */
 
     EngineConfig engine;     /* --kv-cache-mb --kv-dtype --block-size --max-seqs
-                              * --max-batch-tokens --max-queue --no-prefix-cache */
+                              * --max-batch-tokens --max-prefill-chunk --max-queue
+                              * --no-prefix-cache --batch-invariant */
     ApiLimits limits;        /* --max-body-bytes --max-tokens-cap --max-n --max-logprobs
                               * --max-prompt-tokens */
 

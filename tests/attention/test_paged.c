@@ -561,6 +561,101 @@ static void test_shared_prefix_many(void **state)
             }
 }
 
+/* ---- batch_invariant: a row's output the same bits however the call is made ---------- */
+
+enum { INV_LEN = 100, INV_SHARERS = 5, INV_SHARED = 64 };
+
+/* Rows [0, INV_LEN) of sequence 0 into out (stride apart), with batch_invariant: `step`
+ * rows a call; with `company`, each call also holds the decode rows of INV_SHARERS
+ * sequences on sequence 0's first INV_SHARED positions' blocks (what the cascade
+ * groups) and 13 prefill rows of an unrelated sequence. */
+static void invariant_rows(Fixture *f, int step, int company, float *out, int stride)
+{
+    const Config *c = &f->cfg;
+    AttnShape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), 1};
+    enum { N = INV_SHARERS + 2 };
+    float *scratch = malloc((size_t)(INV_SHARERS + 13) * stride * sizeof(float));
+    assert_non_null(scratch);
+    for (int pos = 0; pos < INV_LEN; pos += step) {
+        AttnSeq seqs[N];
+        int n = 0, rows = INV_LEN - pos < step ? INV_LEN - pos : step;
+        seqs[n++] = (AttnSeq){f->table[0], pos, rows, f->q[0] + (size_t)pos * stride,
+                              out + (size_t)pos * stride};
+        for (int k = 1; company && k <= INV_SHARERS; k++) {
+            int last = f->len[k] - 1;
+            seqs[n++] = (AttnSeq){f->table[k], last, 1, f->q[k] + (size_t)last * stride,
+                                  scratch + (size_t)(k - 1) * stride};
+        }
+        if (company)
+            seqs[n++] = (AttnSeq){f->table[N - 1], 0, 13, f->q[N - 1],
+                                  scratch + (size_t)INV_SHARERS * stride};
+        attn_paged(&f->view, 1, &shape, seqs, n, stride, stride);
+    }
+    free(scratch);
+}
+
+static void invariant_case(const Config *cfg)
+{
+    int lens[INV_SHARERS + 2];
+    lens[0] = INV_LEN;
+    for (int k = 1; k <= INV_SHARERS; k++)
+        lens[k] = INV_SHARED + 1 + rng_int(40);
+    lens[INV_SHARERS + 1] = 13;
+    Fixture f;
+    fixture_init(&f, cfg, lens, INV_SHARERS + 2);
+    int w = kv_width(cfg), bs = cfg->block_size, shared_blocks = INV_SHARED / bs;
+    for (int k = 1; k <= INV_SHARERS; k++) { /* the same blocks, the same values */
+        for (int b = 0; b < shared_blocks; b++)
+            f.table[k][b] = f.table[0][b];
+        memcpy(f.k[k], f.k[0], (size_t)shared_blocks * bs * w * sizeof(float));
+        memcpy(f.v[k], f.v[0], (size_t)shared_blocks * bs * w * sizeof(float));
+    }
+    for (int s = 0; s < f.n_seqs; s++) {
+        fixture_fill_other_layer(&f, s);
+        fixture_store(&f, s, 1, 0, f.len[s]);
+    }
+    int stride = q_width(cfg) + PAD;
+    size_t bytes = (size_t)INV_LEN * stride * sizeof(float);
+    float *whole = malloc(bytes), *other = malloc(bytes);
+    assert_non_null(whole);
+    assert_non_null(other);
+    invariant_rows(&f, INV_LEN, 0, whole, stride);
+    static const struct { int step, company; const char *name; } ways[] = {
+        {1, 0, "one row a call"}, {1, 1, "one row a call, beside sharers"},
+        {7, 1, "7 rows a call, beside sharers"}, {33, 0, "33 rows a call"},
+    };
+    char name[128];
+    config_name(cfg, name, sizeof name);
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+        invariant_rows(&f, ways[i].step, ways[i].company, other, stride);
+        for (int r = 0; r < INV_LEN; r++)
+            if (memcmp(whole + (size_t)r * stride, other + (size_t)r * stride,
+                       (size_t)q_width(cfg) * sizeof(float)) != 0)
+                fail_msg("%s, %s: row %d differs from the one-call row", name, ways[i].name, r);
+    }
+    free(whole);
+    free(other);
+    fixture_free(&f);
+}
+
+/* With batch_invariant each query row's output is the same bits in one call of all rows,
+ * one row a call, chunks, and beside decode rows on its shared blocks and another prompt:
+ * blocks smaller and larger than a tile (32), groups from 1 to past one item's 32 vectors,
+ * every cache type. */
+static void test_batch_invariant_rows(void **state)
+{
+    (void)state;
+    int block_sizes[] = {1, 16, 64}, groups[] = {1, 2, 9, 33}, head_dims[] = {8, 64};
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 4; g++)
+            for (int h = 0; h < 2; h++)
+                for (int dt = 0; dt < 3; dt++) {
+                    int n_kv = groups[g] > 2 ? 1 : 2;
+                    Config c = {groups[g] * n_kv, n_kv, head_dims[h], block_sizes[b], (KvDtype)dt};
+                    invariant_case(&c);
+                }
+}
+
 /* ---- a single position: the output is that position's V exactly -------------------- */
 
 static void test_first_position_is_v(void **state)
@@ -670,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_vector_counts),
         cmocka_unit_test(test_shared_prefix_mixed),
         cmocka_unit_test(test_shared_prefix_many),
+        cmocka_unit_test(test_batch_invariant_rows),
         cmocka_unit_test(test_real_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -506,8 +506,8 @@ static void test_last_layer_packing_matches_reference(void **state)
 
 enum { INV_N = 100, INV_PREFIX = 64, INV_SIBLINGS = 5 };
 
-/* Sequence a's logits rows [from, INV_N) in passes of `step` rows (1: one a pass), each
- * pass beside an unrelated prompt's chunk of 13 rows, into out (INV_N rows). */
+/* Sequence a's logits rows in passes of `step` rows (1: one a pass), each pass beside an
+ * unrelated prompt's chunk of 13 rows while it lasts, into out (INV_N rows). */
 static void invariant_chunked(const Model *m, PagedRun *p, const int32_t *a, int step, float *out)
 {
     int V = m->config.vocab_size;
@@ -588,23 +588,30 @@ static void check_batch_invariant(const Model *m, KvDtype dtype)
     int32_t a[INV_N];
     random_tokens(a, INV_N, V, 5);
     size_t bytes = (size_t)INV_N * V * sizeof(float);
-    float *whole = malloc(bytes), *other = malloc(bytes);
-    static const int steps[] = { INV_N, 1, 7, 33 };
-    for (int k = 0; k < 5; k++) {
+    float *whole = malloc(bytes), *again = malloc(bytes);
+    assert_non_null(whole);
+    assert_non_null(again);
+    /* step 0: the prompt, then decode rows beside siblings on its blocks */
+    static const struct { int step; const char *name; } ways[] = {
+        { INV_N, "one pass" }, { 1, "one row a pass" }, { 7, "7 rows a pass" },
+        { 33, "33 rows a pass" }, { 0, "decode rows beside 5 siblings" },
+    };
+    for (size_t k = 0; k < sizeof ways / sizeof ways[0]; k++) {
         PagedRun p;
         paged_open(&p, m, dtype, 16, 128);
         model_runner_set_batch_invariant(p.runner, 1);
-        if (k < 4)
-            invariant_chunked(m, &p, a, steps[k], k == 0 ? whole : other);
+        if (ways[k].step)
+            invariant_chunked(m, &p, a, ways[k].step, k == 0 ? whole : again);
         else
-            invariant_beside_siblings(m, &p, a, other);
+            invariant_beside_siblings(m, &p, a, again);
         paged_close(&p);
-        int from = k < 4 ? 0 : INV_PREFIX, row = k == 0 ? -1 : first_differing_row(whole, other, from, V);
+        int row = k == 0 ? -1 : first_differing_row(whole, again, ways[k].step ? 0 : INV_PREFIX, V);
         if (row >= 0)
-            fail_msg("%s KV, case %d: row %d differs from the one-pass logits", kv_dtype_name(dtype), k, row);
+            fail_msg("%s KV, %s: row %d differs from the one-pass logits", kv_dtype_name(dtype),
+                     ways[k].name, row);
     }
     free(whole);
-    free(other);
+    free(again);
 }
 
 static void test_batch_invariant(void **state)

@@ -54,7 +54,7 @@ static void test_help(void **state)
     assert_int_equal(proc_run(argv, &out, &err, 30.0), 0);
     static const char *flags[] = {
         "--model", "--host", "--port", "--model-name", "--kv-cache-mb", "--kv-dtype", "--weight-type",
-        "--block-size", "--max-seqs", "--max-batch-tokens", "--max-queue", "--no-prefix-cache",
+        "--block-size", "--max-seqs", "--max-batch-tokens", "--max-queue", "--no-prefix-cache", "--batch-invariant",
         "--api-key", "--api-key-file", "--metrics-no-auth", "--max-body-bytes",
         "--max-tokens-cap", "--max-n", "--max-logprobs", "--max-prompt-tokens",
         "--max-connections", "--request-timeout-s", "--idle-timeout-s", "--drain-timeout-s",
