@@ -1,6 +1,7 @@
 /* matmul — packing and threading of the weight products; the kernels are matmul_kernel.c
  * (F32/F16, AVX2), matmul_avx512.c (its AVX-512 twin), matmul_bf16.c, matmul_i8.c (int8 on
- * AVX512_VNNI) and matmul_i8_avx2.c (int8 elsewhere). */
+ * AVX512_VNNI), matmul_i8_avx2.c (int8 elsewhere) and matmul_q4.c (Q4, whose packing is
+ * matmul_q4_format.c). */
 #include "model/matmul.h"
 
 #include <cpuid.h>
@@ -48,6 +49,8 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type)
 {
     if (type == MATMUL_I8)
         return matmul_i8_layout(in, out).total;
+    if (type == MATMUL_Q4)
+        return matmul_q4_layout(in, out).total;
     if (type == MATMUL_BF16) /* an odd in is padded to whole pairs */
         return matmul_weights_floats(in + in % 2, out) * sizeof(uint16_t);
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
@@ -65,6 +68,11 @@ int matmul_bf16_supported(void)
 {
     return !told_unsupported("PAGEDSERVE_NO_AVX512_BF16") && __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+int matmul_q4_supported(void)
+{
+    return matmul_i8_vnni();
 }
 
 int matmul_i8_supported(void)
@@ -174,6 +182,8 @@ const char *matmul_kernel_name(MatmulType type)
         return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
         return matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16";
+    if (type == MATMUL_Q4)
+        return "avx512_vnni";
     return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 
@@ -277,7 +287,8 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
     *pw = (MatmulWeights){ .in = in, .out = out };
-    if ((type == MATMUL_BF16 && !matmul_bf16_supported()) || (type == MATMUL_I8 && !matmul_i8_supported()))
+    if ((type == MATMUL_BF16 && !matmul_bf16_supported()) || (type == MATMUL_I8 && !matmul_i8_supported()) ||
+        (type == MATMUL_Q4 && !matmul_q4_supported()))
         return -3;
     pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
@@ -285,10 +296,12 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
      * which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel spares
      * start-up a pass over every matrix. */
-    size_t panel_bytes = type == MATMUL_I8 ? 0 : matmul_weights_bytes(in, MATMUL_PANEL, type);
+    size_t panel_bytes = type == MATMUL_I8 || type == MATMUL_Q4 ? 0 : matmul_weights_bytes(in, MATMUL_PANEL, type);
     if (bytes > 0)
         memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
-    int rc = type == MATMUL_I8 ? pack_i8(p, w, in, out) : pack_rows(p, w, in, out, type);
+    int rc = type == MATMUL_I8 ? pack_i8(p, w, in, out)
+           : type == MATMUL_Q4 ? q4_pack(p, w, in, out)
+                               : pack_rows(p, w, in, out, type);
     if (rc < 0) {
         free(p);
         return rc;
@@ -299,6 +312,10 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
 
 void matmul_weights_unpack(const MatmulWeights *pw, float *w)
 {
+    if (pw->type == MATMUL_Q4) {
+        q4_unpack(pw->panels, w, pw->in, pw->out);
+        return;
+    }
     if (pw->type == MATMUL_I8) {
         const float *scales = (const float *)((const char *)pw->panels + matmul_i8_layout(pw->in, pw->out).scales_offset);
         for (int o = 0; o < pw->out; o++)
@@ -342,12 +359,16 @@ static void product_range(void *arg, int p0, int p1, int thread)
 
 /* ---- int8 products: x quantised once, over the pool, before the product ---- */
 
+/* One row of x quantised for a product's kernel: i8_row_quantise or q4_row_quantise. */
+typedef void RowQuantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
+
 /* Rows of x to quantise (into xr) or to round to BF16 (into out). */
 typedef struct {
     const float *x;
     int ldx, in;
     I8Rows *xr;
     void *out;
+    RowQuantise *quantise;
 } QuantiseJob;
 
 static void quantise_range(void *arg, int r0, int r1, int thread)
@@ -355,20 +376,25 @@ static void quantise_range(void *arg, int r0, int r1, int thread)
     (void)thread;
     const QuantiseJob *j = arg;
     for (int r = r0; r < r1; r++)
-        i8_row_quantise(j->xr->q + (size_t)r * j->xr->stride, j->xr->sx + (size_t)r * j->xr->blocks,
+        j->quantise(j->xr->q + (size_t)r * j->xr->stride, j->xr->sx + (size_t)r * j->xr->blocks,
                         j->xr->zsum + (size_t)r * j->xr->blocks, j->x + (size_t)r * j->ldx, j->in);
 }
 
 /* An I8Rows for `rows` rows of `in` inputs: scales, zero-point sums, then the values. */
 typedef struct {
     int blocks;    /* per row */
-    size_t stride; /* bytes a row of values: whole quads */
+    size_t stride; /* bytes a row of values: whole quads (I8) or blocks (Q4) */
     size_t bytes;  /* the struct and all of it */
+    RowQuantise *quantise;
 } I8RowsShape;
 
-static I8RowsShape i8_rows_shape(int in, int rows)
+/* The shape of x quantised for a product on weights of this type (I8 or Q4). */
+static I8RowsShape i8_rows_shape(MatmulType type, int in, int rows)
 {
-    I8RowsShape sh = { (in + MATMUL_I8_BLOCK - 1) / MATMUL_I8_BLOCK, (size_t)(in + 3) / 4 * 4, 0 };
+    int block = type == MATMUL_Q4 ? MATMUL_Q4_BLOCK : MATMUL_I8_BLOCK;
+    int blocks = (in + block - 1) / block;
+    I8RowsShape sh = { blocks, type == MATMUL_Q4 ? (size_t)blocks * block : (size_t)(in + 3) / 4 * 4, 0,
+                       type == MATMUL_Q4 ? q4_row_quantise : i8_row_quantise };
     sh.bytes = sizeof(I8Rows) + (size_t)rows * ((size_t)sh.blocks * (sizeof(float) + sizeof(int32_t)) + sh.stride);
     return sh;
 }
@@ -382,7 +408,7 @@ static I8Rows *quantise_rows(void *mem, I8RowsShape shape, const float *x, int l
     float *sx = (float *)(xr + 1);
     int32_t *zsum = (int32_t *)(sx + floats);
     *xr = (I8Rows){ (int8_t *)(zsum + floats), shape.stride, sx, zsum, shape.blocks, 0 };
-    QuantiseJob j = { x, ldx, in, xr, NULL };
+    QuantiseJob j = { x, ldx, in, xr, NULL, shape.quantise };
     compute_parallel_ranges(rows, 8, parallel, quantise_range, &j);
     return xr;
 }
@@ -401,7 +427,7 @@ static void convert_range(void *arg, int r0, int r1, int thread)
 /* x's rows as BF16 rows of `in` values in mem, over the pool when `parallel`. */
 static const uint16_t *convert_rows(void *mem, const float *x, int ldx, int in, int rows, int parallel)
 {
-    QuantiseJob j = { x, ldx, in, NULL, mem };
+    QuantiseJob j = { x, ldx, in, NULL, mem, NULL };
     compute_parallel_ranges(rows, 8, parallel, convert_range, &j);
     return mem;
 }
@@ -409,7 +435,9 @@ static const uint16_t *convert_rows(void *mem, const float *x, int ldx, int in, 
 /* An int8 product quantises x once: a few short rows (decode) into this much stack, more
  * into a malloc'd buffer (glibc's dynamic mmap threshold soon serves such sizes from the
  * heap). A few long rows (in beyond ~8K) or no memory: each work item quantises its own
- * copy instead (the kernel's t->xq == NULL; same result). Rows are quantised over the pool
+ * copy instead (the kernel's t->xq == NULL; same result). A Q4 product takes the buffer
+ * for a few long rows too: without it its kernel quantises each 32-input block of x again
+ * for every 2-8 panels (matmul_q4.c), so only when malloc fails. Rows are quantised over the pool
  * from QUANTISE_PARALLEL_ROWS on; fewer are not worth a dispatch. Measured at one row
  * (chat c=1, perf): re-quantising in every item was 4.5% of the CPU time. */
 #define I8_LOCAL_BYTES (56 << 10)
@@ -429,7 +457,7 @@ static int item_share(int n_panels, int lo, int hi)
  * (I8_FEW_ROWS_ITEM_PANELS_MAX, tuned on VNNI; LONG_ITEM_PANELS_MAX). */
 static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
-    if (w->type == MATMUL_I8 && rows <= 2)
+    if ((w->type == MATMUL_I8 || w->type == MATMUL_Q4) && rows <= 2)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
     int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type)); /* int8 up to 2048 inputs: 4 */
     if (matmul_prefetches(w->type, rows, w->in))
@@ -456,16 +484,17 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL, NULL },
         .run = w->type == MATMUL_BF16 ? (matmul_bf16_amx() ? matmul_kernel_bf16_amx_run : matmul_kernel_bf16_run)
              : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
+             : w->type == MATMUL_Q4   ? matmul_kernel_q4_run
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     unsigned char local[I8_LOCAL_BYTES] __attribute__((aligned(64)));
     void *heap = NULL;
-    if (w->type == MATMUL_I8) {
-        I8RowsShape shape = i8_rows_shape(w->in, rows);
+    if (w->type == MATMUL_I8 || w->type == MATMUL_Q4) {
+        I8RowsShape shape = i8_rows_shape(w->type, w->in, rows);
         void *mem = shape.bytes <= sizeof local ? local
-                  : rows > MATMUL_I8_ROWS_LOCAL ? (heap = malloc(shape.bytes)) : NULL;
+                  : rows > MATMUL_I8_ROWS_LOCAL || w->type == MATMUL_Q4 ? (heap = malloc(shape.bytes)) : NULL;
         if (mem)
             p.task.xq = quantise_rows(mem, shape, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     } else if (w->type == MATMUL_BF16 && matmul_bf16_amx() && matmul_bf16_amx_fits(rows, w->in)) {

@@ -29,14 +29,22 @@
  * multiplies quads of bytes: a quarter of F32's bytes, 4x F32's multiply-adds per cycle,
  * at 255 levels of the row's (block's) largest |value| on both sides: an absolute step,
  * not a relative precision like BF16's (matmul_i8.c). Without VNNI, AVX2 multiplies byte
- * pairs (matmul_i8_avx2.c): ~1.6x F32's multiply-adds, x at 129 levels (matmul_i8_x_max). */
-typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3 } MatmulType;
+ * pairs (matmul_i8_avx2.c): ~1.6x F32's multiply-adds, x at 129 levels (matmul_i8_x_max).
+ * Or Q4: 4-bit weights by GGUF Q4_0's rule (blocks of 32 inputs of an output row, scale
+ * d = the block's value of largest |w| / -8 held as F16, q = w / d + 8 in 0..15; Q4_0
+ * tensors made by ggml's reference rule come back exactly), 4.5 bits a weight; x quantised to int8 per block of
+ * 32 inputs at every product, AVX512_VNNI multiplying nibbles by bytes (matmul_q4.c; only
+ * on CPUs with AVX512_VNNI, matmul_q4_supported). 0.14 of F32's bytes: decode of one
+ * sequence of a big model, bound by reading the weights, runs ~1.8x as fast as int8. */
+typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3, MATMUL_Q4 = 4 } MatmulType;
 
 /* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
  * BF16 panels[(((p * pairs) + k / 2) * 16 + j) * 2 + k % 2] = W[16p + j][k] with
  * pairs = ceil(in / 2); I8 as matmul_kernel.h's I8Layout says (bytes q + 128 at
  * [((p * quads + k / 4) * 16 + j) * 4 + k % 4], then the 16 scales of each panel). Zero
- * past out (and past in, up to whole pairs); I8 holds q = 0 (byte 128) and scale 0 there. */
+ * past out (and past in, up to whole pairs); I8 holds q = 0 (byte 128) and scale 0 there.
+ * Q4 as matmul_kernel.h's Q4Layout says (nibbles, then the panel's F16 scales, per panel);
+ * q = 8 (zero) and scale 0 past out, q = 8 past in. */
 typedef struct {
     int in, out;
     MatmulType type;
@@ -51,6 +59,9 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
  * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
  * without the instructions does, tried on one that has them. */
 int matmul_bf16_supported(void);
+/* Whether this CPU can run products on Q4 weights: matmul_i8_vnni() (AVX512_VNNI, and
+ * PAGEDSERVE_NO_AVX512_VNNI not set). */
+int matmul_q4_supported(void);
 /* Whether this CPU can run products on int8 weights: any with AVX2. */
 int matmul_i8_supported(void);
 /* Whether they run on the AVX512_VNNI kernel (matmul_i8.c; else the AVX2 one,
@@ -75,14 +86,15 @@ int matmul_i8_x_max(void);
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
  * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "amx_bf16+avx512_bf16" or
- * "avx512_bf16" (BF16), "avx512" or "avx2" (F32 and F16). */
+ * "avx512_bf16" (BF16), "avx512_vnni" (Q4), "avx512" or "avx2" (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
- * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520)
- * or is not finite (F16, BF16, I8); -3 when the type is BF16 or I8 and the CPU cannot use
- * it. */
+ * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520;
+ * Q4: a scale |w| / 8 >= 65520) or is not finite (F16, BF16, I8, Q4); -3 when the type is
+ * BF16, I8 or Q4 and the CPU cannot use it. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
-/* Writes the matrix back as row-major [out][in] (tests, tools); I8 as q * scale. */
+/* Writes the matrix back as row-major [out][in] (tests, tools); I8 as q * scale, Q4 as
+ * (q - 8) * d. */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);
 void matmul_weights_free(MatmulWeights *pw);
 

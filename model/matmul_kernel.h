@@ -34,6 +34,32 @@ static inline I8Layout matmul_i8_layout(int in, int out)
     return l;
 }
 
+/* Inputs per block of Q4 weights (one F16 scale per output and block) and of x's int8
+ * quantisation in Q4 products. */
+#define MATMUL_Q4_BLOCK 32
+
+/* Where the parts of Q4 packed weights lie (byte offsets within a panel, panels
+ * panel_bytes apart): for input block c, four 64-byte lines at c * 256 + l * 64, byte
+ * 4j + b of line l holding in its low nibble q[16p + j][32c + 8l + b] and in its high
+ * nibble q[16p + j][32c + 8l + 4 + b] (so the low nibbles of a line are input quad 2l of
+ * the block for all 16 outputs, as one VPDPBUSD wants it, the high ones quad 2l + 1);
+ * then, at scales_offset + c * 32, the block's 16 F16 scales d, output j at j. */
+typedef struct {
+    int blocks, panels;
+    size_t scales_offset, panel_bytes, total;
+} Q4Layout;
+
+static inline Q4Layout matmul_q4_layout(int in, int out)
+{
+    Q4Layout l;
+    l.blocks = (in + MATMUL_Q4_BLOCK - 1) / MATMUL_Q4_BLOCK;
+    l.panels = (out + MATMUL_PANEL - 1) / MATMUL_PANEL;
+    l.scales_offset = (size_t)l.blocks * MATMUL_Q4_BLOCK * MATMUL_PANEL / 2;
+    l.panel_bytes = (l.scales_offset + (size_t)l.blocks * MATMUL_PANEL * 2 + 63) / 64 * 64;
+    l.total = (size_t)l.panels * l.panel_bytes;
+    return l;
+}
+
 /* Rows of x quantised for int8 products (matmul_i8_rows.c): row r's int8 values for input
  * quads [kq_base, ...) at q + r * stride, and per block of MATMUL_I8_BLOCK inputs its scale
  * sx and zsum = 128 * (sum of the block's values) at
@@ -46,6 +72,15 @@ typedef struct {
     int blocks;
     int kq_base;
 } I8Rows;
+
+/* The same for Q4 products (matmul_q4_format.c): blocks of MATMUL_Q4_BLOCK inputs at 127
+ * levels, q zero-padded to whole blocks, zsum = 8 * (sum of the block's q) (the nibbles'
+ * offset), kq_base 0. */
+void q4_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
+/* Q4 packing (matmul_q4_format.c, for matmul.c): 0, or -2 (a weight not finite, or a
+ * scale F16 cannot hold); and the matrix back as (q - 8) * d. */
+int q4_pack(void *buf, const float *w, int in, int out);
+void q4_unpack(const void *buf, float *w, int in, int out);
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
  * zsum[...], by compute/quant_i8.h's rule per 128-input block at qmax levels each side
@@ -65,7 +100,7 @@ typedef struct {
     int ldy, ldx, rows, in, out;
     float beta;
     MatmulType type;
-    const I8Rows *xq; /* I8: x quantised beforehand, or NULL (each work item quantises) */
+    const I8Rows *xq; /* I8, Q4: x quantised beforehand, or NULL (each work item quantises) */
     const uint16_t *xb; /* BF16 on AMX: x rounded to BF16 beforehand, rows of `in`, or NULL */
 } MatmulTask;
 
@@ -200,6 +235,9 @@ void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);
 void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1);
 /* The same for int8 panels on AVX2 (matmul_i8_avx2.c), x quantised to 64 levels. */
 void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
+/* The same for Q4 panels (matmul_q4.c; AVX512_VNNI): x from t->xq (as q4_row_quantise
+ * leaves it), or, when that is NULL, quantised here a block at a time. */
+void matmul_kernel_q4_run(const MatmulTask *t, int p0, int p1);
 /* The same for int8 panels on AMX tiles (matmul_i8_amx.c), where matmul_i8_amx() says the
  * process may use them and matmul_i8_amx_fits(rows, in) and x is quantised beforehand;
  * otherwise it runs matmul_kernel_i8_run. Bit-identical to it. */

@@ -10,8 +10,8 @@
 
 int model_weight_type_parse(const char *name, ModelWeightType *out)
 {
-    static const char *const names[] = { "auto", "f32", "f16", "bf16", "int8" };
-    for (int i = 0; i < 5; i++)
+    static const char *const names[] = { "auto", "f32", "f16", "bf16", "int8", "q4" };
+    for (int i = 0; i < 6; i++)
         if (!strcmp(name, names[i])) {
             *out = (ModelWeightType)i;
             return 0;
@@ -27,12 +27,15 @@ static int all_matrices(const ModelConfig *c, int n)
 
 const char *model_matrix_type_name(const ModelConfig *c)
 {
-    if (c->packed_matrices_f16 == 0 && c->packed_matrices_bf16 == 0 && c->packed_matrices_i8 == 0)
+    if (c->packed_matrices_f16 == 0 && c->packed_matrices_bf16 == 0 && c->packed_matrices_i8 == 0 &&
+        c->packed_matrices_q4 == 0)
         return "f32";
     if (all_matrices(c, c->packed_matrices_f16))
         return "f16";
     if (all_matrices(c, c->packed_matrices_i8))
         return "int8";
+    if (all_matrices(c, c->packed_matrices_q4))
+        return "q4";
     return all_matrices(c, c->packed_matrices_bf16) ? "bf16" : "mixed";
 }
 
@@ -40,6 +43,7 @@ const char *model_matrix_type_name(const ModelConfig *c)
 const char *model_kernel_name(const ModelConfig *c)
 {
     return matmul_kernel_name(all_matrices(c, c->packed_matrices_i8)    ? MATMUL_I8
+                              : all_matrices(c, c->packed_matrices_q4) ? MATMUL_Q4
                               : all_matrices(c, c->packed_matrices_bf16) ? MATMUL_BF16
                                                                          : MATMUL_F32);
 }

@@ -36,7 +36,8 @@ typedef struct {
     int packed_matrices;     /* weight matrices held for the products (fused ones count once) */
     int packed_matrices_f16;  /* how many of them are F16 in memory */
     int packed_matrices_bf16; /* how many BF16 */
-    int packed_matrices_i8;   /* how many int8 (the rest F32) */
+    int packed_matrices_i8;   /* how many int8 */
+    int packed_matrices_q4;   /* how many Q4 (the rest F32) */
 } ModelConfig;
 
 /* How the weight matrices are held in memory. AUTO keeps each matrix stored F16 in the
@@ -54,22 +55,28 @@ typedef struct {
  * than BF16; a quarter of F32's weight bytes); lossy on both sides (255 levels of the
  * row's, or the 128-value block's, largest |value|). Without AVX512_VNNI the AVX2 int8
  * kernel runs instead (byte pairs summed in int16: inputs at 129 levels, not 255).
+ * Q4 holds each matrix at 4.5 bits a weight by GGUF Q4_0's rule (blocks of 32 weights of a
+ * row, an F16 scale each; tensors stored Q4_0 by ggml's reference rule load exactly) and quantises each
+ * product's input rows to int8 per block of 32: decode of a big model, which reads every
+ * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); loading fails on
+ * a CPU without AVX512_VNNI.
  * Vectors (norms) and the embedding table are always F32. */
 typedef enum {
     MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
-    MODEL_WEIGHTS_INT8
+    MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4
 } ModelWeightType;
 
-/* "auto", "f32", "f16", "bf16", "int8" -> the type; -1 for anything else. */
+/* "auto", "f32", "f16", "bf16", "int8", "q4" -> the type; -1 for anything else. */
 int model_weight_type_parse(const char *name, ModelWeightType *out);
-/* "f32", "f16", "bf16", "int8" or "mixed": how the model's matrices ended up in memory (for
+/* "f32", "f16", "bf16", "int8", "q4" or "mixed": how the model's matrices ended up in memory (for
  * logs). */
 const char *model_matrix_type_name(const ModelConfig *c);
 /* The instructions its products run on (for logs): "amx_int8+avx512_vnni" (int8 where the
  * CPU has AMX-INT8: many rows on tiles, few on VNNI; PAGEDSERVE_NO_AMX says no),
  * "avx512_vnni" or "avx2" (int8: the AVX2 kernel where the CPU lacks AVX512_VNNI or
  * PAGEDSERVE_NO_AVX512_VNNI is set),
- * "amx_bf16+avx512_bf16" or "avx512_bf16" (BF16; AMX where the CPU has AMX-BF16), else
+ * "amx_bf16+avx512_bf16" or "avx512_bf16" (BF16; AMX where the CPU has AMX-BF16),
+ * "avx512_vnni" (Q4), else
  * "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the CPU has AVX512F and
  * PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
 const char *model_kernel_name(const ModelConfig *c);

@@ -182,7 +182,7 @@ typedef struct {
     size_t err_len;
     bool dry; /* check every tensor, allocate and convert nothing */
     ModelWeightType want;  /* how matrices are packed (see pack_type_for) */
-    int n_packed, n_packed_f16, n_packed_bf16, n_packed_i8; /* packed matrices; how many as F16, BF16, int8 */
+    int n_packed, n_packed_f16, n_packed_bf16, n_packed_i8, n_packed_q4; /* packed matrices; how many as F16, BF16, int8, Q4 */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -260,13 +260,14 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
-/* F16, BF16 or int8 when asked, or F16 under AUTO when every source tensor is stored F16 (then
+/* F16, BF16, int8 or Q4 when asked, or F16 under AUTO when every source tensor is stored F16 (then
  * packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
 static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
     if (ld->want != MODEL_WEIGHTS_AUTO)
         return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16
              : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16
-             : ld->want == MODEL_WEIGHTS_INT8 ? MATMUL_I8 : MATMUL_F32;
+             : ld->want == MODEL_WEIGHTS_INT8 ? MATMUL_I8
+             : ld->want == MODEL_WEIGHTS_Q4 ? MATMUL_Q4 : MATMUL_F32;
     for (int i = 0; i < n; i++) {
         const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
         if (!t || t->type != GGML_TYPE_F16)
@@ -278,6 +279,14 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 #define BF16_UNSUPPORTED "--weight-type bf16 needs a CPU with AVX512_BF16 (AMD Zen 4, Intel " \
                          "Cooper Lake, Sapphire Rapids or newer), which this one lacks: use f16 or f32"
 #define INT8_UNSUPPORTED "--weight-type int8 needs a CPU with AVX2, which this one lacks: use f16 or f32"
+#define Q4_UNSUPPORTED "--weight-type q4 needs a CPU with AVX512_VNNI (Intel Xeons from Cascade " \
+                       "Lake, Ice Lake and Tiger Lake cores, AMD Zen 4 and newer), which this one " \
+                       "lacks: use int8"
+
+/* What a CPU lacking the instructions for products of this type is told. */
+static const char *unsupported_text(MatmulType type) {
+    return type == MATMUL_I8 ? INT8_UNSUPPORTED : type == MATMUL_Q4 ? Q4_UNSUPPORTED : BF16_UNSUPPORTED;
+}
 
 /* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
 static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
@@ -288,11 +297,15 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
                     "not finite): load the model with --weight-type f32", what);
     if (rc == -2 && type == MATMUL_I8)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite", what);
+    if (rc == -2 && type == MATMUL_Q4)
+        return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite, or one so large "
+                    "(|w| >= 524160) that Q4's F16 scale cannot hold it (int8 holds any finite "
+                    "weight)", what);
     if (rc == -2)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
                     "infinity in BF16): load the model with --weight-type f32", what);
     if (rc == -3)
-        return model_errorf(ld->err, ld->err_len, "%s", type == MATMUL_I8 ? INT8_UNSUPPORTED : BF16_UNSUPPORTED);
+        return model_errorf(ld->err, ld->err_len, "%s", unsupported_text(type));
     if (rc < 0)
         return model_errorf(ld->err, ld->err_len, "out of memory packing %s", what);
     ld->bytes += matmul_weights_bytes(in, out, type);
@@ -300,6 +313,7 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
     ld->n_packed_f16 += type == MATMUL_F16;
     ld->n_packed_bf16 += type == MATMUL_BF16;
     ld->n_packed_i8 += type == MATMUL_I8;
+    ld->n_packed_q4 += type == MATMUL_Q4;
     return 0;
 }
 
@@ -427,6 +441,7 @@ static void config_count_matrices(ModelConfig *c, const Loader *ld) {
     c->packed_matrices_f16 = ld->n_packed_f16;
     c->packed_matrices_bf16 = ld->n_packed_bf16;
     c->packed_matrices_i8 = ld->n_packed_i8;
+    c->packed_matrices_q4 = ld->n_packed_q4;
 }
 
 /* Reads the config and runs the loader over every tensor without allocating anything: a
@@ -439,6 +454,8 @@ static int weights_dry_run(const GgufFile *f, ModelWeightType want, ModelConfig 
         return model_errorf(err, err_len, "%s", BF16_UNSUPPORTED);
     if (want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported())
         return model_errorf(err, err_len, "%s", INT8_UNSUPPORTED);
+    if (want == MODEL_WEIGHTS_Q4 && !matmul_q4_supported())
+        return model_errorf(err, err_len, "%s", Q4_UNSUPPORTED);
     *dry = (Loader){.f = f, .err = err, .err_len = err_len, .dry = true, .want = want};
     TransformerWeights w = {0};
     int rc = load_tensors(dry, c, &w);

@@ -48,8 +48,8 @@ static const Flag flags[] = {
     {"chat-template", 0, FLAG_STRING, FIELD(chat_template), 0, 0, "NAME", "auto",
      "format of /v1/chat/completions prompts: auto (recognise the file's template), none, "
      API_CHAT_FORMAT_NAMES},
-    {"weight-type", 0, FLAG_SPECIAL, 0, 0, 0, "auto|f32|f16|bf16|int8", "auto",
-     "weight matrices in memory: auto keeps F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy)"},
+    {"weight-type", 0, FLAG_SPECIAL, 0, 0, 0, "auto|f32|f16|bf16|int8|q4", "auto",
+     "weight matrices in memory: auto keeps F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy); q4 holds 4.5 bits a weight (Q4_0's rule: Q4_0 tensors load exactly), the fastest decode of big models (lossy; needs AVX512_VNNI)"},
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
      "memory for the paged KV cache, allocated once"},
     {"kv-dtype", 0, FLAG_SPECIAL, 0, 0, 0, "f16|f32|q8", "f16",
@@ -203,7 +203,7 @@ static int flag_set_special(ServerConfig *c, Pending *pend, const Flag *f, const
             c->engine.max_prefill_chunk = (int)n;
     } else if (strcmp(f->name, "weight-type") == 0) {
         if (model_weight_type_parse(v, &c->weight_type) != 0)
-            return set_err(err, err_len, "%s: '%s' is not auto, f32, f16, bf16 or int8", where, v), -1;
+            return set_err(err, err_len, "%s: '%s' is not auto, f32, f16, bf16, int8 or q4", where, v), -1;
     } else if (strcmp(f->name, "kv-dtype") == 0) {
         if (kv_dtype_parse(v, &c->engine.kv_dtype) != 0)
             return set_err(err, err_len, "%s: '%s' is not f16, f32 or q8", where, v), -1;

@@ -166,11 +166,12 @@ void server_log_event(LogLevel level, const char *event, json_t *fields, const c
 static void log_weight_hint(const ModelConfig *m, double weight_mib)
 {
     if (ggml_type_block_elems(m->weight_type) <= 1 || m->packed_matrices_f16 ||
-        m->packed_matrices_bf16 || m->packed_matrices_i8)
+        m->packed_matrices_bf16 || m->packed_matrices_i8 || m->packed_matrices_q4)
         return;
     server_log(LOG_INFO, "weights are quantised (%s) on disk and held as F32 here (%.1f MiB): "
                "--weight-type int8 holds the matrices at one byte a weight instead of four, "
-               "and decodes faster", ggml_type_name(m->weight_type), weight_mib);
+               "q4 (CPUs with AVX512_VNNI) at 4.5 bits, and both decode faster",
+               ggml_type_name(m->weight_type), weight_mib);
 }
 
 /* The prompt rows a decoding step may carry, and for auto what the probe measured. */

@@ -216,18 +216,24 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
     return (serving > plan->load_peak_bytes ? serving : plan->load_peak_bytes) + MEM_PROCESS_BASE;
 }
 
-/* "; --weight-type int8 holds these weights in X" when int8 is smaller and not asked. */
-static void int8_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
+/* "; --weight-type int8 holds these weights in X, --weight-type q4 in Y" for the types
+ * not asked that are smaller (q4 only where the CPU runs it: model_plan refuses it else). */
+static void smaller_types_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
 {
-    ModelPlan int8;
-    char err[256], size[32];
+    static const ModelWeightType types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
+    static const char *const names[] = { "int8", "q4" };
+    size_t used = 0;
     buf[0] = '\0';
-    if (c->weight_type == MODEL_WEIGHTS_INT8 ||
-        model_plan(c->model_path, MODEL_WEIGHTS_INT8, &int8, err, sizeof err) != 0 ||
-        int8.weight_bytes >= plan->weight_bytes)
-        return;
-    snprintf(buf, cap, "; --weight-type int8 holds these weights in %s",
-             size_text(int8.weight_bytes, size, sizeof size));
+    for (int i = 0; i < 2 && used < cap; i++) {
+        ModelPlan smaller;
+        char err[256], size[32];
+        if (c->weight_type == types[i] || model_plan(c->model_path, types[i], &smaller, err, sizeof err) != 0 ||
+            smaller.weight_bytes >= plan->weight_bytes)
+            continue;
+        used += (size_t)snprintf(buf + used, cap - used, used ? ", --weight-type %s in %s"
+                                 : "; --weight-type %s holds these weights in %s", names[i],
+                                 size_text(smaller.weight_bytes, size, sizeof size));
+    }
 }
 
 int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const ServerMemory *m,
@@ -248,8 +254,8 @@ int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const Serv
         return 0;
     }
     const ModelConfig *mc = &plan->config;
-    char hint[128];
-    int8_hint(c, plan, hint, sizeof hint);
+    char hint[160];
+    smaller_types_hint(c, plan, hint, sizeof hint);
     snprintf(msg, msg_len,
              "not enough memory: this model and KV cache need %s (weights %s: %s on disk, held "
              "as %s; KV cache %s; the rest %s) and %s is available (%s)%s; --kv-cache-mb sizes "

@@ -57,7 +57,7 @@ typedef struct {
     char *model_name;        /* --model-name; NULL = model file's base name without .gguf */
     char *chat_template;     /* --chat-template: a format name, "none", or NULL/"auto" (the
                               * file's tokenizer.chat_template, recognised) */
-    ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8: matrices in memory */
+    ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8|q4: matrices in memory */
 
     EngineConfig engine;     /* --kv-cache-mb --kv-dtype --block-size --max-seqs
                               * --max-batch-tokens --max-prefill-chunk --max-queue

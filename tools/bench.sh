@@ -21,7 +21,7 @@
 #   BENCH_MAX_SECONDS=1800     bound on each `bench serve` invocation
 #   BENCH_QUICK=1              small smoke run (fewer levels and requests)
 #   BENCH_NO_INSTALL=1         never apt-get install gnuplot
-#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16, bf16 or int8; bench serve is told too)
+#   BENCH_WEIGHT_TYPE=f32      the servers' --weight-type (f32, f16, bf16, int8 or q4; bench serve is told too)
 #   BENCH_KV_DTYPE=f16         the servers' --kv-dtype (f16, f32 or q8; bench serve is told too)
 #   BENCH_SERVER_FLAGS="..."   extra pagedserve flags for every server
 #   BENCH_PEER_SERVER=PATH     a llama.cpp llama-server binary: after pagedserve, the same

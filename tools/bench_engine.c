@@ -1,7 +1,7 @@
 /* bench engine — the continuous-batching engine without HTTP, on the calling thread.
  *
  *   bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] [--gen 64] [--prefix 512]
- *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16|bf16|int8]
+ *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16|bf16|int8|q4]
  *                [--kv-dtype f16|f32|q8] [--batch-invariant 0|1]
  *
  * Decode: `seqs` requests of `prompt` random tokens each, `gen` new tokens, ignore_eos;
@@ -60,7 +60,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         }
         else if (!strcmp(argv[i], "--weight-type")) {
             if (model_weight_type_parse(v, &a->weight_type) != 0) {
-                fprintf(stderr, "bench engine: --weight-type takes auto, f32, f16, bf16 or int8\n");
+                fprintf(stderr, "bench engine: --weight-type takes auto, f32, f16, bf16, int8 or q4\n");
                 return -1;
             }
         } else if (!strcmp(argv[i], "--seqs")) {
@@ -76,7 +76,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
     if (!a->model_path || a->prompt < 1 || a->gen < 1 || a->prefix < 1) {
         fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
                 "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
-                "                    [--weight-type auto|f32|f16|bf16|int8] [--kv-dtype f16|f32|q8]\n"
+                "                    [--weight-type auto|f32|f16|bf16|int8|q4] [--kv-dtype f16|f32|q8]\n"
                 "                    [--batch-invariant 0|1]\n");
         return -1;
     }

@@ -13,7 +13,7 @@
  * plain row-major W: single-threaded sgemm slices of W's rows on the compute pool (what
  * products ran on before the packed kernel), one cblas_sgemm call on OpenBLAS's own
  * threads (the compute pool idle), and for one row cblas_sgemv on OpenBLAS's threads.
- * --type f16|bf16|int8 packs the arena's weights in that type instead (the OpenBLAS columns,
+ * --type f16|bf16|int8|q4 packs the arena's weights in that type instead (the OpenBLAS columns,
  * F32 only, are then left out). */
 #include "tools/bench_matmul.h"
 
@@ -188,7 +188,7 @@ static double read_bandwidth(const Bench *b)
 
 /* Random weights in [-1, 1) as the packed type holds them: floats, or halves of either kind
  * (the panels' layout does not matter to the timing, only their bytes; int8 panels and
- * their scales get the BF16 halves' bytes). */
+ * their scales, and Q4's nibbles and F16 scales, get the BF16 halves' bytes: finite scales). */
 static void fill_arena(float *arena, MatmulType type)
 {
     uint16_t *h = (uint16_t *)arena;
@@ -253,7 +253,7 @@ int bench_matmul_main(int argc, char **argv)
             printf("usage: bench matmul [--threads N (all cores)] [--min-time SECONDS per case (0.1)]\n"
                    "                    [--rows N (1..256)] [--shape qkv|wo|gate_up|down|logits]\n"
                    "                    [--best] (fastest call, not the median: kernel A/B on a busy machine)\n"
-                   "                    [--type f32|f16|bf16|int8] (how the weights are packed; f32)\n");
+                   "                    [--type f32|f16|bf16|int8|q4] (how the weights are packed; f32)\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -261,7 +261,7 @@ int bench_matmul_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         shape_known |= only_shape && !strcmp(only_shape, shapes[i].name);
     b.type = !strcmp(type_name, "f16") ? MATMUL_F16 : !strcmp(type_name, "bf16") ? MATMUL_BF16
-           : !strcmp(type_name, "int8") ? MATMUL_I8 : MATMUL_F32;
+           : !strcmp(type_name, "int8") ? MATMUL_I8 : !strcmp(type_name, "q4") ? MATMUL_Q4 : MATMUL_F32;
     if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS || !shape_known ||
         (b.type == MATMUL_F32 && strcmp(type_name, "f32"))) {
         fprintf(stderr, "bench matmul: bad option value\n");
@@ -273,6 +273,10 @@ int bench_matmul_main(int argc, char **argv)
     }
     if (b.type == MATMUL_I8 && !matmul_i8_supported()) {
         fprintf(stderr, "bench matmul: this CPU has no AVX2 for --type int8\n");
+        return 1;
+    }
+    if (b.type == MATMUL_Q4 && !matmul_q4_supported()) {
+        fprintf(stderr, "bench matmul: this CPU has no AVX512_VNNI for --type q4\n");
         return 1;
     }
     b.threads = matmul_init(threads);

@@ -82,8 +82,8 @@ static void usage(FILE *f)
             "  --gguf PATH            the served model file: FLOPs, weight and KV bytes per token\n"
             "  --kv-cache-mb MIB      the server's --kv-cache-mb (else blocks x block size)\n"
             "  --kv-dtype f16|f32|q8  the server's --kv-dtype (f16)\n"
-            "  --weight-type f32|f16|bf16|int8 how the server holds weight matrices (f32): 4, 2\n"
-            "                         or 1 bytes each in the memory-bound ITL\n"
+            "  --weight-type f32|f16|bf16|int8|q4 how the server holds weight matrices (f32): 4,\n"
+            "                         2, 1 or 0.5625 bytes each in the memory-bound ITL\n"
             "  --kv-bytes-per-token N overrides the value computed from --gguf and --kv-dtype\n"
             "  --gflops G             measured sgemm GFLOP/s of this machine (roofline)\n"
             "  --gbps B               measured memory read GB/s of this machine (roofline)\n"
@@ -247,7 +247,8 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = v == NULL || kv_dtype_parse(v, &cfg->kv_dtype) != 0;
         } else if (!strcmp(f, "--weight-type")) {
             weight_type = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8"));
+            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8") &&
+                               strcmp(v, "q4"));
         } else if (!strcmp(f, "--kv-bytes-per-token")) {
             bad = parse_double(v, 0, 1e12, &cfg->kv_bytes_per_token);
         } else if (!strcmp(f, "--gflops")) {
@@ -301,7 +302,9 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->first_alone = first_alone >= 0 ? first_alone : w->first_alone;
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
-    cfg->weight_bytes = !strcmp(weight_type, "int8") ? 1 : strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
+    /* q4: 4 bits and an F16 scale per 32 weights */
+    cfg->weight_bytes = !strcmp(weight_type, "q4") ? 4.5 / 8 : !strcmp(weight_type, "int8") ? 1
+                      : strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
     return 0;
 }
 

@@ -128,7 +128,7 @@ typedef struct {
     double kv_cache_mb;    /* the server's --kv-cache-mb; 0 unknown */
     double kv_bytes_per_token; /* 0: from the model and kv_dtype */
     KvDtype kv_dtype;          /* the server's --kv-dtype: bytes per row by paging's kv_layout_row_bytes */
-    double weight_bytes;       /* per weight-matrix element in the server's memory: 4, 2 or 1 */
+    double weight_bytes;       /* per weight-matrix element in the server's memory: 4, 2, 1 or 0.5625 */
     double gflops, gbps;   /* measured machine peaks for the roofline; 0 unknown */
     const char *label;
     bool quiet;

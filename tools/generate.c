@@ -2,7 +2,7 @@
  *
  *   generate -m MODEL.gguf -p "prompt" [-n 64] [--temp 0] [--seed S] [--top-k K]
  *            [--top-p P] [--min-p P] [--repeat-penalty R] [--kv-dtype f16|f32|q8]
- *            [--weight-type auto|f32|f16|bf16|int8]
+ *            [--weight-type auto|f32|f16|bf16|int8|q4]
  *            [--block-size 16] [--chunk 256] [--ignore-eos] [--no-echo] [--ids]
  *
  * Prints the prompt and its continuation to stdout (--no-echo: the continuation only;
@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --seed S           sampling seed (1)\n"
             "  --top-k K --top-p P --min-p P --repeat-penalty R\n"
             "  --kv-dtype f16|f32|q8 KV cache element type (f16)\n"
-            "  --weight-type auto|f32|f16|bf16|int8 weight matrices in memory (auto: F16 files F16, else F32)\n"
+            "  --weight-type auto|f32|f16|bf16|int8|q4 weight matrices in memory (auto: F16 files F16, else F32)\n"
             "  --block-size N     tokens per KV block (16)\n"
             "  --chunk N          prefill rows per forward pass (256)\n"
             "  --ignore-eos       keep going past end-of-sequence\n"
@@ -69,7 +69,7 @@ static int parse_args(int argc, char **argv, GenerateArgs *a)
         else if (!strcmp(f, "--chunk")) a->chunk = v ? atoi(v) : 0;
         else if (!strcmp(f, "--weight-type")) {
             if (!v || model_weight_type_parse(v, &a->weight_type) != 0) {
-                fprintf(stderr, "generate: --weight-type takes auto, f32, f16, bf16 or int8\n");
+                fprintf(stderr, "generate: --weight-type takes auto, f32, f16, bf16, int8 or q4\n");
                 return -1;
             }
         } else if (!strcmp(f, "--kv-dtype")) {

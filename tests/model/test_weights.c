@@ -248,9 +248,12 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
  * output matrix is packed even when tied (the embedding table stays row-major F32, like
  * the norms). */
 static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) {
+    /* Q4: per 16 outputs and 32 inputs 256 bytes of nibbles and 32 of F16 scales, a panel
+     * rounded up to whole 64-byte lines */
+#define Q4_PACKED(in, out) (((size_t)(out) + 15) / 16 * ((((size_t)(in) + 31) / 32 * 288 + 63) / 64 * 64))
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-#define PACKED(m, in, out) ((m).type == MATMUL_I8 \
+#define PACKED(m, in, out) ((m).type == MATMUL_Q4 ? Q4_PACKED(in, out) : (m).type == MATMUL_I8 \
         ? ((size_t)(out) + 15) / 16 * 16 * (((size_t)(in) + 3) / 4 * 4 + sizeof(float)) \
         : ((size_t)(out) + 15) / 16 * 16 * ((size_t)(in) + ((m).type == MATMUL_BF16 ? (in) % 2 : 0)) * \
           ((m).type == MATMUL_F32 ? sizeof(float) : 2))
@@ -261,6 +264,7 @@ static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) 
                  PACKED(lw->w_gate_up, dim, 2 * ffn) + PACKED(lw->w_down, ffn, dim);
     }
 #undef PACKED
+#undef Q4_PACKED
     size_t plain = dim * (size_t)c->vocab_size + dim + 2 * dim * (size_t)c->n_layers;
     return plain * sizeof(float) + bytes;
 }
@@ -443,7 +447,9 @@ static void test_auto_mixed_file(void **state) {
 
 /* Forced types: F32 file as F16 rounds each weight to the nearest half, as BF16 (where the
  * CPU has AVX512_BF16) to the nearest BF16, as int8 to the nearest of 255 levels of its
- * row's largest value (on either int8 kernel); F16 file as F32 keeps it. */
+ * row's largest value (on either int8 kernel), as Q4 (where the CPU has AVX512_VNNI) to
+ * within one step of 16 of its 32-weight block (d = max|w| / 8; the clamp at +7 d can
+ * cost a whole step); F16 file as F32 keeps it, Q4_0 file as Q4 too. */
 static void test_forced_weight_types(void **state) {
     (void)state;
     static const struct {
@@ -457,10 +463,16 @@ static void test_forced_weight_types(void **state) {
         { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f, NULL },
         { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "bf16" },
         { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "int8" }, /* bound per row, below */
+        { GGML_TYPE_F32, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "avx512_vnni" }, /* bound per block, below */
+        { GGML_TYPE_Q4_0, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "avx512_vnni" },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
             print_message("SKIPPED --weight-type bf16 load: this CPU has no AVX512_BF16\n");
+            continue;
+        }
+        if (cases[k].want == MODEL_WEIGHTS_Q4 && !matmul_q4_supported()) {
+            print_message("SKIPPED --weight-type q4 load: this CPU has no AVX512_VNNI\n");
             continue;
         }
         Spec s = default_spec();
@@ -491,6 +503,13 @@ static void test_forced_weight_types(void **state) {
                     row_max = fmaxf(row_max, fabsf(file_down[j]));
                 bound = row_max / 254.0f * 1.0001f;
             }
+            if (cases[k].want == MODEL_WEIGHTS_Q4 && cases[k].file == GGML_TYPE_F32) {
+                int b0 = i / 32 * 32; /* ffn_dim is whole blocks here */
+                float amax = 0.0f;
+                for (int j = b0; j < b0 + 32; j++)
+                    amax = fmaxf(amax, fabsf(file_down[j]));
+                bound = amax / 8.0f * 1.004f; /* the clamp at q = 15: up to (1 + 7 * 2^-11) d */
+            }
             assert_true(fabsf(down[i] - file_down[i]) <= bound);
         }
         free(down);
@@ -510,11 +529,13 @@ static void test_plan_matches_load(void **state) {
     (void)state;
     const GgmlType files[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 };
     const ModelWeightType wants[] = { MODEL_WEIGHTS_AUTO, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16,
-                                      MODEL_WEIGHTS_BF16, MODEL_WEIGHTS_INT8 };
+                                      MODEL_WEIGHTS_BF16, MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
     for (size_t i = 0; i < 2 * sizeof files / sizeof files[0]; i++)
         for (size_t k = 0; k < sizeof wants / sizeof wants[0]; k++) {
             if (wants[k] == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported())
                 continue; /* refused before planning; test_bf16_needs_cpu_support covers it */
+            if (wants[k] == MODEL_WEIGHTS_Q4 && !matmul_q4_supported())
+                continue; /* likewise: test_q4_needs_cpu_support */
             Spec s = default_spec();
             s.type = files[i / 2];
             s.tied = i % 2;
@@ -569,6 +590,67 @@ static void test_bf16_needs_cpu_support(void **state) {
     (void)state;
     check_needs_cpu_support("PAGEDSERVE_NO_AVX512_BF16", matmul_bf16_supported, MODEL_WEIGHTS_BF16,
                             "AVX512_BF16");
+}
+
+/* Q4 packs by ggml's reference Q4_0 rule: an F32 file loaded as Q4 holds, weight for
+ * weight, what a Q4_0 file written from the same floats (gguf_write.c's quantiser) decodes
+ * to, in every packed matrix of a layer. */
+static void test_q4_packs_as_q4_0(void **state) {
+    (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED q4 against Q4_0: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    Spec s = default_spec();
+    void *data32, *data4;
+    GgufFile *f32 = make_model(&s, &data32);
+    s.type = GGML_TYPE_Q4_0;
+    GgufFile *f4 = make_model(&s, &data4);
+    ModelConfig c;
+    TransformerWeights w;
+    size_t bytes;
+    char err[512];
+    if (weights_load_as(f32, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    static const char *const names[] = { "blk.1.ffn_down.weight", "blk.1.attn_output.weight" };
+    const MatmulWeights *packed[] = { &w.layers[1].w_down, &w.layers[1].wo };
+    for (int m = 0; m < 2; m++) {
+        float *file = tensor_f32(f4, names[m]), *held = unpacked(packed[m]);
+        for (size_t i = 0; i < (size_t)packed[m]->in * packed[m]->out; i++)
+            if (!(held[i] == file[i]))
+                fail_msg("%s[%zu]: q4 %.9g, Q4_0 %.9g", names[m], i, held[i], file[i]);
+        free(file);
+        free(held);
+    }
+    weights_free(&w, &c);
+    gguf_close(f32);
+    gguf_close(f4);
+    free(data32);
+    free(data4);
+}
+
+/* matmul_q4_supported() is decided once per process: where the CPU has AVX512_VNNI this
+ * runs under make test-portable (PAGEDSERVE_NO_AVX512_VNNI set from the start). */
+static void test_q4_needs_cpu_support(void **state) {
+    (void)state;
+    if (matmul_q4_supported()) {
+        print_message("SKIPPED q4 refusal: this process runs Q4 (make test-portable checks it)\n");
+        return;
+    }
+    Spec s = default_spec();
+    void *data;
+    GgufFile *f = make_model(&s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    ModelPlan plan;
+    size_t bytes;
+    char err[512] = "", plan_err[512] = "";
+    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err), -1);
+    assert_int_equal(weights_plan(f, MODEL_WEIGHTS_Q4, &plan, plan_err, sizeof plan_err), -1);
+    gguf_close(f);
+    free(data);
+    assert_non_null(strstr(err, "--weight-type q4 needs a CPU with AVX512_VNNI"));
+    assert_string_equal(plan_err, err);
 }
 
 static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
@@ -746,6 +828,8 @@ int main(void) {
         cmocka_unit_test(test_f16_file_stays_f16),
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
+        cmocka_unit_test(test_q4_needs_cpu_support),
+        cmocka_unit_test(test_q4_packs_as_q4_0),
         cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),

@@ -260,15 +260,18 @@ static inline void stream_send(HttpConn *c, const char *body)
 
 
 /* Greedy completions of prompt (max_tokens n, temperature 0) from the server on port,
- * non-streamed and streamed, must both equal what `generate -m model_path --no-echo`
- * prints for it (generate's own final newline dropped). model_id is the served name. */
-static inline void check_greedy_equals_generate(int port, const char *model_path,
-                                                const char *model_id, const char *prompt, int n)
+ * non-streamed and streamed, must both equal what `generate -m model_path --no-echo
+ * --weight-type weight_type` prints for it (generate's own final newline dropped).
+ * model_id is the served name. */
+static inline void check_greedy_equals_generate_as(int port, const char *model_path,
+                                                   const char *model_id, const char *weight_type,
+                                                   const char *prompt, int n)
 {
     char bin[1024], ns[16];
     snprintf(bin, sizeof bin, "%s/generate", test_bin_dir());
     snprintf(ns, sizeof ns, "%d", n);
-    const char *argv[] = {bin, "-m", model_path, "-p", prompt, "-n", ns, "--no-echo", NULL};
+    const char *argv[] = {bin, "-m", model_path, "-p", prompt, "-n", ns, "--no-echo",
+                          "--weight-type", weight_type, NULL};
     char *want = NULL;
     assert_int_equal(proc_run(argv, &want, NULL, 60.0), 0);
     size_t len = strlen(want);
@@ -302,6 +305,13 @@ static inline void check_greedy_equals_generate(int port, const char *model_path
     free(body);
     json_decref(req);
     free(want);
+}
+
+/* The same on the server's default weights (auto). */
+static inline void check_greedy_equals_generate(int port, const char *model_path,
+                                                const char *model_id, const char *prompt, int n)
+{
+    check_greedy_equals_generate_as(port, model_path, model_id, "auto", prompt, n);
 }
 
 /* The value of the first sample whose name (with labels, if given) starts the line. NAN if

@@ -206,6 +206,44 @@ static void test_quantised_weights_hint(void **state)
     unlink(model);
 }
 
+/* A Q4_0 file served with --weight-type q4: the start-up log names q4 and its kernel, and
+ * greedy completions (plain and streamed) equal generate's on the same weights. A CPU
+ * without AVX512_VNNI (or PAGEDSERVE_NO_AVX512_VNNI, make test-portable) refuses it at
+ * start-up, exit 1, naming the instructions. */
+static void test_q4_weights_serve(void **state)
+{
+    (void)state;
+    static ServerProc sp;
+    char model[64];
+    snprintf(model, sizeof model, "/tmp/pagedserve-q4-%d.gguf", (int)getpid());
+    const char *mk[] = {bin_path("mkmodel"), "--demo", "--type", "q4_0", "-o", model, NULL};
+    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+    const char *no_vnni = getenv("PAGEDSERVE_NO_AVX512_VNNI");
+    int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && !(no_vnni && *no_vnni && strcmp(no_vnni, "0"));
+    if (!vnni) {
+        const char *argv[] = {bin_path("pagedserve"), "-m", model, "--port", "0", "--weight-type", "q4", NULL};
+        char *err = NULL;
+        int code = proc_run(argv, NULL, &err, 30.0);
+        unlink(model);
+        assert_int_equal(code, 1);
+        assert_non_null(strstr(err, "--weight-type q4 needs a CPU with AVX512_VNNI"));
+        free(err);
+        return;
+    }
+    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", "--weight-type", "q4", NULL};
+    assert_int_equal(server_proc_start(&sp, args, 30.0), 0);
+    char *log = server_proc_log(&sp);
+    assert_non_null(strstr(log, "matrices q4"));
+    assert_non_null(strstr(log, "avx512_vnni"));
+    free(log);
+    char *id = served_model_id(sp.port);
+    check_greedy_equals_generate_as(sp.port, model, id, "q4", "Once upon a time", 12);
+    free(id);
+    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+    unlink(model);
+}
+
 /* POST a completion body: 400 invalid_request_error whose error.<field> is want. */
 static void expect_400(int port, const char *body, const char *field, const char *want)
 {
@@ -543,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_bad_model),
         cmocka_unit_test(test_env_and_startup_log),
         cmocka_unit_test(test_quantised_weights_hint),
+        cmocka_unit_test(test_q4_weights_serve),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_abandoned_request_frees_slot),

@@ -226,7 +226,8 @@ static void test_check(void **state)
     assert_non_null(strstr(msg, "unknown"));
 }
 
-/* A file widened to F32 is told what int8 would hold; asked for int8 already, it is not. */
+/* A file widened to F32 is told what int8 would hold, and q4 where the CPU runs it;
+ * asked for int8 already, only q4. */
 static void test_check_int8_hint(void **state)
 {
     (void)state;
@@ -237,10 +238,11 @@ static void test_check_int8_hint(void **state)
     assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
     ServerConfig c = config_for(model, MODEL_WEIGHTS_AUTO, 16);
     ServerMemory m = {.meminfo_available = 1, .available = 1, .known = true};
-    ModelPlan plan, int8;
+    ModelPlan plan, int8, q4;
     char as_int8[1024] = "";
     int planned = model_plan(model, MODEL_WEIGHTS_AUTO, &plan, msg, sizeof msg) == 0 &&
                   model_plan(model, MODEL_WEIGHTS_INT8, &int8, msg, sizeof msg) == 0;
+    int q4_runs = model_plan(model, MODEL_WEIGHTS_Q4, &q4, msg, sizeof msg) == 0;
     int refused = planned && server_memory_check(&c, &plan, &m, msg, sizeof msg) == -1;
     c.weight_type = MODEL_WEIGHTS_INT8;
     int refused_int8 = planned && server_memory_check(&c, &int8, &m, as_int8, sizeof as_int8) == -1;
@@ -250,6 +252,13 @@ static void test_check_int8_hint(void **state)
     assert_non_null(strstr(msg, "q8_0 on disk, held as f32"));
     assert_non_null(strstr(msg, "--weight-type int8 holds these weights in"));
     assert_null(strstr(as_int8, "--weight-type int8"));
+    if (q4_runs) {
+        assert_true(q4.weight_bytes < int8.weight_bytes);
+        assert_non_null(strstr(msg, ", --weight-type q4 in "));
+        assert_non_null(strstr(as_int8, "; --weight-type q4 holds these weights in"));
+    } else {
+        assert_null(strstr(msg, "q4"));
+    }
 }
 
 /* ---- the binary ------------------------------------------------------------------------ */

@@ -1,0 +1,359 @@
+/* Q4 weight products (matmul.h's MATMUL_Q4): the packing rule and layout written out here
+ * independently of matmul_q4_format.c, Q4_0 blocks coming back without loss, and the
+ * product against a double-precision reference that quantises x per block of 32 by the
+ * documented rule, over every row-block shape, partial blocks and panels, strides, beta,
+ * thread counts, special inputs, and x quantised by matmul() or by the kernel itself.
+ * On a CPU without AVX512_VNNI (or with PAGEDSERVE_NO_AVX512_VNNI set) packing must refuse
+ * (-3) and the rest is skipped, saying so. */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/matmul.h"
+#include "model/matmul_kernel.h"
+
+#define MAX_ROWS 40
+#define Y_SENTINEL 777.0f
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static float rand_uniform(void) /* in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng_state >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+static int skip_unless_supported(void)
+{
+    if (matmul_q4_supported())
+        return 0;
+    printf("SKIPPED: this CPU (or PAGEDSERVE_NO_AVX512_VNNI) has no AVX512_VNNI, which Q4 products need\n");
+    return 1;
+}
+
+/* The rule, ggml's reference Q4_0 quantiser's: per block of 32 inputs of a row, m = the
+ * value of largest |w|, d = m / -8, q = min(15, trunc(w / d + 8.5)) (8 when F16(d) is 0);
+ * w' = (q - 8) * F16(d). */
+static void q4_reference(float *dst, const float *w, int in, int out)
+{
+    for (int o = 0; o < out; o++)
+        for (int k0 = 0; k0 < in; k0 += 32) {
+            int n = in - k0 < 32 ? in - k0 : 32;
+            const float *b = w + (size_t)o * in + k0;
+            float m = 0.0f;
+            for (int k = 0; k < n; k++)
+                if (fabsf(b[k]) > fabsf(m))
+                    m = b[k];
+            float d = m / -8.0f, dh = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+            for (int k = 0; k < n; k++) {
+                int q = dh == 0.0f ? 8 : (int)(b[k] * (1.0f / d) + 8.5f);
+                q = q < 0 ? 0 : q > 15 ? 15 : q;
+                dst[(size_t)o * in + k0 + k] = (float)(q - 8) * dh;
+            }
+        }
+}
+
+/* x as a Q4 product multiplies it, in double: per block of 32, s = max|x| / 127 and
+ * q = round(x * (127 / max|x|)) to nearest even; a block with a NaN or an infinity is NaN,
+ * one too small for 127 / max|x| zero. */
+static void x_reference(double *dst, const float *x, int n)
+{
+    for (int b0 = 0; b0 < n; b0 += 32) {
+        int nb = n - b0 < 32 ? n - b0 : 32;
+        float amax = 0.0f;
+        int finite = 1;
+        for (int k = 0; k < nb; k++) {
+            finite &= isfinite(x[b0 + k]) != 0;
+            amax = fmaxf(amax, fabsf(x[b0 + k]));
+        }
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, s = amax / 127.0f;
+        for (int k = 0; k < nb; k++)
+            dst[b0 + k] = !finite ? NAN : !(inv <= FLT_MAX) ? 0.0 : (double)nearbyintf(x[b0 + k] * inv) * s;
+    }
+}
+
+/* Pack, unpack: the rule's values; the layout of matmul_kernel.h's Q4Layout (nibbles at
+ * their documented bytes, F16 scales after them); pads zero. 70 inputs (a partial block),
+ * 21 outputs (a partial panel), magnitudes varying by block and row; zero and tiny blocks. */
+static void test_pack_rule_and_layout(void **state)
+{
+    (void)state;
+    enum { IN = 70, OUT = 21 };
+    float w[OUT * IN], back[OUT * IN], want[OUT * IN];
+    MatmulWeights m;
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform() * (float)(1 << (i / IN % 5)) * (i % IN >= 32 && i % IN < 64 ? 100.0f : 1.0f);
+    for (int k = 0; k < 32; k++)
+        w[3 * IN + k] = 0.0f;       /* a zero block */
+    for (int k = 32; k < 64; k++)
+        w[4 * IN + k] = 1e-9f * (k % 3 - 1); /* a scale below F16's smallest: zero */
+    if (skip_unless_supported()) {
+        assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -3);
+        return;
+    }
+    Q4Layout lay = matmul_q4_layout(IN, OUT);
+    assert_int_equal(lay.blocks, 3);
+    assert_int_equal(lay.panels, 2);
+    assert_int_equal(lay.scales_offset, 3 * 256);
+    assert_int_equal(lay.panel_bytes, 3 * 256 + 128); /* 3 * 32 scale bytes, to a whole line */
+    assert_int_equal(matmul_weights_bytes(IN, OUT, MATMUL_Q4), 2 * (3 * 256 + 128));
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    matmul_weights_unpack(&m, back);
+    q4_reference(want, w, IN, OUT);
+    assert_memory_equal(back, want, sizeof want);
+    const uint8_t *bytes = m.panels;
+    for (int o = 0; o < 32; o++)
+        for (int k = 0; k < 96; k++) {
+            size_t at = (size_t)(o / 16) * lay.panel_bytes + (size_t)(k / 32) * 256 + (size_t)(k % 32 / 8) * 64 +
+                        (size_t)(o % 16) * 4 + (size_t)(k % 4);
+            int q = bytes[at] >> (k % 8 / 4 * 4) & 0xf;
+            uint16_t dh;
+            memcpy(&dh, bytes + (size_t)(o / 16) * lay.panel_bytes + lay.scales_offset + ((size_t)(k / 32) * 16 + o % 16) * 2, 2);
+            float d = _cvtsh_ss(dh);
+            if (o >= OUT || k >= IN) {
+                assert_int_equal(q, 8); /* the pads are zeros */
+                if (o >= OUT)
+                    assert_true(dh == 0);
+                continue;
+            }
+            assert_true((float)(q - 8) * d == back[o * IN + k]);
+        }
+    /* the zero block, and the block whose scale is below F16's smallest, hold zeros */
+    assert_true(back[3 * IN + 5] == 0.0f && back[4 * IN + 40] == 0.0f);
+    for (int o = 0; o < OUT; o++)
+        for (int k = 0; k < IN; k++) {
+            float d = 0.0f;
+            for (int j = k / 32 * 32; j < k / 32 * 32 + 32 && j < IN; j++)
+                d = fmaxf(d, fabsf(w[o * IN + j]) / 8.0f);
+            /* within a step, the clamp at q = 15 included: 8 d - 7 F16(d) <= (1 + 7 * 2^-11) d */
+            assert_true(fabsf(back[o * IN + k] - w[o * IN + k]) <= d * 1.004f + 1e-7f);
+        }
+    matmul_weights_free(&m);
+    w[37] = INFINITY;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -2);
+    w[37] = NAN;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -2);
+    w[37] = 6e5f; /* scale 75000: past F16 */
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -2);
+}
+
+/* Blocks as a Q4_0 quantiser leaves them ((q - 8) * d, some q = 0, F16 d of any sign and
+ * size, subnormal ones too) come back bit for bit. */
+static void test_q4_0_blocks_exact(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    enum { IN = 96, OUT = 40 };
+    static float w[OUT * IN], back[OUT * IN];
+    for (int o = 0; o < OUT; o++)
+        for (int c = 0; c < IN / 32; c++) {
+            float d = 0.0f; /* an F16 scale, subnormal ones too, not 0 (+0 and -0 would mix) */
+            while (d == 0.0f)
+                d = _cvtsh_ss(_cvtss_sh(rand_uniform() * (float)pow(2.0, o % 30 - 20), _MM_FROUND_TO_NEAREST_INT));
+            for (int k = 0; k < 32; k++) {
+                int q = (int)((rand_uniform() + 1.0f) * 8.0f);
+                w[o * IN + c * 32 + k] = (float)((k == o % 32 ? 0 : q) - 8) * d;
+            }
+        }
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    matmul_weights_unpack(&m, back);
+    assert_memory_equal(back, w, sizeof w);
+    matmul_weights_free(&m);
+}
+
+/* y = x . w'^T + beta y against the reference, every element; row padding of y untouched,
+ * x's row padding NaN (a read would show). Returns the number of wrong elements. */
+static int check_product(int in, int out, const int *row_counts, int n_counts)
+{
+    float *x = malloc(sizeof(float) * MAX_ROWS * in), *w = malloc(sizeof(float) * (size_t)out * in);
+    float *y0 = malloc(sizeof(float) * MAX_ROWS * out);
+    double *xr = malloc(sizeof(double) * (in > 0 ? in : 1));
+    assert_non_null(x && w && y0 && xr);
+    for (int i = 0; i < MAX_ROWS * in; i++)
+        x[i] = rand_uniform() * (float)(1 << (i % in / 32 % 5)); /* a wrong block's scale shows */
+    for (int i = 0; i < out * in; i++)
+        w[i] = rand_uniform() * (float)(1 << ((i / in + i % in / 32) % 7));
+    for (int i = 0; i < MAX_ROWS * out; i++)
+        y0[i] = rand_uniform();
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_Q4), 0);
+    matmul_weights_unpack(&m, w);
+    int bad = 0;
+    static const float betas[] = {0.0f, 1.0f, -0.5f};
+    for (int c = 0; c < n_counts; c++)
+        for (int v = 0; v < 6; v++) {
+            int rows = row_counts[c], ldx = v % 2 ? in + 3 : in, ldy = v % 2 ? out + 5 : out;
+            float beta = betas[v / 2];
+            size_t x_len = (size_t)(rows - 1) * ldx + in, y_len = (size_t)(rows - 1) * ldy + out;
+            float *xs = malloc(sizeof(float) * (x_len ? x_len : 1)), *y = malloc(sizeof(float) * y_len);
+            assert_non_null(xs && y);
+            for (size_t i = 0; i < x_len; i++)
+                xs[i] = NAN;
+            for (size_t i = 0; i < y_len; i++)
+                y[i] = Y_SENTINEL;
+            for (int r = 0; r < rows; r++) {
+                memcpy(xs + (size_t)r * ldx, x + (size_t)r * in, sizeof(float) * in);
+                for (int o = 0; o < out; o++)
+                    y[(size_t)r * ldy + o] = beta == 0.0f ? NAN : y0[r * out + o];
+            }
+            matmul(y, ldy, xs, ldx, &m, rows, beta);
+            for (int r = 0; r < rows; r++) {
+                x_reference(xr, x + (size_t)r * in, in);
+                for (int o = 0; o < ldy && (size_t)r * ldy + o < y_len; o++) {
+                    double want = Y_SENTINEL, tol = 0.0;
+                    if (o < out) {
+                        double s = 0.0, a = 0.0, prior = beta == 0.0f ? 0.0 : (double)beta * y0[r * out + o];
+                        for (int k = 0; k < in; k++) {
+                            s += xr[k] * w[(size_t)o * in + k];
+                            a += fabs(xr[k] * w[(size_t)o * in + k]);
+                        }
+                        want = s + prior;
+                        tol = 1e-5 * (a + fabs(prior));
+                    }
+                    float got = y[(size_t)r * ldy + o];
+                    if (!(fabs(got - want) <= tol) && bad++ == 0)
+                        print_error("rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, want %.9g\n",
+                                    rows, in, out, ldx, ldy, beta, r, o, got, want);
+                }
+            }
+            free(xs);
+            free(y);
+        }
+    matmul_weights_free(&m);
+    free(x);
+    free(w);
+    free(y0);
+    free(xr);
+    return bad;
+}
+
+static const int all_rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17, 23, 32, 40};
+#define N_ALL_ROWS (int)(sizeof all_rows / sizeof all_rows[0])
+
+/* 1, 7, 33, 100: partial blocks; 27, 50, 100, 257: partial panels inside 2-, 4- and
+ * 8-panel register blocks; 1003 outputs (63 panels): one- and two-row items of 15. */
+static void test_against_reference(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    static const int ins[] = {1, 7, 32, 33, 100, 768};
+    static const int outs[] = {1, 16, 27, 50, 100, 257};
+    assert_int_equal(matmul_init(1), 1);
+    int bad = 0;
+    for (int i = 0; i < 6; i++)
+        for (int o = 0; o < 6; o++)
+            bad += check_product(ins[i], outs[o], all_rows, N_ALL_ROWS);
+    static const int few[] = {1, 2};
+    bad += check_product(2050, 1003, few, 2);
+    assert_int_equal(bad, 0);
+}
+
+/* The shares tile the outputs whatever the team size; long inputs (an FFN's down
+ * projection) and inputs too long for matmul()'s stack copy of x at a few rows (each
+ * work item then quantises its own). */
+static void test_threads_and_long_inputs(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    static const int rows[] = {1, 2, 5, 6, 7, 24, 33};
+    static const int counts[] = {2, 3};
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(matmul_init(counts[t]), counts[t]);
+        assert_int_equal(check_product(768, 1003, rows, 7), 0);
+        assert_int_equal(check_product(4500, 40, rows, 7), 0);
+    }
+    static const int few[] = {1, 3, 7};
+    assert_int_equal(check_product(60001, 17, few, 3), 0);
+}
+
+/* A NaN or an infinity in a row of x makes that row's outputs NaN (as in an F32 product);
+ * a block too small to quantise, or all zeros, counts as zero; other rows are unharmed. */
+static void test_special_inputs(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    enum { IN = 100, OUT = 20, ROWS = 6 };
+    static float x[ROWS * IN], w[OUT * IN], y[ROWS * OUT];
+    double xr[IN];
+    for (int i = 0; i < ROWS * IN; i++)
+        x[i] = rand_uniform();
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform();
+    x[0 * IN + 5] = NAN;
+    x[1 * IN + 70] = INFINITY;
+    x[2 * IN + 99] = -INFINITY;
+    for (int k = 32; k < 64; k++)
+        x[3 * IN + k] = 1e-38f * (k % 2 ? 1 : -1);
+    for (int k = 64; k < IN; k++)
+        x[4 * IN + k] = 0.0f;
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    matmul_weights_unpack(&m, w);
+    assert_int_equal(matmul_init(2), 2);
+    matmul(y, OUT, x, IN, &m, ROWS, 0.0f);
+    for (int r = 0; r < ROWS; r++) {
+        x_reference(xr, x + r * IN, IN);
+        for (int o = 0; o < OUT; o++) {
+            double want = 0.0, a = 0.0;
+            for (int k = 0; k < IN; k++) {
+                want += xr[k] * w[o * IN + k];
+                a += fabs(xr[k] * w[o * IN + k]);
+            }
+            if (r < 3)
+                assert_true(isnan(y[r * OUT + o]));
+            else
+                assert_true(fabs(y[r * OUT + o] - want) <= 1e-5 * a);
+        }
+    }
+    matmul_weights_free(&m);
+}
+
+/* The kernel quantising x itself, block by block (what a product does when matmul() has
+ * no memory for the quantised rows), gives the same bits as x quantised beforehand. */
+static void test_kernel_quantises_x_itself(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    enum { IN = 1000, OUT = 70, ROWS = 11 };
+    static float x[ROWS * IN], w[OUT * IN], y_whole[ROWS * OUT], y_own[ROWS * OUT];
+    for (int i = 0; i < ROWS * IN; i++)
+        x[i] = rand_uniform();
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform();
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    assert_int_equal(matmul_init(1), 1);
+    matmul(y_whole, OUT, x, IN, &m, ROWS, 0.0f);
+    MatmulTask t = { y_own, x, m.panels, OUT, IN, ROWS, IN, OUT, 0.0f, MATMUL_Q4, NULL, NULL };
+    matmul_kernel_q4_run(&t, 0, (OUT + 15) / 16);
+    assert_memory_equal(y_own, y_whole, sizeof y_whole);
+    matmul_weights_free(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pack_rule_and_layout),
+        cmocka_unit_test(test_q4_0_blocks_exact),
+        cmocka_unit_test(test_against_reference),
+        cmocka_unit_test(test_threads_and_long_inputs),
+        cmocka_unit_test(test_special_inputs),
+        cmocka_unit_test(test_kernel_quantises_x_itself),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
