@@ -484,7 +484,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL, NULL },
         .run = w->type == MATMUL_BF16 ? (matmul_bf16_amx() ? matmul_kernel_bf16_amx_run : matmul_kernel_bf16_run)
              : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
-             : w->type == MATMUL_Q4   ? matmul_kernel_q4_run
+             : w->type == MATMUL_Q4   ? (matmul_i8_amx() ? matmul_kernel_q4_amx_run : matmul_kernel_q4_run)
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;

@@ -1,9 +1,11 @@
-/* matmul_amx — what the AMX kernels (matmul_i8_amx.c, matmul_bf16_amx.c) share: the tile
- * configuration and how a product's rows are cut into groups (internal to model/).
+/* matmul_amx — what the AMX kernels (matmul_i8_amx.c, matmul_bf16_amx.c, matmul_q4_amx.c)
+ * share: the tile configuration and how a product's rows are cut into groups (internal to
+ * model/).
  *
- * Both use the 8 tiles alike: 0-3 the sums of 2 row blocks x 2 panels, 4-5 the row
- * blocks' x (16 rows of 64 bytes at most), 6-7 the two panels' W (16 rows of 64 bytes:
- * the panel layouts of matmul.h are the tile layouts). */
+ * All use the 8 tiles alike: 0-3 the sums of 2 row blocks x 2 panels, 4-5 the row
+ * blocks' x (16 rows of `depth` bytes at most: 64, or Q4's 32-input blocks), 6-7 the two
+ * panels' W (depth / 4 rows of 64 bytes: the int8 and BF16 panel layouts of matmul.h are
+ * the tile layouts; Q4's is unpacked into it). */
 #ifndef PAGEDSERVE_MODEL_MATMUL_AMX_H
 #define PAGEDSERVE_MODEL_MATMUL_AMX_H
 
@@ -21,21 +23,28 @@ typedef struct {
     uint8_t rows[16];
 } AmxTileConfig;
 
-/* Row blocks of m0 and m1 rows (m1 may be 0: tiles 2, 3 and 5 unused). */
-static inline __attribute__((target("amx-tile"))) void amx_tiles_configure(int m0, int m1)
+/* Row blocks of m0 and m1 rows (m1 may be 0: tiles 2, 3 and 5 unused), depth bytes of
+ * x a tile row (4..64, a multiple of 4). */
+static inline __attribute__((target("amx-tile"))) void amx_tiles_configure_depth(int m0, int m1, int depth)
 {
     AmxTileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    const int rows[8] = { m0, m0, m1, m1, m0, m1, AMX_TILE_ROWS, AMX_TILE_ROWS };
+    const int rows[8] = { m0, m0, m1, m1, m0, m1, depth / 4, depth / 4 };
     for (int i = 0; i < 8; i++)
         if (rows[i] > 0) {
-            c.colsb[i] = 64;
+            c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? depth : 64);
             c.rows[i] = (uint8_t)rows[i];
         }
     /* The intrinsic tells the compiler of 8 of the 64 bytes it reads: make all of them land. */
     __asm__ volatile("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
+}
+
+/* The full depth: 64 bytes of x, 16 rows of W. */
+static inline __attribute__((target("amx-tile"))) void amx_tiles_configure(int m0, int m1)
+{
+    amx_tiles_configure_depth(m0, m1, 64);
 }
 
 /* The row blocks of the group that starts with `left` rows to go: 16 and 16 while at

@@ -345,6 +345,56 @@ static void test_kernel_quantises_x_itself(void **state)
     matmul_weights_free(&m);
 }
 
+/* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
+ * tiles with the same bits as the VNNI kernel: both kernels on the same quantised rows,
+ * every row-group shape (16 + 16, a tail split in two, one block), 1 and 2 panels a
+ * group, partial blocks and panels, beta 0 and not. */
+static void test_amx_kernel_matches_vnni(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    if (!matmul_i8_amx()) {
+        printf("SKIPPED: no AMX-INT8 here (or PAGEDSERVE_NO_AMX): Q4 products run on VNNI alone\n");
+        return;
+    }
+    static const int ins[] = {32, 100, 768, 2050};
+    static const int outs[] = {16, 27, 50};
+    static const int rows_list[] = {16, 17, 31, 32, 33, 40};
+    enum { ROWS = 40, IN = 2050, OUT = 50 };
+    static float x[ROWS * IN], w[OUT * IN], y_vnni[ROWS * OUT], y_amx[ROWS * OUT];
+    static int8_t q[ROWS * (IN + 31) / 32 * 32];
+    static float sx[ROWS * ((IN + 31) / 32)];
+    static int32_t zsum[ROWS * ((IN + 31) / 32)];
+    for (int i = 0; i < ROWS * IN; i++)
+        x[i] = rand_uniform() * (float)(1 << (i % 5));
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform();
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 3; b++) {
+            int in = ins[a], out = outs[b], blocks = (in + 31) / 32;
+            MatmulWeights m;
+            assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_Q4), 0);
+            for (int r = 0; r < ROWS; r++)
+                q4_row_quantise(q + (size_t)r * blocks * 32, sx + r * blocks, zsum + r * blocks, x + (size_t)r * in, in);
+            I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0 };
+            for (int c = 0; c < 6; c++)
+                for (int beta_on = 0; beta_on < 2; beta_on++) {
+                    int rows = rows_list[c];
+                    for (int i = 0; i < rows * out; i++)
+                        y_vnni[i] = y_amx[i] = (float)(i % 7) - 3.0f;
+                    MatmulTask t = { y_vnni, x, m.panels, out, in, rows, in, out, beta_on ? 0.5f : 0.0f,
+                                     MATMUL_Q4, &xr, NULL };
+                    matmul_kernel_q4_run(&t, 0, (out + 15) / 16);
+                    t.y = y_amx;
+                    matmul_kernel_q4_amx_run(&t, 0, (out + 15) / 16);
+                    if (memcmp(y_vnni, y_amx, sizeof(float) * rows * out) != 0)
+                        fail_msg("in %d out %d rows %d beta %d: AMX differs from VNNI", in, out, rows, beta_on);
+                }
+            matmul_weights_free(&m);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_threads_and_long_inputs),
         cmocka_unit_test(test_special_inputs),
         cmocka_unit_test(test_kernel_quantises_x_itself),
+        cmocka_unit_test(test_amx_kernel_matches_vnni),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
