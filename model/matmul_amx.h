@@ -73,6 +73,20 @@ static inline void amx_group_rows(int left, int *m0, int *m1)
         }                                                                                         \
     } while (0)
 
+/* Store the group's int32 sum tiles to sums[4][16][16] (64 bytes a row): 1 and 3 only
+ * when np == 2, 2 and 3 only when m1 > 0. */
+#define AMX_SUMS_STORE(sums, np, m1)                                                              \
+    do {                                                                                          \
+        _tile_stored(0, (sums)[0], 64);                                                           \
+        if ((np) == 2)                                                                            \
+            _tile_stored(1, (sums)[1], 64);                                                       \
+        if (m1) {                                                                                 \
+            _tile_stored(2, (sums)[2], 64);                                                       \
+            if ((np) == 2)                                                                        \
+                _tile_stored(3, (sums)[3], 64);                                                   \
+        }                                                                                         \
+    } while (0)
+
 /* One tile step of the 2 x 2 block: x's row blocks at xa (and xb when m1 > 0), xs bytes a
  * row, against panels at wa (and wb when np == 2), 64 bytes a row, into the sum tiles by
  * DP, the tile product (_tile_dpbsud, _tile_dpbf16ps). Loads each tile once. */

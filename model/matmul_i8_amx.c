@@ -56,14 +56,7 @@ AMX_INLINE void block_products(Group *g, const I8Rows *xr, const uint8_t *w0, co
         size_t at = (size_t)(kq + q) * 64;
         AMX_STEP_2X2(_tile_dpbsud, x0 + 4 * q, x1 + 4 * q, xs, w0 + at, w1 + at, np, g->m1);
     }
-    _tile_stored(0, g->sums[0], 64);
-    if (np == 2)
-        _tile_stored(1, g->sums[1], 64);
-    if (g->m1) {
-        _tile_stored(2, g->sums[2], 64);
-        if (np == 2)
-            _tile_stored(3, g->sums[3], 64);
-    }
+    AMX_SUMS_STORE(g->sums, np, g->m1);
 }
 
 /* acc += sx * (sums - zsum) for every row of the group and block b, as matmul_i8.c does. */

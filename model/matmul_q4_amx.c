@@ -59,14 +59,7 @@ AMX_INLINE void block_products(Group *g, const I8Rows *xr, int c, int np)
     __asm__ volatile("" : : : "memory");
     AMX_SUMS_ZERO(g->m1);
     AMX_STEP_2X2(_tile_dpbssd, x0, x1, (long)xr->stride, g->w[0], g->w[1], np, g->m1);
-    _tile_stored(0, g->sums[0], 64);
-    if (np == 2)
-        _tile_stored(1, g->sums[1], 64);
-    if (g->m1) {
-        _tile_stored(2, g->sums[2], 64);
-        if (np == 2)
-            _tile_stored(3, g->sums[3], 64);
-    }
+    AMX_SUMS_STORE(g->sums, np, g->m1);
 }
 
 /* acc += (d * sx) * sums for every row of the group, as matmul_q4.c folds a block. */
