@@ -89,7 +89,7 @@ static inline void amx_group_rows(int left, int *m0, int *m1)
 
 /* One tile step of the 2 x 2 block: x's row blocks at xa (and xb when m1 > 0), xs bytes a
  * row, against panels at wa (and wb when np == 2), 64 bytes a row, into the sum tiles by
- * DP, the tile product (_tile_dpbsud, _tile_dpbf16ps). Loads each tile once. */
+ * DP, the tile product (_tile_dpbsud, _tile_dpbssd, _tile_dpbf16ps). Loads each tile once. */
 #define AMX_STEP_2X2(DP, xa, xb, xs, wa, wb, np, m1)                                             \
     do {                                                                                          \
         _tile_loadd(4, xa, xs);                                                                   \

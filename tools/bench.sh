@@ -47,7 +47,7 @@ CAP_KV_MB=${BENCH_CAPACITY_KV_MB:-288}
 MAX_SECONDS=${BENCH_MAX_SECONDS:-1800}
 QUICK=${BENCH_QUICK:-0}
 WEIGHT_TYPE=${BENCH_WEIGHT_TYPE:-f32}
-case $WEIGHT_TYPE in f32|f16|bf16|int8) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16, bf16 or int8" >&2; exit 2 ;; esac
+case $WEIGHT_TYPE in f32|f16|bf16|int8|q4) ;; *) echo "bench.sh: BENCH_WEIGHT_TYPE must be f32, f16, bf16, int8 or q4" >&2; exit 2 ;; esac
 KV_DTYPE=${BENCH_KV_DTYPE:-f16}
 case $KV_DTYPE in f16|f32|q8) ;; *) echo "bench.sh: BENCH_KV_DTYPE must be f16, f32 or q8" >&2; exit 2 ;; esac
 read -r -a SERVER_FLAGS <<< "--weight-type $WEIGHT_TYPE --kv-dtype $KV_DTYPE ${BENCH_SERVER_FLAGS:-}"
@@ -115,10 +115,10 @@ if "$BIN/bench" matmul --help >/dev/null 2>&1; then
     # For reading decode numbers: the same at 32 rows (one decode step of 32 sequences).
     "$BIN/bench" matmul --rows 32 --min-time 0.2 > "$OUT/machine-matmul-32.txt" 2>&1 || true
     GFLOPS32=$(best_rate "$OUT/machine-matmul-32.txt" 32)
-    # BF16 and int8 products do 2x and 4x the multiply-adds per cycle (int8 on AVX2 ~1.6x):
-    # their own peak, reported beside the F32 roofline that every ratio divides by (the
-    # issue's yardstick).
-    if [ "$WEIGHT_TYPE" = bf16 ] || [ "$WEIGHT_TYPE" = int8 ]; then
+    # BF16, int8 and Q4 products do 2x, 4x and ~2-2.5x the multiply-adds per cycle (int8 on AVX2
+    # ~1.6x): their own peak, reported beside the F32 roofline that every ratio divides by
+    # (the issue's yardstick).
+    if [ "$WEIGHT_TYPE" = bf16 ] || [ "$WEIGHT_TYPE" = int8 ] || [ "$WEIGHT_TYPE" = q4 ]; then
         "$BIN/bench" matmul --type "$WEIGHT_TYPE" --rows 256 --min-time 0.2 \
             > "$OUT/machine-matmul-$WEIGHT_TYPE.txt" 2>&1 || true
         GFLOPS_SERVED=$(best_rate "$OUT/machine-matmul-$WEIGHT_TYPE.txt" 256)

@@ -348,7 +348,8 @@ static void test_kernel_quantises_x_itself(void **state)
 /* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
  * tiles with the same bits as the VNNI kernel: both kernels on the same quantised rows,
  * every row-group shape (16 + 16, a tail split in two, one block), 1 and 2 panels a
- * group, partial blocks and panels, beta 0 and not. */
+ * group (40 outputs: a pair, then a partial panel alone), shares from panel 0 and from
+ * panel 1, partial blocks, beta 0 and not. */
 static void test_amx_kernel_matches_vnni(void **state)
 {
     (void)state;
@@ -359,7 +360,7 @@ static void test_amx_kernel_matches_vnni(void **state)
         return;
     }
     static const int ins[] = {32, 100, 768, 2050};
-    static const int outs[] = {16, 27, 50};
+    static const int outs[] = {16, 27, 40, 50};
     static const int rows_list[] = {16, 17, 31, 32, 33, 40};
     enum { ROWS = 40, IN = 2050, OUT = 50 };
     static float x[ROWS * IN], w[OUT * IN], y_vnni[ROWS * OUT], y_amx[ROWS * OUT];
@@ -371,7 +372,7 @@ static void test_amx_kernel_matches_vnni(void **state)
     for (int i = 0; i < OUT * IN; i++)
         w[i] = rand_uniform();
     for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 3; b++) {
+        for (int b = 0; b < 4; b++) {
             int in = ins[a], out = outs[b], blocks = (in + 31) / 32;
             MatmulWeights m;
             assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_Q4), 0);
@@ -379,17 +380,18 @@ static void test_amx_kernel_matches_vnni(void **state)
                 q4_row_quantise(q + (size_t)r * blocks * 32, sx + r * blocks, zsum + r * blocks, x + (size_t)r * in, in);
             I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0 };
             for (int c = 0; c < 6; c++)
-                for (int beta_on = 0; beta_on < 2; beta_on++) {
-                    int rows = rows_list[c];
+                for (int v = 0; v < 4; v++) {
+                    int rows = rows_list[c], beta_on = v % 2, p0 = v / 2; /* share [p0, panels) */
                     for (int i = 0; i < rows * out; i++)
                         y_vnni[i] = y_amx[i] = (float)(i % 7) - 3.0f;
                     MatmulTask t = { y_vnni, x, m.panels, out, in, rows, in, out, beta_on ? 0.5f : 0.0f,
                                      MATMUL_Q4, &xr, NULL };
-                    matmul_kernel_q4_run(&t, 0, (out + 15) / 16);
+                    matmul_kernel_q4_run(&t, p0, (out + 15) / 16);
                     t.y = y_amx;
-                    matmul_kernel_q4_amx_run(&t, 0, (out + 15) / 16);
+                    matmul_kernel_q4_amx_run(&t, p0, (out + 15) / 16);
                     if (memcmp(y_vnni, y_amx, sizeof(float) * rows * out) != 0)
-                        fail_msg("in %d out %d rows %d beta %d: AMX differs from VNNI", in, out, rows, beta_on);
+                        fail_msg("in %d out %d rows %d beta %d from panel %d: AMX differs from VNNI", in,
+                                 out, rows, beta_on, p0);
                 }
             matmul_weights_free(&m);
         }
