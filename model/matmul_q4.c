@@ -12,9 +12,12 @@
  * quad, its high ones the next, so one load, an AND and a shift+AND give the two vectors
  * of unsigned bytes VPDPBUSD takes, shared by every row of the register block. Register
  * block: up to 4 rows x 2 panels (8 int32 sums for the block and 8 F32 sums); 2 rows take 4
- * panels and one row 8, as in matmul_i8.c: such a product only streams W (0.56 of
- * int8's bytes, 0.14 of F32's), and more streams in flight keep the memory busier. No input chunks: a row block walks an item's panels over all inputs,
- * which stay in L2 for the next row block (matmul.c cuts items to that size).
+ * panels and one row 8, as in matmul_i8.c: such a product only streams W (0.56 of int8's
+ * bytes, 0.14 of F32's), and more streams in flight keep the memory busier. The sums of a
+ * block start at -Z (one broadcast a row, not a subtraction a panel). No input chunks: a
+ * row block walks an item's panels over all inputs, which stay in L2 for the next row
+ * block (matmul.c cuts items to that size). From MATMUL_Q4_AMX_ROWS rows, on CPUs with
+ * AMX-INT8, matmul_q4_amx.c runs instead, with the same results.
  *
  * Compiled for AVX-512 whatever the build's -march; runs only where matmul_q4_supported().
  */
@@ -42,21 +45,21 @@ typedef struct {
     int32_t z[MR_MAX];
 } XBlock;
 
-/* Where rows [xrow, xrow + mr) of block c are: in xr, or, when xr is NULL, quantised
+/* Where rows [r, r + mr) of block c are: in xr, or, when xr is NULL, quantised
  * here from t->x into own (32 values a row). */
 Q4_INLINE void x_block(XBlock *xb, int8_t own[MR_MAX][MATMUL_Q4_BLOCK], const MatmulTask *t,
-                       const I8Rows *xr, int xrow, int c, int mr)
+                       const I8Rows *xr, int r, int c, int mr)
 {
     for (int i = 0; i < mr; i++) {
         if (xr) {
-            size_t at = (size_t)(xrow + i) * xr->blocks + c;
-            xb->q[i] = xr->q + (size_t)(xrow + i) * xr->stride + (size_t)c * MATMUL_Q4_BLOCK;
+            size_t at = (size_t)(r + i) * xr->blocks + c;
+            xb->q[i] = xr->q + (size_t)(r + i) * xr->stride + (size_t)c * MATMUL_Q4_BLOCK;
             xb->sx[i] = xr->sx[at];
             xb->z[i] = xr->zsum[at];
             continue;
         }
         int k0 = c * MATMUL_Q4_BLOCK, n = t->in - k0 < MATMUL_Q4_BLOCK ? t->in - k0 : MATMUL_Q4_BLOCK;
-        q4_row_quantise(own[i], &xb->sx[i], &xb->z[i], t->x + (size_t)(xrow + i) * t->ldx + k0, n);
+        q4_row_quantise(own[i], &xb->sx[i], &xb->z[i], t->x + (size_t)(r + i) * t->ldx + k0, n);
         xb->q[i] = own[i];
     }
 }
@@ -68,9 +71,9 @@ Q4_INLINE __m512i x_quad(const int8_t *q, int at)
     return _mm512_set1_epi32(quad);
 }
 
-/* Rows [r, r + mr) (rows xrow.. of xr) against panels [p, p + np): y = sums + beta * y. */
-Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const Q4Layout *lay,
-                         int r, int p, int mr, int np)
+/* Rows [r, r + mr) against panels [p, p + np): y = sums + beta * y. */
+Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *lay, int r, int p,
+                         int mr, int np)
 {
     const uint8_t *panels = (const uint8_t *)t->panels + (size_t)p * lay->panel_bytes;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -81,7 +84,7 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const 
             facc[i][j] = _mm512_setzero_ps();
     for (int c = 0; c < lay->blocks; c++) {
         XBlock xb;
-        x_block(&xb, own, t, xr, xrow, c, mr);
+        x_block(&xb, own, t, xr, r, c, mr);
         __m512i acc[MR_MAX][NP_MAX]; /* from -Z: the nibbles' offset taken off up front */
         for (int i = 0; i < mr; i++) {
             __m512i minus_z = _mm512_set1_epi32(-xb.z[i]);
@@ -130,14 +133,14 @@ Q4_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, const Q4Layout *lay,
     int p = p0;
     if (mr == 1)
         for (; p + 8 <= p1; p += 8)
-            run_block(t, xr, r, lay, r, p, mr, 8);
+            run_block(t, xr, lay, r, p, mr, 8);
     if (mr <= 2)
         for (; p + 4 <= p1; p += 4)
-            run_block(t, xr, r, lay, r, p, mr, 4);
+            run_block(t, xr, lay, r, p, mr, 4);
     for (; p + 2 <= p1; p += 2)
-        run_block(t, xr, r, lay, r, p, mr, 2);
+        run_block(t, xr, lay, r, p, mr, 2);
     for (; p < p1; p++)
-        run_block(t, xr, r, lay, r, p, mr, 1);
+        run_block(t, xr, lay, r, p, mr, 1);
 }
 
 Q4_TARGET void matmul_kernel_q4_run(const MatmulTask *t, int p0, int p1)
