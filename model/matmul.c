@@ -182,8 +182,8 @@ const char *matmul_kernel_name(MatmulType type)
         return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
         return matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16";
-    if (type == MATMUL_Q4)
-        return "avx512_vnni";
+    if (type == MATMUL_Q4) /* products of many rows take AMX where int8's do (matmul_q4_amx.c) */
+        return matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni";
     return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 

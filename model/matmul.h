@@ -86,7 +86,8 @@ int matmul_i8_x_max(void);
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
  * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "amx_bf16+avx512_bf16" or
- * "avx512_bf16" (BF16), "avx512_vnni" (Q4), "avx512" or "avx2" (F32 and F16). */
+ * "avx512_bf16" (BF16), "amx_int8+avx512_vnni" or "avx512_vnni" (Q4), "avx512" or "avx2"
+ * (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520;

@@ -76,7 +76,7 @@ const char *model_matrix_type_name(const ModelConfig *c);
  * "avx512_vnni" or "avx2" (int8: the AVX2 kernel where the CPU lacks AVX512_VNNI or
  * PAGEDSERVE_NO_AVX512_VNNI is set),
  * "amx_bf16+avx512_bf16" or "avx512_bf16" (BF16; AMX where the CPU has AMX-BF16),
- * "avx512_vnni" (Q4), else
+ * "amx_int8+avx512_vnni" or "avx512_vnni" (Q4, as int8 on VNNI), else
  * "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the CPU has AVX512F and
  * PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
 const char *model_kernel_name(const ModelConfig *c);

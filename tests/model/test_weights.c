@@ -457,14 +457,14 @@ static void test_forced_weight_types(void **state) {
         ModelWeightType want;
         const char *held;
         float rel, floor; /* largest error: relative, and absolute where subnormal */
-        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs; "bf16", "int8": the one for that type */
+        const char *kernel; /* NULL: the F32/F16 kernel this CPU runs; "bf16", "int8", "q4": the one for that type */
     } cases[] = {
         { GGML_TYPE_F32, MODEL_WEIGHTS_F16, "f16", 1.0f / 2048, 0x1p-25f, NULL },
         { GGML_TYPE_F16, MODEL_WEIGHTS_F32, "f32", 0.0f, 0.0f, NULL },
         { GGML_TYPE_F32, MODEL_WEIGHTS_BF16, "bf16", 1.0f / 256, 0.0f, "bf16" },
         { GGML_TYPE_F32, MODEL_WEIGHTS_INT8, "int8", 0.0f, 0.0f, "int8" }, /* bound per row, below */
-        { GGML_TYPE_F32, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "avx512_vnni" }, /* bound per block, below */
-        { GGML_TYPE_Q4_0, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "avx512_vnni" },
+        { GGML_TYPE_F32, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "q4" }, /* bound per block, below */
+        { GGML_TYPE_Q4_0, MODEL_WEIGHTS_Q4, "q4", 0.0f, 0.0f, "q4" },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (cases[k].want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) {
@@ -488,6 +488,7 @@ static void test_forced_weight_types(void **state) {
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
         const char *kernel = !cases[k].kernel ? (matmul_avx512_supported() ? "avx512" : "avx2")
                            : !strcmp(cases[k].kernel, "bf16") ? (matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16")
+                           : !strcmp(cases[k].kernel, "q4") ? (matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni")
                            : strcmp(cases[k].kernel, "int8") ? cases[k].kernel
                            : matmul_i8_amx()  ? "amx_int8+avx512_vnni"
                            : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
