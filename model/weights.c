@@ -183,6 +183,8 @@ typedef struct {
     bool dry; /* check every tensor, allocate and convert nothing */
     ModelWeightType want;  /* how matrices are packed (see pack_type_for) */
     int n_packed, n_packed_f16, n_packed_bf16, n_packed_i8, n_packed_q4; /* packed matrices; how many as F16, BF16, int8, Q4 */
+    float *staging;        /* where matrices are read as F32 before packing (owned; NULL in a dry run) */
+    size_t staging_floats; /* its size: the largest matrix so far */
 } Loader;
 
 /* What a dry run hands out instead of memory: never written or freed. */
@@ -197,6 +199,31 @@ static float *alloc_floats(Loader *ld, size_t n, const char *what) {
     }
     ld->bytes += n * sizeof(float);
     return p;
+}
+
+/* The staging buffer, grown to n floats. One buffer for every matrix, not one each: a
+ * fresh allocation of that size is mapped anew, and the kernel faults in and zeroes every
+ * page of it (a quarter of a 5.9B model's load time). */
+static float *staging_take(Loader *ld, size_t n, const char *what) {
+    if (n <= ld->staging_floats)
+        return ld->dry ? dry_run_buffer : ld->staging;
+    if (n > SIZE_MAX / sizeof(float)) {
+        model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
+        return NULL;
+    }
+    if (!ld->dry) {
+        void *p;
+        free(ld->staging);
+        ld->staging = NULL;
+        ld->staging_floats = 0;
+        if (posix_memalign(&p, 64, n * sizeof(float)) != 0) {
+            model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
+            return NULL;
+        }
+        ld->staging = p;
+    }
+    ld->staging_floats = n;
+    return ld->dry ? dry_run_buffer : ld->staging;
 }
 
 /* Finds `name` and checks its shape is {ne0} (ne1 == 0) or {ne0, ne1}. */
@@ -317,18 +344,14 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
     return 0;
 }
 
-/* Packs a loaded row-major matrix into dst and frees it (a dry run only counts). */
-static int pack_owned(Loader *ld, float *rows, int in, int out, MatmulType type,
-                      MatmulWeights *dst, const char *what) {
-    size_t copy = (size_t)in * out * sizeof(float);
-    size_t during = ld->bytes + matmul_weights_bytes(in, out, type); /* bytes holds the copy */
+/* Packs a matrix read into the staging buffer into dst (a dry run only counts): the peak
+ * is then what is held, the staging buffer and the packed matrix. */
+static int pack_staged(Loader *ld, const float *rows, int in, int out, MatmulType type,
+                       MatmulWeights *dst, const char *what) {
+    size_t during = ld->bytes + ld->staging_floats * sizeof(float) + matmul_weights_bytes(in, out, type);
     if (during > ld->peak)
         ld->peak = during;
-    ld->bytes -= copy;
-    int rc = pack_counted(ld, rows, in, out, type, dst, what);
-    if (!ld->dry)
-        free(rows);
-    return rc;
+    return pack_counted(ld, rows, in, out, type, dst, what);
 }
 
 /* Loads the named matrices ({in, outs[i]} each), stacked row-wise, and packs them as one. */
@@ -337,21 +360,16 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += (size_t)outs[i];
-    float *rows = alloc_floats(ld, total * in, what);
+    float *rows = staging_take(ld, total * in, what);
     if (!rows)
         return -1;
     size_t at = 0;
     for (int i = 0; i < n; i++) {
-        if (load_into(ld, names[i], in, outs[i], rows + at * in) < 0) {
-            if (!ld->dry) {
-                free(rows);
-                ld->bytes -= total * in * sizeof(float);
-            }
+        if (load_into(ld, names[i], in, outs[i], rows + at * in) < 0)
             return -1;
-        }
         at += (size_t)outs[i];
     }
-    return pack_owned(ld, rows, in, (int)total, pack_type_for(ld, n, names), dst, what);
+    return pack_staged(ld, rows, in, (int)total, pack_type_for(ld, n, names), dst, what);
 }
 
 static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
@@ -484,7 +502,9 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     if (weights_dry_run(f, want, &c, &dry, err, err_len) < 0)
         return -1;
     Loader ld = {.f = f, .err = err, .err_len = err_len, .want = want};
-    if (load_tensors(&ld, &c, w) < 0) {
+    int rc = load_tensors(&ld, &c, w);
+    free(ld.staging);
+    if (rc < 0) {
         weights_free(w, &c);
         return -1;
     }
