@@ -82,12 +82,14 @@ static void x_reference(double *dst, const float *x, int n)
 }
 
 /* Pack, unpack: the rule's values; the layout of matmul_kernel.h's Q4Layout (nibbles at
- * their documented bytes, F16 scales after them); pads zero. 70 inputs (a partial block),
- * 21 outputs (a partial panel), magnitudes varying by block and row; zero and tiny blocks. */
+ * their documented bytes, F16 scales after them); pads zero. 90 inputs (a partial block of
+ * 26: more than one vector of 16, less than two), 21 outputs (a partial panel), magnitudes
+ * varying by block and row; zero and tiny blocks; a block whose largest |w| is there with
+ * both signs (the first one sets d's sign). */
 static void test_pack_rule_and_layout(void **state)
 {
     (void)state;
-    enum { IN = 70, OUT = 21 };
+    enum { IN = 90, OUT = 21 };
     float w[OUT * IN], back[OUT * IN], want[OUT * IN];
     MatmulWeights m;
     for (int i = 0; i < OUT * IN; i++)
@@ -96,6 +98,10 @@ static void test_pack_rule_and_layout(void **state)
         w[3 * IN + k] = 0.0f;       /* a zero block */
     for (int k = 32; k < 64; k++)
         w[4 * IN + k] = 1e-9f * (k % 3 - 1); /* a scale below F16's smallest: zero */
+    w[5 * IN + 3] = 2.5f; /* d = -2.5 / 8, not +: 2.5 first */
+    w[5 * IN + 20] = -2.5f;
+    w[6 * IN + 70] = -3.5f; /* in the partial block's second vector */
+    w[6 * IN + 85] = 3.5f;
     if (skip_unless_supported()) {
         assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -3);
         return;
