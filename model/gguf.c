@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "compute/compute.h"
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -869,6 +872,24 @@ static void f16_row_to_f32(const uint8_t *src, float *dst, uint64_t n) {
     }
 }
 
+/* A quantised tensor decoded over the compute pool, DEQUANT_BLOCKS_PER_ITEM blocks an item
+ * (each block's values depend on that block alone: the same floats whatever the split). */
+typedef struct {
+    uint32_t type;
+    const uint8_t *src;
+    float *dst;
+} DequantJob;
+
+#define DEQUANT_BLOCKS_PER_ITEM 4096
+
+static void dequant_range(void *arg, int b0, int b1, int thread) {
+    (void)thread;
+    const DequantJob *j = arg;
+    uint64_t bytes = ggml_type_block_bytes(j->type), elems = ggml_type_block_elems(j->type);
+    ggml_blocks_to_f32(j->type, j->src + (uint64_t)b0 * bytes, j->dst + (uint64_t)b0 * elems,
+                       (uint64_t)(b1 - b0));
+}
+
 int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_len) {
     const uint8_t *src = t->data;
     uint64_t n = t->n_elements;
@@ -891,9 +912,15 @@ int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_le
             dst[i] = gguf_bf16_to_f32(h);
         }
         break;
-    default:
-        ggml_blocks_to_f32(t->type, src, dst, n / ggml_type_block_elems(t->type));
+    default: {
+        uint64_t blocks = n / ggml_type_block_elems(t->type);
+        DequantJob job = { t->type, src, dst };
+        if (blocks > INT_MAX || compute_threads() <= 1)
+            ggml_blocks_to_f32(t->type, src, dst, blocks);
+        else
+            compute_parallel_ranges((int)blocks, DEQUANT_BLOCKS_PER_ITEM, 1, dequant_range, &job);
         break;
+    }
     }
     return 0;
 }

@@ -227,10 +227,10 @@ static size_t packed_index(int in, MatmulType type, int o, int k)
  * round-to-nearest-even still gives 65504). */
 #define F16_OVERFLOW 65520.0f
 
-/* Row by row: reads W in order; a panel's writes stay within its own weights. */
-static int pack_rows(void *panels, const float *w, int in, int out, MatmulType type)
+/* Rows [o0, o1), row by row: reads W in order; a row's writes stay within its own weights. */
+static int pack_rows(void *panels, const float *w, int in, MatmulType type, int o0, int o1)
 {
-    for (int o = 0; o < out; o++) {
+    for (int o = o0; o < o1; o++) {
         const float *src = w + (size_t)o * in;
         for (int k = 0; k < in; k++) {
             size_t at = packed_index(in, type, o, k);
@@ -253,11 +253,21 @@ static int pack_rows(void *panels, const float *w, int in, int out, MatmulType t
     return 0;
 }
 
-/* Each row quantised by compute/quant_i8.h's rule, stored as q + 128 with its scale (an
- * all-zero or tiny row: q = 0, scale 0; a NaN or an infinity: -2). Pads (inputs to whole
- * quads, outputs to whole panels) hold q = 0 and scale 0. Writes every byte. 0, -1 (no
+/* int8: pad outputs (to whole panels) hold q = 0 (byte 128) and scale 0: the last panel
+ * and the scales are written before any row; the rows write the rest (pad inputs too), so
+ * that packing touches most pages first in the threads that pack them. */
+static void pack_i8_prepare(void *buf, int in, int out)
+{
+    I8Layout lay = matmul_i8_layout(in, out);
+    if (lay.panels > 0)
+        memset((char *)buf + (size_t)(lay.panels - 1) * lay.panel_bytes, 128, lay.panel_bytes);
+    memset((char *)buf + lay.scales_offset, 0, lay.total - lay.scales_offset);
+}
+
+/* Rows [o0, o1) quantised by compute/quant_i8.h's rule, stored as q + 128 with their
+ * scales (an all-zero or tiny row: q = 0, scale 0; a NaN or an infinity: -2). 0, -1 (no
  * memory for a row) or -2. */
-static int pack_i8(void *buf, const float *w, int in, int out)
+static int pack_i8_rows(void *buf, const float *w, int in, int out, int o0, int o1)
 {
     I8Layout lay = matmul_i8_layout(in, out);
     uint8_t *q = buf;
@@ -265,10 +275,8 @@ static int pack_i8(void *buf, const float *w, int in, int out)
     int8_t *row = malloc((size_t)(in > 0 ? in : 1));
     if (!row)
         return -1;
-    memset(q, 128, lay.scales_offset);
-    memset(scales, 0, lay.total - lay.scales_offset);
     int rc = 0;
-    for (int o = 0; o < out; o++) {
+    for (int o = o0; o < o1; o++) {
         scales[o] = quant_i8_row(row, w + (size_t)o * in, in, NULL);
         if (isnan(scales[o])) { /* a NaN or an infinity among the weights */
             rc = -2;
@@ -276,10 +284,40 @@ static int pack_i8(void *buf, const float *w, int in, int out)
         }
         for (int k = 0; k < in; k++)
             q[packed_index(in, MATMUL_I8, o, k)] = (uint8_t)(128 + row[k]);
+        for (int k = in; k % 4; k++) /* to a whole quad: q = 0 */
+            q[packed_index(in, MATMUL_I8, o, k)] = 128;
     }
     free(row);
     return rc;
 }
+
+/* A matrix being packed over the compute pool: output rows in ranges, the first error
+ * kept. Every type's rows write only their own bytes, so the packed bytes are the same
+ * whatever the thread count. */
+typedef struct {
+    void *buf;
+    const float *w;
+    int in, out;
+    MatmulType type;
+    _Atomic int rc;
+} PackJob;
+
+static void pack_range(void *arg, int o0, int o1, int thread)
+{
+    (void)thread;
+    PackJob *j = arg;
+    int rc = j->type == MATMUL_I8 ? pack_i8_rows(j->buf, j->w, j->in, j->out, o0, o1)
+           : j->type == MATMUL_Q4 ? q4_pack_rows(j->buf, j->w, j->in, j->out, o0, o1)
+                                  : pack_rows(j->buf, j->w, j->in, j->type, o0, o1);
+    int none = 0;
+    if (rc < 0)
+        atomic_compare_exchange_strong(&j->rc, &none, rc);
+}
+
+/* Rows a packing work item takes, and the matrices worth spreading (a 5.9B model's load:
+ * packing was half of it on one thread). */
+#define PACK_ROWS_PER_ITEM 64
+#define PACK_PARALLEL_MIN (1 << 16)
 
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)
 {
@@ -293,15 +331,21 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
     pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
-    /* pack_rows writes every real weight; only the last panel can have outputs past `out`,
-     * which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel spares
-     * start-up a pass over every matrix. */
-    size_t panel_bytes = type == MATMUL_I8 || type == MATMUL_Q4 ? 0 : matmul_weights_bytes(in, MATMUL_PANEL, type);
-    if (bytes > 0)
+    if (type == MATMUL_I8)
+        pack_i8_prepare(p, in, out);
+    else if (type == MATMUL_Q4)
+        q4_pack_prepare(p, in, out);
+    else if (bytes > 0) {
+        /* pack_rows writes every real weight; only the last panel can have outputs past
+         * `out`, which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel
+         * spares start-up a pass over every matrix. */
+        size_t panel_bytes = matmul_weights_bytes(in, MATMUL_PANEL, type);
         memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
-    int rc = type == MATMUL_I8 ? pack_i8(p, w, in, out)
-           : type == MATMUL_Q4 ? q4_pack(p, w, in, out)
-                               : pack_rows(p, w, in, out, type);
+    }
+    PackJob job = { p, w, in, out, type, 0 };
+    int parallel = compute_threads() > 1 && (size_t)in * out >= PACK_PARALLEL_MIN;
+    compute_parallel_ranges(out, PACK_ROWS_PER_ITEM, parallel, pack_range, &job);
+    int rc = atomic_load(&job.rc);
     if (rc < 0) {
         free(p);
         return rc;

@@ -88,15 +88,27 @@ static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w
     return 0;
 }
 
-/* Every byte written: nibbles 8 (zero) and scales 0 first, so that pad outputs multiply
- * as 0 (pad inputs of a real output's last block are written as 8 by pack_block). */
-int q4_pack(void *buf, const float *w, int in, int out)
+/* What no row writes: the last panel whole (nibbles 8, scales 0, so that pad outputs
+ * multiply as 0), and every panel's bytes past its scales (to whole lines). The rows write
+ * all the rest (pad inputs of a real output's last block as 8, pack_block), so that
+ * packing touches most pages first in the threads that pack them. */
+void q4_pack_prepare(void *buf, int in, int out)
 {
     Q4Layout lay = matmul_q4_layout(in, out);
-    memset(buf, 0, lay.total);
-    for (int p = 0; p < lay.panels; p++)
-        memset((char *)buf + (size_t)p * lay.panel_bytes, 0x88, lay.scales_offset);
-    for (int o = 0; o < out; o++)
+    size_t scales_end = lay.scales_offset + (size_t)lay.blocks * MATMUL_PANEL * 2;
+    for (int p = 0; p + 1 < lay.panels; p++)
+        memset((char *)buf + (size_t)p * lay.panel_bytes + scales_end, 0, lay.panel_bytes - scales_end);
+    if (lay.panels > 0) {
+        char *last = (char *)buf + (size_t)(lay.panels - 1) * lay.panel_bytes;
+        memset(last, 0x88, lay.scales_offset);
+        memset(last + lay.scales_offset, 0, lay.panel_bytes - lay.scales_offset);
+    }
+}
+
+int q4_pack_rows(void *buf, const float *w, int in, int out, int o0, int o1)
+{
+    Q4Layout lay = matmul_q4_layout(in, out);
+    for (int o = o0; o < o1; o++)
         for (int c = 0; c < lay.blocks; c++) {
             int k0 = c * MATMUL_Q4_BLOCK, n = in - k0 < MATMUL_Q4_BLOCK ? in - k0 : MATMUL_Q4_BLOCK;
             if (pack_block(buf, &lay, w + (size_t)o * in + k0, n, o, c) != 0)

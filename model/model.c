@@ -48,6 +48,11 @@ const char *model_kernel_name(const ModelConfig *c)
                                                                          : MATMUL_F32);
 }
 
+int model_threads_set(int n_threads)
+{
+    return matmul_init(n_threads);
+}
+
 int model_load(const char *path, Model **out, char *err, size_t err_len)
 {
     return model_load_as(path, MODEL_WEIGHTS_AUTO, out, err, err_len);

@@ -83,6 +83,12 @@ const char *model_kernel_name(const ModelConfig *c);
 
 typedef struct Model Model;
 
+/* Starts (or resizes) the process's compute pool to n_threads (<= 0: one per core) and
+ * returns the count. model_load_as decodes and packs matrices on it, rows spread over the
+ * threads (the same bytes whatever the count): set it first and a load takes about 1/n of
+ * the time. Engines set it again from their config (model_runner_set_threads). */
+int model_threads_set(int n_threads);
+
 /* Load a GGUF file: 0, or -1 with a message (unreadable, malformed, not llama, missing or
  * mis-shaped tensor, unsupported tensor type or tokenizer). */
 int model_load(const char *path, Model **out, char *err, size_t err_len);

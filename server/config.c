@@ -105,7 +105,7 @@ static const Flag flags[] = {
     {"health-stall-s", 0, FLAG_INT, FIELD(health_stall_s), 1, 1 << 24, "S", "60",
      "/health says 503 when work waits and no engine step ended for this long"},
     {"threads", 0, FLAG_INT, FIELD(threads), 1, 1024, "N", "number of cores",
-     "compute threads of the forward pass (the compute pool)"},
+     "compute threads of the forward pass and of loading the model (the compute pool)"},
     {"no-memory-check", 0, FLAG_BOOL, FIELD(no_memory_check), 0, 0, NULL, "off",
      "load even when the model and KV cache look larger than the memory available"},
     {"log-level", 0, FLAG_SPECIAL, 0, 0, 0, "LEVEL", "info", "error, warn, info or debug"},

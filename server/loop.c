@@ -338,6 +338,7 @@ static int server_open(Server *s)
     if (server_check_memory(s->cfg) != 0)
         return -1;
     double t0 = server_now();
+    model_threads_set(s->cfg->threads); /* the load decodes and packs on them too */
     if (model_load_as(s->cfg->model_path, s->cfg->weight_type, &s->model, err, sizeof err) != 0) {
         server_log(LOG_ERROR, "cannot load model: %s", err);
         return -1;

@@ -232,6 +232,7 @@ int bench_engine_main(int argc, char **argv)
         return 2;
     Model *m;
     char err[256];
+    model_threads_set(a.threads);
     if (model_load_as(a.model_path, a.weight_type, &m, err, sizeof err) != 0) {
         fprintf(stderr, "bench engine: %s\n", err);
         return 1;

@@ -142,6 +142,7 @@ static const float *generation_step(Generation *g, int from, int n, ModelLogits 
 
 static int generation_setup(Generation *g, const GenerateArgs *a, char *err, size_t err_len)
 {
+    model_threads_set(0); /* every core, as its passes use */
     if (model_load_as(a->model_path, a->weight_type, &g->model, err, err_len) != 0)
         return -1;
     const ModelConfig *c = model_config(g->model);

@@ -133,6 +133,9 @@ static void test_pack_rule_and_layout(void **state)
             }
             assert_true((float)(q - 8) * d == back[o * IN + k]);
         }
+    for (int p = 0; p < 2; p++) /* each panel's bytes past its scales, to a whole line */
+        for (size_t i = lay.scales_offset + 3 * 32; i < lay.panel_bytes; i++)
+            assert_int_equal(bytes[(size_t)p * lay.panel_bytes + i], 0);
     /* the zero block, and the block whose scale is below F16's smallest, hold zeros */
     assert_true(back[3 * IN + 5] == 0.0f && back[4 * IN + 40] == 0.0f);
     for (int o = 0; o < OUT; o++)

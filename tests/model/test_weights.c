@@ -630,6 +630,58 @@ static void test_q4_packs_as_q4_0(void **state) {
     free(data4);
 }
 
+/* The bytes every packed matrix of w and v hold, and their embedding tables, are equal. */
+static void assert_same_weights(const ModelConfig *c, const TransformerWeights *w, const TransformerWeights *v) {
+    const MatmulWeights *a[5], *b[5];
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *x = &w->layers[l], *y = &v->layers[l];
+        a[0] = &x->wqkv, a[1] = &x->wo, a[2] = &x->w_gate_up, a[3] = &x->w_down, a[4] = &w->output;
+        b[0] = &y->wqkv, b[1] = &y->wo, b[2] = &y->w_gate_up, b[3] = &y->w_down, b[4] = &v->output;
+        for (int m = 0; m < 5; m++) {
+            assert_int_equal(a[m]->type, b[m]->type);
+            assert_memory_equal(a[m]->panels, b[m]->panels, matmul_weights_bytes(a[m]->in, a[m]->out, a[m]->type));
+        }
+    }
+    assert_memory_equal(w->token_embd, v->token_embd, sizeof(float) * (size_t)c->dim * c->vocab_size);
+}
+
+/* A load decodes and packs matrices over the compute pool (model_threads_set): the same
+ * bytes on 1 thread and on 3, for every weight type this CPU runs, from F32 and Q4_0 files
+ * whose matrices are big enough to be split (gate/up: 6144 Q4_0 blocks, 393216 weights). */
+static void test_load_same_bytes_any_threads(void **state) {
+    (void)state;
+    const ModelWeightType wants[] = { MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
+                                      MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
+    const GgmlType files[] = { GGML_TYPE_F32, GGML_TYPE_Q4_0 };
+    for (size_t i = 0; i < 2; i++)
+        for (size_t k = 0; k < sizeof wants / sizeof wants[0]; k++) {
+            if ((wants[k] == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) ||
+                (wants[k] == MODEL_WEIGHTS_Q4 && !matmul_q4_supported()))
+                continue;
+            Spec s = default_spec();
+            s.dim = 256, s.ffn = 768, s.vocab = 300, s.rope_dim = 64, s.type = files[i];
+            void *data;
+            GgufFile *f = make_model(&s, &data);
+            ModelConfig c1, c3;
+            TransformerWeights w1, w3;
+            size_t bytes1, bytes3;
+            char err[512];
+            assert_int_equal(model_threads_set(1), 1);
+            if (weights_load_as(f, wants[k], &c1, &w1, &bytes1, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            assert_int_equal(model_threads_set(3), 3);
+            if (weights_load_as(f, wants[k], &c3, &w3, &bytes3, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            assert_int_equal(bytes1, bytes3);
+            assert_same_weights(&c1, &w1, &w3);
+            weights_free(&w1, &c1);
+            weights_free(&w3, &c3);
+            gguf_close(f);
+            free(data);
+        }
+    model_threads_set(1);
+}
+
 /* matmul_q4_supported() is decided once per process: where the CPU has AVX512_VNNI this
  * runs under make test-portable (PAGEDSERVE_NO_AVX512_VNNI set from the start). */
 static void test_q4_needs_cpu_support(void **state) {
@@ -831,6 +883,7 @@ int main(void) {
         cmocka_unit_test(test_forced_weight_types),
         cmocka_unit_test(test_q4_needs_cpu_support),
         cmocka_unit_test(test_q4_packs_as_q4_0),
+        cmocka_unit_test(test_load_same_bytes_any_threads),
         cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
