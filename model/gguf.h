@@ -80,7 +80,8 @@ const GgufTensor *gguf_find_tensor(const GgufFile *f, const char *name); /* or N
 
 const char *ggml_type_name(uint32_t type); /* "f32", "q8_0", ..., "unknown" */
 /* Convert a whole tensor to F32 (dst holds n_elements floats). -1 with a message naming
- * the tensor and type when the type is not supported. */
+ * the tensor and type when the type is not supported. (Quantised tensors decode over the
+ * compute pool when it has threads: never call it from inside a pool work item.) */
 int gguf_tensor_to_f32(const GgufTensor *t, float *dst, char *err, size_t err_len);
 
 /* ---- additions (gguf owner) ---- */

@@ -94,6 +94,7 @@ const char *matmul_kernel_name(MatmulType type);
  * Q4: a scale |w| / 8 >= 65520) or is not finite (F16, BF16, I8, Q4); -3 when the type is
  * BF16, I8 or Q4 and the CPU cannot use it. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
+/* (It packs rows over the compute pool: never call it from inside a pool work item.) */
 /* Writes the matrix back as row-major [out][in] (tests, tools); I8 as q * scale, Q4 as
  * (q - 8) * d. */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);

@@ -77,9 +77,9 @@ typedef struct {
  * levels, q zero-padded to whole blocks, zsum = 8 * (sum of the block's q) (the nibbles'
  * offset), kq_base 0. */
 void q4_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
-/* Q4 packing (matmul_q4_format.c, for matmul.c): every byte of buf set to zeros first,
- * then output rows [o0, o1) of w packed (any ranges, in any order or at once: each writes
- * only its rows' bytes): 0, or -2 (a weight not finite, or a scale F16 cannot hold); and
+/* Q4 packing (matmul_q4_format.c, for matmul.c): the bytes no row writes set first (the
+ * last panel, each panel's tail), then output rows [o0, o1) of w packed (any ranges, in
+ * any order or at once: each writes only its rows' bytes): 0, or -2 (a weight not finite, or a scale F16 cannot hold); and
  * the matrix back as (q - 8) * d. */
 void q4_pack_prepare(void *buf, int in, int out);
 int q4_pack_rows(void *buf, const float *w, int in, int out, int o0, int o1);

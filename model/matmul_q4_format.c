@@ -37,7 +37,7 @@ static uint16_t *scale_at(void *buf, const Q4Layout *lay, int o, int c)
 
 /* q4_pack only runs where Q4 products can (AVX512_VNNI): its loops may use AVX-512 too,
  * whatever the build's -march (they were half of a 5.9B model's load time as scalar code). */
-#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
+#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
 
 /* Lanes [0, n) of a block's two halves of 16. */
 static inline void half_masks(int n, __mmask16 *m0, __mmask16 *m1)

@@ -226,6 +226,14 @@ static float *staging_take(Loader *ld, size_t n, const char *what) {
     return ld->dry ? dry_run_buffer : ld->staging;
 }
 
+/* Lets the staging buffer go (a dry run forgets its size alike): after the output matrix,
+ * vocab x dim, so that the layers' loads hold no more than their own largest matrix. */
+static void staging_release(Loader *ld) {
+    free(ld->staging);
+    ld->staging = NULL;
+    ld->staging_floats = 0;
+}
+
 /* Finds `name` and checks its shape is {ne0} (ne1 == 0) or {ne0, ne1}. */
 static const GgufTensor *find_shaped(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1) {
     const GgufTensor *t = gguf_find_tensor(ld->f, name);
@@ -436,6 +444,7 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
         const char *const names[] = { "output.weight" };
         if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)
             return -1;
+        staging_release(ld);
     }
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers)

@@ -79,7 +79,7 @@ fi
 # ---- build ---------------------------------------------------------------------------------
 # The project's own flags (-march=native, C11 + _GNU_SOURCE), plus the sanitizers. Project
 # sources are not built with -Werror: clang warns where the project's gcc does not.
-CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer
+CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer -ffp-contract=off
         -fno-sanitize-recover=undefined -I"$ROOT" -I"$FUZZ_DIR" -Wall -Wextra
         -Wno-string-concatenation)
 JANSSON=($(pkg-config --cflags --libs jansson))

@@ -100,8 +100,8 @@ static void test_pack_rule_and_layout(void **state)
         w[4 * IN + k] = 1e-9f * (k % 3 - 1); /* a scale below F16's smallest: zero */
     w[5 * IN + 3] = 2.5f; /* d = -2.5 / 8, not +: 2.5 first */
     w[5 * IN + 20] = -2.5f;
-    w[6 * IN + 70] = -3.5f; /* in the partial block's second vector */
-    w[6 * IN + 85] = 3.5f;
+    w[6 * IN + 70] = -3.5f; /* in the partial block (26 inputs: 16 + 10) */
+    w[6 * IN + 85] = 3.5f;  /* its second vector */
     if (skip_unless_supported()) {
         assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -3);
         return;
@@ -153,6 +153,59 @@ static void test_pack_rule_and_layout(void **state)
     assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -2);
     w[37] = 6e5f; /* scale 75000: past F16 */
     assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -2);
+}
+
+/* Prepare and the rows together write every byte: a buffer full of 0xA5 first holds, after
+ * them, the documented pads (nibbles 8 past in and out, scales 0 past out, zeros past each
+ * panel's scales) and no 0xA5 left where a real weight's nibble pair or scale goes. */
+static void test_pack_writes_every_byte(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    enum { IN = 77, OUT = 37 };
+    static float w[OUT * IN];
+    for (int i = 0; i < OUT * IN; i++)
+        w[i] = rand_uniform();
+    Q4Layout lay = matmul_q4_layout(IN, OUT);
+    uint8_t *buf = malloc(lay.total);
+    assert_non_null(buf);
+    memset(buf, 0xA5, lay.total);
+    q4_pack_prepare(buf, IN, OUT);
+    assert_int_equal(q4_pack_rows(buf, w, IN, OUT, 0, 20), 0); /* two ranges, out of order */
+    assert_int_equal(q4_pack_rows(buf, w, IN, OUT, 20, OUT), 0);
+    size_t scales_end = lay.scales_offset + (size_t)lay.blocks * 32;
+    for (int p = 0; p < lay.panels; p++) {
+        const uint8_t *panel = buf + (size_t)p * lay.panel_bytes;
+        for (size_t i = 0; i < lay.scales_offset; i++) { /* nibble bytes: output j = i % 64 / 4 */
+            int o = p * 16 + (int)(i % 64 / 4), k0 = (int)(i / 256) * 32 + (int)(i % 256 / 64) * 8 + (int)(i % 4);
+            if (o >= OUT) {
+                assert_int_equal(panel[i], 0x88);
+                continue;
+            }
+            if (k0 >= IN) /* the low nibble is input k0, the high one k0 + 4 */
+                assert_int_equal(panel[i] & 0xf, 8);
+            if (k0 + 4 >= IN)
+                assert_int_equal(panel[i] >> 4, 8);
+        }
+        for (size_t i = lay.scales_offset; i < scales_end; i += 2)
+            if (p * 16 + (int)((i - lay.scales_offset) / 2 % 16) >= OUT)
+                assert_true(panel[i] == 0 && panel[i + 1] == 0);
+        for (size_t i = scales_end; i < lay.panel_bytes; i++)
+            assert_int_equal(panel[i], 0);
+    }
+    /* and the real weights read back as the rule's values, so nothing of 0xA5 survived */
+    static float back[OUT * IN];
+    MatmulWeights m = { IN, OUT, MATMUL_Q4, buf };
+    matmul_weights_unpack(&m, back);
+    MatmulWeights ref;
+    static float want[OUT * IN];
+    assert_int_equal(matmul_weights_pack(&ref, w, IN, OUT, MATMUL_Q4), 0);
+    matmul_weights_unpack(&ref, want);
+    assert_memory_equal(back, want, sizeof want);
+    assert_memory_equal(buf, ref.panels, lay.total);
+    matmul_weights_free(&ref);
+    free(buf);
 }
 
 /* Blocks as a Q4_0 quantiser leaves them ((q - 8) * d, some q = 0, F16 d of any sign and
@@ -411,6 +464,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_rule_and_layout),
         cmocka_unit_test(test_q4_0_blocks_exact),
+        cmocka_unit_test(test_pack_writes_every_byte),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_threads_and_long_inputs),
         cmocka_unit_test(test_special_inputs),

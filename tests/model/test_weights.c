@@ -647,7 +647,9 @@ static void assert_same_weights(const ModelConfig *c, const TransformerWeights *
 
 /* A load decodes and packs matrices over the compute pool (model_threads_set): the same
  * bytes on 1 thread and on 3, for every weight type this CPU runs, from F32 and Q4_0 files
- * whose matrices are big enough to be split (gate/up: 6144 Q4_0 blocks, 393216 weights). */
+ * whose matrices are big enough to be split (gate/up: 6144 Q4_0 blocks, 393216 weights).
+ * The F32 file's FFN is 771 wide: the down projection's rows end in a partial quad, a
+ * partial Q4 block and an odd BF16 pair. */
 static void test_load_same_bytes_any_threads(void **state) {
     (void)state;
     const ModelWeightType wants[] = { MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
@@ -659,7 +661,8 @@ static void test_load_same_bytes_any_threads(void **state) {
                 (wants[k] == MODEL_WEIGHTS_Q4 && !matmul_q4_supported()))
                 continue;
             Spec s = default_spec();
-            s.dim = 256, s.ffn = 768, s.vocab = 300, s.rope_dim = 64, s.type = files[i];
+            s.dim = 256, s.ffn = files[i] == GGML_TYPE_F32 ? 771 : 768, s.vocab = 300, s.rope_dim = 64;
+            s.type = files[i];
             void *data;
             GgufFile *f = make_model(&s, &data);
             ModelConfig c1, c3;
