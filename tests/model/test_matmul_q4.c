@@ -2,7 +2,8 @@
  * independently of matmul_q4_format.c, Q4_0 blocks coming back without loss, and the
  * product against a double-precision reference that quantises x per block of 32 by the
  * documented rule, over every row-block shape, partial blocks and panels, strides, beta,
- * thread counts, special inputs, and x quantised by matmul() or by the kernel itself.
+ * thread counts, special inputs, and x quantised by matmul() or by the kernel itself; the
+ * AMX kernel against the VNNI one, bit for bit; packing in row ranges writing every byte.
  * On a CPU without AVX512_VNNI (or with PAGEDSERVE_NO_AVX512_VNNI set) packing must refuse
  * (-3) and the rest is skipped, saying so. */
 #include <float.h>
