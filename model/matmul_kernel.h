@@ -214,6 +214,32 @@ matmul_store16(float *y, __m512 v, int n, float beta)
     _mm512_mask_storeu_ps(y, m, v);
 }
 
+/* What both Q4 kernels (matmul_q4.c, matmul_q4_amx.c) do alike, in one place so that
+ * they stay the same bits: a 64-byte line of a panel's nibbles as its two input quads
+ * (unsigned 0..15: low nibbles the first quad, high ones the next), block c's 16 F16
+ * scales of a panel as floats, and a block's exact int32 sums S - Z (16 outputs of one
+ * row) folded into that row's F32 sums as acc + (d * sx) * sums. */
+#define Q4_HELPER static inline __attribute__((always_inline, target("avx512f,avx512bw")))
+Q4_HELPER void q4_line_unpack(const uint8_t *line, __m512i *lo, __m512i *hi)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512i v = _mm512_loadu_si512(line);
+    *lo = _mm512_and_si512(v, low4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+}
+
+Q4_HELPER __m512 q4_block_scales(const uint8_t *panel, const Q4Layout *lay, int c)
+{
+    const uint16_t *d = (const uint16_t *)(panel + lay->scales_offset) + (size_t)c * MATMUL_PANEL;
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+}
+
+Q4_HELPER __m512 q4_fold(__m512 acc, __m512 d, float sx, __m512i sums)
+{
+    return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx)), _mm512_cvtepi32_ps(sums), acc);
+}
+#undef Q4_HELPER
+
 /* An int8 kernel's sweep: y's rows [r, r + mr), which are xr's rows [xrow, xrow + mr),
  * against panels [p0, p1) over input quads [kq0, kq0 + nkq) (within one chunk of
  * MATMUL_I8_CHUNK_INPUTS): y = sums + beta·y. */

@@ -76,7 +76,6 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *
                          int mr, int np)
 {
     const uint8_t *panels = (const uint8_t *)t->panels + (size_t)p * lay->panel_bytes;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     int8_t own[MR_MAX][MATMUL_Q4_BLOCK] __attribute__((aligned(64)));
     __m512 facc[MR_MAX][NP_MAX];
     for (int i = 0; i < mr; i++)
@@ -101,9 +100,8 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *
             for (int j = 0; j < np; j++) {
                 _mm_prefetch((const char *)block + j * lay->panel_bytes + l * LINE_BYTES + PREFETCH_BYTES,
                              _MM_HINT_T0);
-                __m512i v = _mm512_loadu_si512(block + j * lay->panel_bytes + l * LINE_BYTES);
-                __m512i lo = _mm512_and_si512(v, low4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                __m512i lo, hi;
+                q4_line_unpack(block + j * lay->panel_bytes + l * LINE_BYTES, &lo, &hi);
                 for (int i = 0; i < mr; i++) {
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo, x0[i]);
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi, x1[i]);
@@ -111,13 +109,9 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *
             }
         }
         for (int j = 0; j < np; j++) {
-            const uint16_t *d = (const uint16_t *)(panels + j * lay->panel_bytes + lay->scales_offset) +
-                                (size_t)c * MATMUL_PANEL;
-            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
-            for (int i = 0; i < mr; i++) {
-                __m512 s = _mm512_mul_ps(dv, _mm512_set1_ps(xb.sx[i]));
-                facc[i][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(acc[i][j]), facc[i][j]);
-            }
+            __m512 d = q4_block_scales(panels + j * lay->panel_bytes, lay, c);
+            for (int i = 0; i < mr; i++)
+                facc[i][j] = q4_fold(facc[i][j], d, xb.sx[i], acc[i][j]);
         }
     }
     for (int i = 0; i < mr; i++)

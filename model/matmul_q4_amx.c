@@ -39,14 +39,13 @@ typedef struct {
 /* Block c of panel `panel` into w as signed q - 8, input quad by quad. */
 AMX_INLINE void block_unpack(int8_t w[BLOCK_QUADS][LINE_BYTES], const uint8_t *panel, int c)
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    const __m512i eight = _mm512_set1_epi8(8);
     const uint8_t *lines = panel + (size_t)c * LINES_PER_BLOCK * LINE_BYTES;
     for (int l = 0; l < LINES_PER_BLOCK; l++) {
-        __m512i v = _mm512_loadu_si512(lines + l * LINE_BYTES);
-        __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low4), eight);
-        __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), eight);
-        _mm512_storeu_si512(w[2 * l], lo);
-        _mm512_storeu_si512(w[2 * l + 1], hi);
+        __m512i lo, hi;
+        q4_line_unpack(lines + l * LINE_BYTES, &lo, &hi);
+        _mm512_storeu_si512(w[2 * l], _mm512_sub_epi8(lo, eight));
+        _mm512_storeu_si512(w[2 * l + 1], _mm512_sub_epi8(hi, eight));
     }
 }
 
@@ -68,16 +67,12 @@ AMX_INLINE void block_fold(Group *g, const I8Rows *xr, const uint8_t *panel, con
 {
     __m512 d[2];
     for (int j = 0; j < np; j++)
-        d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            (const __m256i *)(panel + j * lay->panel_bytes + lay->scales_offset) + c));
+        d[j] = q4_block_scales(panel + j * lay->panel_bytes, lay, c);
     for (int i = 0; i < g->m0 + g->m1; i++) {
-        __m512 sx = _mm512_set1_ps(xr->sx[(size_t)(g->r + i) * xr->blocks + c]);
+        float sx = xr->sx[(size_t)(g->r + i) * xr->blocks + c];
         int tile = i < g->m0 ? 0 : 2, row = i < g->m0 ? i : i - g->m0;
-        for (int j = 0; j < np; j++) {
-            __m512 s = _mm512_mul_ps(d[j], sx);
-            __m512i v = _mm512_loadu_si512(g->sums[tile + j][row]);
-            g->acc[i][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(v), g->acc[i][j]);
-        }
+        for (int j = 0; j < np; j++)
+            g->acc[i][j] = q4_fold(g->acc[i][j], d[j], sx, _mm512_loadu_si512(g->sums[tile + j][row]));
     }
 }
 
