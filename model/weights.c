@@ -201,37 +201,30 @@ static float *alloc_floats(Loader *ld, size_t n, const char *what) {
     return p;
 }
 
-/* The staging buffer, grown to n floats. One buffer for every matrix, not one each: a
- * fresh allocation of that size is mapped anew, and the kernel faults in and zeroes every
- * page of it (a quarter of a 5.9B model's load time). */
-static float *staging_take(Loader *ld, size_t n, const char *what) {
-    if (n <= ld->staging_floats)
-        return ld->dry ? dry_run_buffer : ld->staging;
-    if (n > SIZE_MAX / sizeof(float)) {
-        model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
-        return NULL;
-    }
-    if (!ld->dry) {
-        void *p;
-        free(ld->staging);
-        ld->staging = NULL;
-        ld->staging_floats = 0;
-        if (posix_memalign(&p, 64, n * sizeof(float)) != 0) {
-            model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
-            return NULL;
-        }
-        ld->staging = p;
-    }
-    ld->staging_floats = n;
-    return ld->dry ? dry_run_buffer : ld->staging;
-}
-
 /* Lets the staging buffer go (a dry run forgets its size alike): after the output matrix,
  * vocab x dim, so that the layers' loads hold no more than their own largest matrix. */
 static void staging_release(Loader *ld) {
     free(ld->staging);
     ld->staging = NULL;
     ld->staging_floats = 0;
+}
+
+/* The staging buffer, grown to n floats. One buffer for every matrix, not one each: a
+ * fresh allocation of that size is mapped anew, and the kernel faults in and zeroes every
+ * page of it (a quarter of a 5.9B model's load time). */
+static float *staging_take(Loader *ld, size_t n, const char *what) {
+    if (n > ld->staging_floats) {
+        void *p = dry_run_buffer;
+        staging_release(ld);
+        if (n > SIZE_MAX / sizeof(float) ||
+            (!ld->dry && posix_memalign(&p, 64, n * sizeof(float)) != 0)) {
+            model_errorf(ld->err, ld->err_len, "out of memory allocating %zu floats for %s", n, what);
+            return NULL;
+        }
+        ld->staging = ld->dry ? NULL : p;
+        ld->staging_floats = n;
+    }
+    return ld->dry ? dry_run_buffer : ld->staging;
 }
 
 /* Finds `name` and checks its shape is {ne0} (ne1 == 0) or {ne0, ne1}. */
