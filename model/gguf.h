@@ -91,6 +91,10 @@ uint64_t ggml_type_block_bytes(uint32_t type);
 /* n_blocks blocks of a supported quantised type at src as F32 values, the same floats
  * llama.cpp's ggml gives them (gguf_blocks.c). */
 void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_blocks);
+/* For 4-bit types whose values are q * d + m with q in 0..15 per 32 (q4_0, q4_1, q4_K): each
+ * group of 32 values' (d, m) at dm[2i], dm[2i + 1], exactly as ggml_blocks_to_f32 decodes
+ * them, and 1; 0 (nothing written) for any other type. */
+int ggml_blocks_grids(uint32_t type, const void *src, float *dm, uint64_t n_blocks);
 /* IEEE half and bfloat16 conversions (F32 -> half/bf16 rounds to nearest even; subnormals,
  * infinities and NaN are kept). */
 float gguf_f16_to_f32(uint16_t h);
@@ -129,7 +133,8 @@ void gguf_writer_set_arr(GgufWriter *w, const char *key, GgufType elem_type,
 const char *gguf_writer_error(const GgufWriter *w);
 /* Copy every key of src (e.g. a vocabulary's tokenizer.* keys) whose name starts with prefix. */
 int gguf_writer_copy_keys(GgufWriter *w, const GgufFile *src, const char *prefix);
-/* Add a tensor from F32 values, converted to `type` (F32, F16, BF16, Q8_0 or Q4_0). */
+/* Add a tensor from F32 values, converted to `type` (F32, F16, BF16, Q8_0, Q4_0 or Q4_1; the
+ * quantised ones by ggml's reference rules). */
 int gguf_writer_add_tensor(GgufWriter *w, const char *name, uint32_t n_dims,
                            const uint64_t *ne, uint32_t type, const float *values);
 /* Add a tensor of any supported type from its encoded blocks (copied), e.g. K-quant

@@ -232,3 +232,31 @@ void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_b
     for (uint64_t i = 0; i < n_blocks; i++, b += bytes, dst += elems)
         block_to_f32(type, b, dst);
 }
+
+/* ---- grids of 4-bit blocks --------------------------------------------------------------
+ * What matmul_weights_pack_grids keeps a 4-bit tensor's blocks by: per 32 values the
+ * (d, m) that block_to_f32 decoded them with as q * d + m, q in 0..15. Q4_0's (q - 8) * d
+ * is q * d - 8 d, exactly in F32 (both products exact); q4_K's dl * q - ml is q * dl + (-ml). */
+
+int ggml_blocks_grids(uint32_t type, const void *src, float *dm, uint64_t n_blocks) {
+    const uint8_t *b = src;
+    uint64_t bytes = ggml_type_block_bytes(type);
+    if (type != GGML_TYPE_Q4_0 && type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K)
+        return 0;
+    for (uint64_t i = 0; i < n_blocks; i++, b += bytes) {
+        if (type == GGML_TYPE_Q4_K) {
+            float d = half_at(b), dmin = half_at(b + 2);
+            for (int sub = 0; sub < 8; sub++, dm += 2) {
+                int sc, m;
+                k4_scale_min(b + 4, sub, &sc, &m);
+                dm[0] = d * (float)sc;
+                dm[1] = -(dmin * (float)m);
+            }
+            continue;
+        }
+        dm[0] = half_at(b);
+        dm[1] = type == GGML_TYPE_Q4_1 ? half_at(b + 2) : -8.0f * dm[0];
+        dm += 2;
+    }
+    return 1;
+}

@@ -309,6 +309,31 @@ static void quantize_q4_0(const float *x, uint8_t *out, uint64_t n_blocks) {
     }
 }
 
+static uint8_t q4_1_nibble(float v) {
+    float t = v + 0.5f; /* truncated: to nearest, as ggml does */
+    if (!(t >= 0.0f))
+        t = 0.0f;
+    return (uint8_t)(t > 15.0f ? 15.0f : t);
+}
+
+static void quantize_q4_1(const float *x, uint8_t *out, uint64_t n_blocks) {
+    /* ggml's reference: d = (max - min) / 15, m = min, q = (x - min) / d rounded, up to 15 */
+    for (uint64_t b = 0; b < n_blocks; b++, x += 32, out += 20) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < 32; j++) {
+            min = x[j] < min ? x[j] : min;
+            max = x[j] > max ? x[j] : max;
+        }
+        float d = (max - min) / 15.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t hd = gguf_f32_to_f16(d), hm = gguf_f32_to_f16(min);
+        memcpy(out, &hd, 2);
+        memcpy(out + 2, &hm, 2);
+        for (int j = 0; j < 16; j++)
+            out[4 + j] = (uint8_t)(q4_1_nibble((x[j] - min) * id) | q4_1_nibble((x[j + 16] - min) * id) << 4);
+    }
+}
+
 static void convert(const float *v, uint64_t n, uint32_t type, uint8_t *out) {
     switch (type) {
     case GGML_TYPE_F32:
@@ -332,13 +357,16 @@ static void convert(const float *v, uint64_t n, uint32_t type, uint8_t *out) {
     case GGML_TYPE_Q4_0:
         quantize_q4_0(v, out, n / 32);
         break;
+    case GGML_TYPE_Q4_1:
+        quantize_q4_1(v, out, n / 32);
+        break;
     }
 }
 
 /* Whether convert() can encode F32 values as `type`. */
 static bool convertible(uint32_t type) {
     return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ||
-           type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0;
+           type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1;
 }
 
 /* Checks a new tensor and appends it with room for its encoded bytes, left for the caller

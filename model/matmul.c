@@ -49,8 +49,8 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type)
 {
     if (type == MATMUL_I8)
         return matmul_i8_layout(in, out).total;
-    if (type == MATMUL_Q4)
-        return matmul_q4_layout(in, out).total;
+    if (matmul_type_q4(type))
+        return matmul_q4_layout(in, out, type).total;
     if (type == MATMUL_BF16) /* an odd in is padded to whole pairs */
         return matmul_weights_floats(in + in % 2, out) * sizeof(uint16_t);
     return matmul_weights_floats(in, out) * (type == MATMUL_F16 ? sizeof(uint16_t) : sizeof(float));
@@ -182,7 +182,7 @@ const char *matmul_kernel_name(MatmulType type)
         return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     if (type == MATMUL_BF16)
         return matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16";
-    if (type == MATMUL_Q4) /* products of many rows take AMX where int8's do (matmul_q4_amx.c) */
+    if (matmul_type_q4(type)) /* products of many rows take AMX where int8's do (matmul_q4_amx.c) */
         return matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni";
     return matmul_avx512_supported() ? "avx512" : "avx2";
 }
@@ -297,6 +297,7 @@ static int pack_i8_rows(void *buf, const float *w, int in, int out, int o0, int 
 typedef struct {
     void *buf;
     const float *w;
+    const float *grids; /* Q4, Q4M: see matmul_weights_pack_grids */
     int in, out;
     MatmulType type;
     _Atomic int rc;
@@ -307,7 +308,7 @@ static void pack_range(void *arg, int o0, int o1, int thread)
     (void)thread;
     PackJob *j = arg;
     int rc = j->type == MATMUL_I8 ? pack_i8_rows(j->buf, j->w, j->in, j->out, o0, o1)
-           : j->type == MATMUL_Q4 ? q4_pack_rows(j->buf, j->w, j->in, j->out, o0, o1)
+           : matmul_type_q4(j->type) ? q4_pack_rows(j->buf, j->w, j->grids, j->in, j->out, j->type, o0, o1)
                                   : pack_rows(j->buf, j->w, j->in, j->type, o0, o1);
     int none = 0;
     if (rc < 0)
@@ -321,20 +322,26 @@ static void pack_range(void *arg, int o0, int o1, int thread)
 
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)
 {
+    return matmul_weights_pack_grids(pw, w, NULL, in, out, type);
+}
+
+int matmul_weights_pack_grids(MatmulWeights *pw, const float *w, const float *grids, int in, int out,
+                              MatmulType type)
+{
     size_t n = matmul_weights_floats(in, out);
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
     *pw = (MatmulWeights){ .in = in, .out = out };
     if ((type == MATMUL_BF16 && !matmul_bf16_supported()) || (type == MATMUL_I8 && !matmul_i8_supported()) ||
-        (type == MATMUL_Q4 && !matmul_q4_supported()))
+        (matmul_type_q4(type) && !matmul_q4_supported()))
         return -3;
     pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
         return -1;
     if (type == MATMUL_I8)
         pack_i8_prepare(p, in, out);
-    else if (type == MATMUL_Q4)
-        q4_pack_prepare(p, in, out);
+    else if (matmul_type_q4(type))
+        q4_pack_prepare(p, in, out, type);
     else if (bytes > 0) {
         /* pack_rows writes every real weight; only the last panel can have outputs past
          * `out`, which must be zeros (every type: 0 bits are 0.0). Zeroing just that panel
@@ -342,7 +349,7 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
         size_t panel_bytes = matmul_weights_bytes(in, MATMUL_PANEL, type);
         memset((char *)p + bytes - panel_bytes, 0, panel_bytes);
     }
-    PackJob job = { p, w, in, out, type, 0 };
+    PackJob job = { p, w, grids, in, out, type, 0 };
     int parallel = compute_threads() > 1 && (size_t)in * out >= PACK_PARALLEL_MIN;
     compute_parallel_ranges(out, PACK_ROWS_PER_ITEM, parallel, pack_range, &job);
     int rc = atomic_load(&job.rc);
@@ -356,8 +363,8 @@ int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, Matm
 
 void matmul_weights_unpack(const MatmulWeights *pw, float *w)
 {
-    if (pw->type == MATMUL_Q4) {
-        q4_unpack(pw->panels, w, pw->in, pw->out);
+    if (matmul_type_q4(pw->type)) {
+        q4_unpack(pw->panels, w, pw->in, pw->out, pw->type);
         return;
     }
     if (pw->type == MATMUL_I8) {
@@ -435,10 +442,10 @@ typedef struct {
 /* The shape of x quantised for a product on weights of this type (I8 or Q4). */
 static I8RowsShape i8_rows_shape(MatmulType type, int in, int rows)
 {
-    int block = type == MATMUL_Q4 ? MATMUL_Q4_BLOCK : MATMUL_I8_BLOCK;
+    int q4 = matmul_type_q4(type), block = q4 ? MATMUL_Q4_BLOCK : MATMUL_I8_BLOCK;
     int blocks = (in + block - 1) / block;
-    I8RowsShape sh = { blocks, type == MATMUL_Q4 ? (size_t)blocks * block : (size_t)(in + 3) / 4 * 4, 0,
-                       type == MATMUL_Q4 ? q4_row_quantise : i8_row_quantise };
+    I8RowsShape sh = { blocks, q4 ? (size_t)blocks * block : (size_t)(in + 3) / 4 * 4, 0,
+                       q4 ? q4_row_quantise : i8_row_quantise };
     sh.bytes = sizeof(I8Rows) + (size_t)rows * ((size_t)sh.blocks * (sizeof(float) + sizeof(int32_t)) + sh.stride);
     return sh;
 }
@@ -501,7 +508,7 @@ static int item_share(int n_panels, int lo, int hi)
  * (I8_FEW_ROWS_ITEM_PANELS_MAX, tuned on VNNI; LONG_ITEM_PANELS_MAX). */
 static int item_panels(const MatmulWeights *w, int rows, int n_panels)
 {
-    if ((w->type == MATMUL_I8 || w->type == MATMUL_Q4) && rows <= 2)
+    if ((w->type == MATMUL_I8 || matmul_type_q4(w->type)) && rows <= 2)
         return item_share(n_panels, MATMUL_L2_PANELS_MAX, I8_FEW_ROWS_ITEM_PANELS_MAX);
     int l2 = matmul_l2_panels(matmul_weights_bytes(w->in, MATMUL_PANEL, w->type)); /* int8 up to 2048 inputs: 4 */
     if (matmul_prefetches(w->type, rows, w->in))
@@ -528,17 +535,17 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL, NULL },
         .run = w->type == MATMUL_BF16 ? (matmul_bf16_amx() ? matmul_kernel_bf16_amx_run : matmul_kernel_bf16_run)
              : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
-             : w->type == MATMUL_Q4   ? (matmul_i8_amx() ? matmul_kernel_q4_amx_run : matmul_kernel_q4_run)
+             : matmul_type_q4(w->type) ? (matmul_i8_amx() ? matmul_kernel_q4_amx_run : matmul_kernel_q4_run)
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;
     int parallel = (long)rows * w->in * w->out >= PARALLEL_MIN_WORK && compute_threads() > 1;
     unsigned char local[I8_LOCAL_BYTES] __attribute__((aligned(64)));
     void *heap = NULL;
-    if (w->type == MATMUL_I8 || w->type == MATMUL_Q4) {
+    if (w->type == MATMUL_I8 || matmul_type_q4(w->type)) {
         I8RowsShape shape = i8_rows_shape(w->type, w->in, rows);
         void *mem = shape.bytes <= sizeof local ? local
-                  : rows > MATMUL_I8_ROWS_LOCAL || w->type == MATMUL_Q4 ? (heap = malloc(shape.bytes)) : NULL;
+                  : rows > MATMUL_I8_ROWS_LOCAL || matmul_type_q4(w->type) ? (heap = malloc(shape.bytes)) : NULL;
         if (mem)
             p.task.xq = quantise_rows(mem, shape, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     } else if (w->type == MATMUL_BF16 && matmul_bf16_amx() && matmul_bf16_amx_fits(rows, w->in)) {

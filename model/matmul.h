@@ -35,16 +35,32 @@
  * tensors made by ggml's reference rule come back exactly), 4.5 bits a weight; x quantised to int8 per block of
  * 32 inputs at every product, AVX512_VNNI multiplying nibbles by bytes (matmul_q4.c; only
  * on CPUs with AVX512_VNNI, matmul_q4_supported). 0.14 of F32's bytes: decode of one
- * sequence of a big model, bound by reading the weights, runs ~1.8x as fast as int8. */
-typedef enum { MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3, MATMUL_Q4 = 4 } MatmulType;
+ * sequence of a big model, bound by reading the weights, runs ~1.8x as fast as int8. Q4M
+ * is Q4 with an F16 minimum m per block as well, w = q * d + m (Q4's m is -8 d): 5 bits a
+ * weight, for 4-bit tensors stored that way (GGUF Q4_1, and Q4_K's 32-weight sub-blocks
+ * with d = its scale times the sub-block's 6-bit one), which it then holds as they are; the
+ * same products and one more multiply-add per block. */
+typedef enum {
+    MATMUL_F32 = 0, MATMUL_F16 = 1, MATMUL_BF16 = 2, MATMUL_I8 = 3, MATMUL_Q4 = 4, MATMUL_Q4M = 5
+} MatmulType;
+
+/* Inputs per block of Q4 and Q4M weights (one F16 scale, and minimum, per output and
+ * block) and of x's int8 quantisation in their products. */
+#define MATMUL_Q4_BLOCK 32
+
+static inline int matmul_type_q4(MatmulType type)
+{
+    return type == MATMUL_Q4 || type == MATMUL_Q4M;
+}
 
 /* W [out][in] as panels: F32 and F16 panels[((p * in) + k) * 16 + j] = W[16p + j][k];
  * BF16 panels[(((p * pairs) + k / 2) * 16 + j) * 2 + k % 2] = W[16p + j][k] with
  * pairs = ceil(in / 2); I8 as matmul_kernel.h's I8Layout says (bytes q + 128 at
  * [((p * quads + k / 4) * 16 + j) * 4 + k % 4], then the 16 scales of each panel). Zero
  * past out (and past in, up to whole pairs); I8 holds q = 0 (byte 128) and scale 0 there.
- * Q4 as matmul_kernel.h's Q4Layout says (nibbles, then the panel's F16 scales, per panel);
- * q = 8 (zero) and scale 0 past out, q = 8 past in. */
+ * Q4 and Q4M as matmul_kernel.h's Q4Layout says (nibbles, then the panel's F16 scales, and
+ * Q4M's minimums, per panel); q = 8 (zero) and scale 0 past out (Q4M: minimum 0), q = 8
+ * past in. */
 typedef struct {
     int in, out;
     MatmulType type;
@@ -59,7 +75,7 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
  * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
  * without the instructions does, tried on one that has them. */
 int matmul_bf16_supported(void);
-/* Whether this CPU can run products on Q4 weights: matmul_i8_vnni() (AVX512_VNNI, and
+/* Whether this CPU can run products on Q4 and Q4M weights: matmul_i8_vnni() (AVX512_VNNI, and
  * PAGEDSERVE_NO_AVX512_VNNI not set). */
 int matmul_q4_supported(void);
 /* Whether this CPU can run products on int8 weights: any with AVX2. */
@@ -86,17 +102,26 @@ int matmul_i8_x_max(void);
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
  * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "amx_bf16+avx512_bf16" or
- * "avx512_bf16" (BF16), "amx_int8+avx512_vnni" or "avx512_vnni" (Q4), "avx512" or "avx2"
+ * "avx512_bf16" (BF16), "amx_int8+avx512_vnni" or "avx512_vnni" (Q4, Q4M), "avx512" or "avx2"
  * (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when
  * out of memory; -2 when a value would become infinity in that type (F16: |w| >= 65520;
- * Q4: a scale |w| / 8 >= 65520) or is not finite (F16, BF16, I8, Q4); -3 when the type is
- * BF16, I8 or Q4 and the CPU cannot use it. */
+ * Q4: a scale |w| / 8 >= 65520; Q4M: also a minimum 8 |d| >= 65520) or is not finite (F16,
+ * BF16, I8, Q4, Q4M); -3 when the type is BF16, I8, Q4 or Q4M and the CPU cannot use it. */
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type);
+/* The same for Q4 and Q4M with the grids w's values were made on, where known: grids
+ * holds per output row and 32-input block a pair (d, m) such that each of the block's
+ * weights is q * d + m for an integer q in 0..15 (as decoded from GGUF Q4_0, Q4_1 and
+ * Q4_K blocks, ggml_blocks_grids), or (NaN, NaN) for a block made otherwise; NULL: none
+ * known. A block with its grid keeps its q and holds d and m as F16 (Q4: only a grid whose
+ * d is an F16 value and m = -8 d; any other is re-quantised). Blocks without one, by
+ * Q4_0's rule (Q4M: m = -8 d). Other types ignore grids. */
+int matmul_weights_pack_grids(MatmulWeights *pw, const float *w, const float *grids, int in, int out,
+                              MatmulType type);
 /* (It packs rows over the compute pool: never call it from inside a pool work item.) */
 /* Writes the matrix back as row-major [out][in] (tests, tools); I8 as q * scale, Q4 as
- * (q - 8) * d. */
+ * (q - 8) * d, Q4M as q * d + m. */
 void matmul_weights_unpack(const MatmulWeights *pw, float *w);
 void matmul_weights_free(MatmulWeights *pw);
 

@@ -34,28 +34,31 @@ static inline I8Layout matmul_i8_layout(int in, int out)
     return l;
 }
 
-/* Inputs per block of Q4 weights (one F16 scale per output and block) and of x's int8
- * quantisation in Q4 products. */
-#define MATMUL_Q4_BLOCK 32
-
 /* Where the parts of Q4 packed weights lie (byte offsets within a panel, panels
  * panel_bytes apart): for input block c, four 64-byte lines at c * 256 + l * 64, byte
  * 4j + b of line l holding in its low nibble q[16p + j][32c + 8l + b] and in its high
  * nibble q[16p + j][32c + 8l + 4 + b] (so the low nibbles of a line are input quad 2l of
  * the block for all 16 outputs, as one VPDPBUSD wants it, the high ones quad 2l + 1);
- * then, at scales_offset + c * 32, the block's 16 F16 scales d, output j at j. */
+ * then, at scales_offset + c * halves_stride, the block's 16 F16 scales d, output j at
+ * j; and for MATMUL_Q4M, at mins_offset + c * halves_stride (32 bytes past them: a
+ * block's scales and minimums share one 64-byte line, so a product streams no more lines
+ * than Q4's), the block's 16 F16 minimums m (mins_offset 0 for MATMUL_Q4, whose m is
+ * -8 d). */
 typedef struct {
     int blocks, panels;
-    size_t scales_offset, panel_bytes, total;
+    size_t scales_offset, mins_offset, halves_stride, panel_bytes, total;
 } Q4Layout;
 
-static inline Q4Layout matmul_q4_layout(int in, int out)
+static inline Q4Layout matmul_q4_layout(int in, int out, MatmulType type)
 {
     Q4Layout l;
     l.blocks = (in + MATMUL_Q4_BLOCK - 1) / MATMUL_Q4_BLOCK;
     l.panels = (out + MATMUL_PANEL - 1) / MATMUL_PANEL;
     l.scales_offset = (size_t)l.blocks * MATMUL_Q4_BLOCK * MATMUL_PANEL / 2;
-    l.panel_bytes = (l.scales_offset + (size_t)l.blocks * MATMUL_PANEL * 2 + 63) / 64 * 64;
+    size_t halves = (size_t)l.blocks * MATMUL_PANEL * 2;
+    l.halves_stride = type == MATMUL_Q4M ? 2 * MATMUL_PANEL * 2 : MATMUL_PANEL * 2;
+    l.mins_offset = type == MATMUL_Q4M ? l.scales_offset + MATMUL_PANEL * 2 : 0;
+    l.panel_bytes = (l.scales_offset + halves * (type == MATMUL_Q4M ? 2 : 1) + 63) / 64 * 64;
     l.total = (size_t)l.panels * l.panel_bytes;
     return l;
 }
@@ -77,13 +80,15 @@ typedef struct {
  * levels, q zero-padded to whole blocks, zsum = 8 * (sum of the block's q) (the nibbles'
  * offset), kq_base 0. */
 void q4_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
-/* Q4 packing (matmul_q4_format.c, for matmul.c): the bytes no row writes set first (the
- * last panel, each panel's tail), then output rows [o0, o1) of w packed (any ranges, in
- * any order or at once: each writes only its rows' bytes): 0, or -2 (a weight not finite, or a scale F16 cannot hold); and
- * the matrix back as (q - 8) * d. */
-void q4_pack_prepare(void *buf, int in, int out);
-int q4_pack_rows(void *buf, const float *w, int in, int out, int o0, int o1);
-void q4_unpack(const void *buf, float *w, int in, int out);
+/* Q4 and Q4M packing (matmul_q4_format.c, for matmul.c): the bytes no row writes set first
+ * (the last panel, each panel's tail), then output rows [o0, o1) of w packed (any ranges,
+ * in any order or at once: each writes only its rows' bytes), with the grids of
+ * matmul_weights_pack_grids or NULL: 0, or -2 (a weight not finite, or a scale or minimum
+ * F16 cannot hold); and the matrix back as q * d + m. */
+void q4_pack_prepare(void *buf, int in, int out, MatmulType type);
+int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
+                 int o0, int o1);
+void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type);
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
  * zsum[...], by compute/quant_i8.h's rule per 128-input block at qmax levels each side
@@ -218,7 +223,9 @@ matmul_store16(float *y, __m512 v, int n, float beta)
  * they stay the same bits: a 64-byte line of a panel's nibbles as its two input quads
  * (unsigned 0..15: low nibbles the first quad, high ones the next), block c's 16 F16
  * scales of a panel as floats, and a block's exact int32 sums S - Z (16 outputs of one
- * row) folded into that row's F32 sums as acc + (d * sx) * sums. */
+ * row) folded into that row's F32 sums as acc + (d * sx) * sums. A Q4M panel's weights
+ * are q * d + m = (q - 8) * d + (m + 8 d): the same fold, then acc + (m + 8 d) * (sx * X),
+ * X = Z / 8 the block's sum of x's values (q4_block_shifts gives m + 8 d). */
 #define Q4_HELPER static inline __attribute__((always_inline, target("avx512f,avx512bw")))
 Q4_HELPER void q4_line_unpack(const uint8_t *line, __m512i *lo, __m512i *hi)
 {
@@ -228,15 +235,38 @@ Q4_HELPER void q4_line_unpack(const uint8_t *line, __m512i *lo, __m512i *hi)
     *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
 }
 
+Q4_HELPER __m512 q4_block_halves(const uint8_t *panel, const Q4Layout *lay, size_t offset, int c)
+{
+    const uint8_t *h = panel + offset + (size_t)c * lay->halves_stride;
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
 Q4_HELPER __m512 q4_block_scales(const uint8_t *panel, const Q4Layout *lay, int c)
 {
-    const uint16_t *d = (const uint16_t *)(panel + lay->scales_offset) + (size_t)c * MATMUL_PANEL;
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+    return q4_block_halves(panel, lay, lay->scales_offset, c);
+}
+
+/* m + 8 d of block c's 16 outputs (Q4M panels), given their scales d. */
+Q4_HELPER __m512 q4_block_shifts(const uint8_t *panel, const Q4Layout *lay, int c, __m512 d)
+{
+    return _mm512_fmadd_ps(d, _mm512_set1_ps(8.0f), q4_block_halves(panel, lay, lay->mins_offset, c));
 }
 
 Q4_HELPER __m512 q4_fold(__m512 acc, __m512 d, float sx, __m512i sums)
 {
     return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx)), _mm512_cvtepi32_ps(sums), acc);
+}
+
+/* sx * X of a row's block, X = z / 8 (z as q4_row_quantise's zsum), in every lane. */
+Q4_HELPER __m512 q4_x_sum(float sx, int32_t z)
+{
+    return _mm512_set1_ps(sx * ((float)z * 0.125f));
+}
+
+/* acc + shift * (sx * X) for a Q4M block. */
+Q4_HELPER __m512 q4_fold_shift(__m512 acc, __m512 shift, __m512 x_sum)
+{
+    return _mm512_fmadd_ps(shift, x_sum, acc);
 }
 #undef Q4_HELPER
 

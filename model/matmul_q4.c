@@ -17,7 +17,8 @@
  * block start at -Z (one broadcast a row, not a subtraction a panel). No input chunks: a
  * row block walks an item's panels over all inputs, which stay in L2 for the next row
  * block (matmul.c cuts items to that size). From MATMUL_Q4_AMX_ROWS rows, on CPUs with
- * AMX-INT8, matmul_q4_amx.c runs instead, with the same results.
+ * AMX-INT8, matmul_q4_amx.c runs instead, with the same results. Q4M panels run the same
+ * loop and fold each block's (m + 8 d) * sx * (sum of its qx) in as well (matmul_kernel.h).
  *
  * Compiled for AVX-512 whatever the build's -march; runs only where matmul_q4_supported().
  */
@@ -108,10 +109,19 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *
                 }
             }
         }
+        __m512 x_sum[MR_MAX];
+        for (int i = 0; lay->mins_offset && i < mr; i++)
+            x_sum[i] = q4_x_sum(xb.sx[i], xb.z[i]);
         for (int j = 0; j < np; j++) {
-            __m512 d = q4_block_scales(panels + j * lay->panel_bytes, lay, c);
+            const uint8_t *panel = panels + j * lay->panel_bytes;
+            __m512 d = q4_block_scales(panel, lay, c);
             for (int i = 0; i < mr; i++)
                 facc[i][j] = q4_fold(facc[i][j], d, xb.sx[i], acc[i][j]);
+            if (lay->mins_offset) {
+                __m512 shift = q4_block_shifts(panel, lay, c, d);
+                for (int i = 0; i < mr; i++)
+                    facc[i][j] = q4_fold_shift(facc[i][j], shift, x_sum[i]);
+            }
         }
     }
     for (int i = 0; i < mr; i++)
@@ -139,7 +149,7 @@ Q4_INLINE void sweep(const MatmulTask *t, const I8Rows *xr, const Q4Layout *lay,
 
 Q4_TARGET void matmul_kernel_q4_run(const MatmulTask *t, int p0, int p1)
 {
-    Q4Layout lay = matmul_q4_layout(t->in, t->out);
+    Q4Layout lay = matmul_q4_layout(t->in, t->out, t->type);
     for (int r = 0; r < t->rows; r += MR_MAX) {
         int mr = t->rows - r < MR_MAX ? t->rows - r : MR_MAX;
         switch (mr) {

@@ -61,18 +61,27 @@ AMX_INLINE void block_products(Group *g, const I8Rows *xr, int c, int np)
     AMX_SUMS_STORE(g->sums, np, g->m1);
 }
 
-/* acc += (d * sx) * sums for every row of the group, as matmul_q4.c folds a block. */
+/* acc += (d * sx) * sums for every row of the group (Q4M: and the shifts' term), as
+ * matmul_q4.c folds a block. */
 AMX_INLINE void block_fold(Group *g, const I8Rows *xr, const uint8_t *panel, const Q4Layout *lay,
                            int c, int np)
 {
-    __m512 d[2];
-    for (int j = 0; j < np; j++)
+    __m512 d[2], shift[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int j = 0; j < np; j++) {
         d[j] = q4_block_scales(panel + j * lay->panel_bytes, lay, c);
+        if (lay->mins_offset)
+            shift[j] = q4_block_shifts(panel + j * lay->panel_bytes, lay, c, d[j]);
+    }
     for (int i = 0; i < g->m0 + g->m1; i++) {
-        float sx = xr->sx[(size_t)(g->r + i) * xr->blocks + c];
+        size_t at = (size_t)(g->r + i) * xr->blocks + c;
+        float sx = xr->sx[at];
+        __m512 x_sum = lay->mins_offset ? q4_x_sum(sx, xr->zsum[at]) : _mm512_setzero_ps();
         int tile = i < g->m0 ? 0 : 2, row = i < g->m0 ? i : i - g->m0;
-        for (int j = 0; j < np; j++)
+        for (int j = 0; j < np; j++) {
             g->acc[i][j] = q4_fold(g->acc[i][j], d[j], sx, _mm512_loadu_si512(g->sums[tile + j][row]));
+            if (lay->mins_offset)
+                g->acc[i][j] = q4_fold_shift(g->acc[i][j], shift[j], x_sum);
+        }
     }
 }
 
@@ -100,7 +109,7 @@ AMX_TARGET void matmul_kernel_q4_amx_run(const MatmulTask *t, int p0, int p1)
         matmul_kernel_q4_run(t, p0, p1);
         return;
     }
-    Q4Layout lay = matmul_q4_layout(t->in, t->out);
+    Q4Layout lay = matmul_q4_layout(t->in, t->out, t->type);
     Group g;
     int m0 = -1, m1 = -1;
     __asm__ volatile("" : : : "memory"); /* x was written by plain stores too */

@@ -1,12 +1,16 @@
-/* matmul_q4_format — the data of Q4 products (see matmul.h): weights packed as nibbles
- * with one F16 scale per output and block of 32 inputs, by GGUF Q4_0's rule, and rows of
- * x quantised to int8 per block of 32 for the kernel (matmul_q4.c). Portable (AVX2/F16C).
+/* matmul_q4_format — the data of Q4 and Q4M products (see matmul.h): weights packed as
+ * nibbles with one F16 scale (and for Q4M one F16 minimum) per output and block of 32
+ * inputs, and rows of x quantised to int8 per block of 32 for the kernels (matmul_q4.c,
+ * matmul_q4_amx.c). Runs where Q4 products can (AVX512_VNNI).
  *
- * The rule per block, ggml's reference Q4_0 quantiser's: d = m / -8, where m is the
- * block's value of largest |w| (its sign kept); q = min(15, trunc(w / d + 8.5)) with that
- * d, stored rounded to F16; so w ~ (q - 8) * F16(d) with q in 0..15, m itself at q = 0.
- * Re-quantising what a Q4_0 block made by that rule holds, (q - 8) * F16(d), gives back the
- * same d (m = -8 F16(d) exactly) and the same q: such tensors load without loss. */
+ * A block whose grid is known (matmul_weights_pack_grids: w = q * d + m for integers q)
+ * keeps its q, the nearest integer to (w - m) / d, exact for values decoded from such a
+ * block. Any other block by GGUF Q4_0's rule, ggml's reference Q4_0 quantiser's: d = M / -8,
+ * where M is the block's value of largest |w| (its sign kept); q = min(15, trunc(w / d +
+ * 8.5)) with that d, stored rounded to F16; so w ~ (q - 8) * F16(d) with q in 0..15, M
+ * itself at q = 0 (Q4M: m = -8 F16(d)). Re-quantising what a Q4_0 block made by that rule
+ * holds, (q - 8) * F16(d), gives back the same d (M = -8 F16(d) exactly) and the same q:
+ * such tensors load without loss even without their grid. */
 #include "model/matmul_kernel.h"
 
 #include <immintrin.h>
@@ -29,10 +33,26 @@ static size_t nibble_at(const Q4Layout *lay, int o, int k, int *shift)
            (size_t)(r / 8) * LINE_BYTES + (size_t)(o % MATMUL_PANEL) * 4 + (size_t)(r % 4);
 }
 
-static uint16_t *scale_at(void *buf, const Q4Layout *lay, int o, int c)
+/* Output o's half of block c among the halves at `offset` of its panel (scales, mins). */
+static uint16_t *half_at(void *buf, const Q4Layout *lay, size_t offset, int o, int c)
 {
     char *panel = (char *)buf + (size_t)(o / MATMUL_PANEL) * lay->panel_bytes;
-    return (uint16_t *)(panel + lay->scales_offset) + (size_t)c * MATMUL_PANEL + o % MATMUL_PANEL;
+    return (uint16_t *)(panel + offset + (size_t)c * lay->halves_stride) + o % MATMUL_PANEL;
+}
+
+static uint16_t *scale_at(void *buf, const Q4Layout *lay, int o, int c)
+{
+    return half_at(buf, lay, lay->scales_offset, o, c);
+}
+
+/* A block's 32 nibbles (past n: 8) into its four lines. */
+static void put_nibbles(void *buf, const Q4Layout *lay, const uint8_t q[MATMUL_Q4_BLOCK], int o, int c)
+{
+    int shift;
+    uint8_t *block = (uint8_t *)buf + nibble_at(lay, o, c * MATMUL_Q4_BLOCK, &shift);
+    for (int k = 0; k < MATMUL_Q4_BLOCK; k += 8) /* line k / 8: quads k and k + 4 */
+        for (int b = 0; b < 4; b++)
+            block[k / 8 * LINE_BYTES + b] = (uint8_t)(q[k + b] | q[k + 4 + b] << 4);
 }
 
 /* q4_pack only runs where Q4 products can (AVX512_VNNI): its loops may use AVX-512 too,
@@ -80,24 +100,56 @@ static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w
     uint8_t q[MATMUL_Q4_BLOCK]; /* past n: 8, zero */
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
-    int shift;
-    uint8_t *block = (uint8_t *)buf + nibble_at(lay, o, c * MATMUL_Q4_BLOCK, &shift);
-    for (int k = 0; k < MATMUL_Q4_BLOCK; k += 8) /* line k / 8: quads k and k + 4 */
-        for (int b = 0; b < 4; b++)
-            block[k / 8 * LINE_BYTES + b] = (uint8_t)(q[k + b] | q[k + 4 + b] << 4);
+    put_nibbles(buf, lay, q, o, c);
+    if (lay->mins_offset) { /* Q4M: m = -8 d, exact in F16 unless it overflows */
+        float m = -8.0f * _cvtsh_ss(dh);
+        if (!(fabsf(m) < F16_OVERFLOW))
+            return -2;
+        *half_at(buf, lay, lay->mins_offset, o, c) = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
+    }
     return 0;
 }
 
-/* What no row writes: the last panel whole (nibbles 8, scales 0, so that pad outputs
- * multiply as 0), and every panel's bytes past its scales (to whole lines). The rows write
- * all the rest (pad inputs of a real output's last block as 8, pack_block), so that
- * packing touches most pages first in the threads that pack them. */
-void q4_pack_prepare(void *buf, int in, int out)
+/* Whether a block's grid (d, m) can be held as it is: Q4M any finite one F16 holds, Q4
+ * only an F16 d with m = -8 d. */
+static PACK_TARGET int grid_fits(const Q4Layout *lay, float d, float m)
 {
-    Q4Layout lay = matmul_q4_layout(in, out);
-    size_t scales_end = lay.scales_offset + (size_t)lay.blocks * MATMUL_PANEL * 2;
+    if (!(fabsf(d) < F16_OVERFLOW) || !(fabsf(m) < F16_OVERFLOW))
+        return 0;
+    return lay->mins_offset || (_cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT)) == d && m == -8.0f * d);
+}
+
+/* One block of one output row, w[0, n), on its grid (grid_fits): q the nearest integer to
+ * (w - m) / d (0 when d is 0: the block is m alone), clamped to 0..15. 0 or -2. */
+static PACK_TARGET int pack_block_grid(void *buf, const Q4Layout *lay, const float *w, int n, int o,
+                                       int c, float d, float m)
+{
+    uint8_t q[MATMUL_Q4_BLOCK];
+    int bad = 0;
+    for (int k = 0; k < MATMUL_Q4_BLOCK; k++) {
+        float v = k < n ? w[k] : 0.0f, t = d != 0.0f ? floorf((v - m) / d + 0.5f) : 0.0f;
+        bad |= !isfinite(v);
+        q[k] = k >= n ? 8 : t < 0.0f ? 0 : t > 15.0f ? 15 : (uint8_t)t;
+    }
+    if (bad)
+        return -2;
+    put_nibbles(buf, lay, q, o, c);
+    *scale_at(buf, lay, o, c) = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    if (lay->mins_offset)
+        *half_at(buf, lay, lay->mins_offset, o, c) = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
+    return 0;
+}
+
+/* What no row writes: the last panel whole (nibbles 8, scales and minimums 0, so that pad
+ * outputs multiply as 0), and every panel's bytes past its halves (to whole lines). The
+ * rows write all the rest (pad inputs of a real output's last block as 8, pack_block), so
+ * that packing touches most pages first in the threads that pack them. */
+void q4_pack_prepare(void *buf, int in, int out, MatmulType type)
+{
+    Q4Layout lay = matmul_q4_layout(in, out, type);
+    size_t halves_end = lay.scales_offset + (size_t)lay.blocks * lay.halves_stride;
     for (int p = 0; p + 1 < lay.panels; p++)
-        memset((char *)buf + (size_t)p * lay.panel_bytes + scales_end, 0, lay.panel_bytes - scales_end);
+        memset((char *)buf + (size_t)p * lay.panel_bytes + halves_end, 0, lay.panel_bytes - halves_end);
     if (lay.panels > 0) {
         char *last = (char *)buf + (size_t)(lay.panels - 1) * lay.panel_bytes;
         memset(last, 0x88, lay.scales_offset);
@@ -105,28 +157,35 @@ void q4_pack_prepare(void *buf, int in, int out)
     }
 }
 
-int q4_pack_rows(void *buf, const float *w, int in, int out, int o0, int o1)
+int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
+                 int o0, int o1)
 {
-    Q4Layout lay = matmul_q4_layout(in, out);
+    Q4Layout lay = matmul_q4_layout(in, out, type);
     for (int o = o0; o < o1; o++)
         for (int c = 0; c < lay.blocks; c++) {
             int k0 = c * MATMUL_Q4_BLOCK, n = in - k0 < MATMUL_Q4_BLOCK ? in - k0 : MATMUL_Q4_BLOCK;
-            if (pack_block(buf, &lay, w + (size_t)o * in + k0, n, o, c) != 0)
+            const float *row = w + (size_t)o * in + k0;
+            const float *g = grids ? grids + 2 * ((size_t)o * lay.blocks + c) : NULL;
+            int rc = g && grid_fits(&lay, g[0], g[1]) ? pack_block_grid(buf, &lay, row, n, o, c, g[0], g[1])
+                                                      : pack_block(buf, &lay, row, n, o, c);
+            if (rc != 0)
                 return -2;
         }
     return 0;
 }
 
-void q4_unpack(const void *buf, float *w, int in, int out)
+void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type)
 {
-    Q4Layout lay = matmul_q4_layout(in, out);
+    Q4Layout lay = matmul_q4_layout(in, out, type);
     for (int o = 0; o < out; o++)
         for (int k = 0; k < in; k++) {
-            int shift;
+            int shift, c = k / MATMUL_Q4_BLOCK;
             size_t at = nibble_at(&lay, o, k, &shift); /* sets shift: before it is read */
             int q = ((const uint8_t *)buf)[at] >> shift & 0xf;
-            float d = _cvtsh_ss(*scale_at((void *)buf, &lay, o, k / MATMUL_Q4_BLOCK));
-            w[(size_t)o * in + k] = (float)(q - 8) * d;
+            float d = _cvtsh_ss(*scale_at((void *)buf, &lay, o, c));
+            w[(size_t)o * in + k] = lay.mins_offset
+                ? (float)q * d + _cvtsh_ss(*half_at((void *)buf, &lay, lay.mins_offset, o, c))
+                : (float)(q - 8) * d;
         }
 }
 

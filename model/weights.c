@@ -9,6 +9,7 @@
 #include "model/weights.h"
 #include "model/model_error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,14 +289,26 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
-/* F16, BF16, int8 or Q4 when asked, or F16 under AUTO when every source tensor is stored F16 (then
- * packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
+/* Whether any of the named tensors is stored as type a or type b. */
+static bool any_stored_as(const Loader *ld, int n, const char *const names[], uint32_t a, uint32_t b) {
+    for (int i = 0; i < n; i++) {
+        const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
+        if (t && (t->type == a || t->type == b))
+            return true;
+    }
+    return false;
+}
+
+/* F16, BF16, int8 or Q4 when asked (Q4M when a part is stored with minimums, q4_1 or q4_K:
+ * then it holds them as they are), or F16 under AUTO when every source tensor is stored F16
+ * (then packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
 static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
+    if (ld->want == MODEL_WEIGHTS_Q4)
+        return any_stored_as(ld, n, names, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K) ? MATMUL_Q4M : MATMUL_Q4;
     if (ld->want != MODEL_WEIGHTS_AUTO)
         return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16
              : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16
-             : ld->want == MODEL_WEIGHTS_INT8 ? MATMUL_I8
-             : ld->want == MODEL_WEIGHTS_Q4 ? MATMUL_Q4 : MATMUL_F32;
+             : ld->want == MODEL_WEIGHTS_INT8 ? MATMUL_I8 : MATMUL_F32;
     for (int i = 0; i < n; i++) {
         const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
         if (!t || t->type != GGML_TYPE_F16)
@@ -313,19 +326,20 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 
 /* What a CPU lacking the instructions for products of this type is told. */
 static const char *unsupported_text(MatmulType type) {
-    return type == MATMUL_I8 ? INT8_UNSUPPORTED : type == MATMUL_Q4 ? Q4_UNSUPPORTED : BF16_UNSUPPORTED;
+    return type == MATMUL_I8 ? INT8_UNSUPPORTED : matmul_type_q4(type) ? Q4_UNSUPPORTED : BF16_UNSUPPORTED;
 }
 
-/* Packs the row-major matrix `rows` into dst and counts it; 0, or -1 with the message. */
-static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulType type,
-                        MatmulWeights *dst, const char *what) {
-    int rc = ld->dry ? 0 : matmul_weights_pack(dst, rows, in, out, type);
+/* Packs the row-major matrix `rows` into dst (Q4 and Q4M on the grids of its blocks where
+ * known, or NULL) and counts it; 0, or -1 with the message. */
+static int pack_counted(Loader *ld, const float *rows, const float *grids, int in, int out,
+                        MatmulType type, MatmulWeights *dst, const char *what) {
+    int rc = ld->dry ? 0 : matmul_weights_pack_grids(dst, rows, grids, in, out, type);
     if (rc == -2 && type == MATMUL_F16)
         return model_errorf(ld->err, ld->err_len, "%s has a weight F16 cannot hold (|w| >= 65520, or "
                     "not finite): load the model with --weight-type f32", what);
     if (rc == -2 && type == MATMUL_I8)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite", what);
-    if (rc == -2 && type == MATMUL_Q4)
+    if (rc == -2 && matmul_type_q4(type))
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite, or one so large "
                     "(|w| >= 524160) that Q4's F16 scale cannot hold it (int8 holds any finite "
                     "weight)", what);
@@ -341,18 +355,45 @@ static int pack_counted(Loader *ld, const float *rows, int in, int out, MatmulTy
     ld->n_packed_f16 += type == MATMUL_F16;
     ld->n_packed_bf16 += type == MATMUL_BF16;
     ld->n_packed_i8 += type == MATMUL_I8;
-    ld->n_packed_q4 += type == MATMUL_Q4;
+    ld->n_packed_q4 += matmul_type_q4(type);
     return 0;
 }
 
 /* Packs a matrix read into the staging buffer into dst (a dry run only counts): the peak
  * is then what is held, the staging buffer and the packed matrix. */
-static int pack_staged(Loader *ld, const float *rows, int in, int out, MatmulType type,
-                       MatmulWeights *dst, const char *what) {
+static int pack_staged(Loader *ld, const float *rows, const float *grids, int in, int out,
+                       MatmulType type, MatmulWeights *dst, const char *what) {
     size_t during = ld->bytes + ld->staging_floats * sizeof(float) + matmul_weights_bytes(in, out, type);
     if (during > ld->peak)
         ld->peak = during;
-    return pack_counted(ld, rows, in, out, type, dst, what);
+    return pack_counted(ld, rows, grids, in, out, type, dst, what);
+}
+
+/* Floats the grids of an [out][in] matrix take: a pair per row and 32-input block. */
+static size_t grid_floats(int in, size_t out) {
+    return out * (size_t)((in + MATMUL_Q4_BLOCK - 1) / MATMUL_Q4_BLOCK) * 2;
+}
+
+/* Whether a Q4 matrix of these parts is packed on their grids: when a part is stored as
+ * 4-bit blocks that have them (ggml_blocks_grids). */
+static bool grids_wanted(const Loader *ld, MatmulType type, int n, const char *const names[]) {
+    return matmul_type_q4(type) && (any_stored_as(ld, n, names, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1) ||
+                                    any_stored_as(ld, n, names, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K));
+}
+
+/* The grids of the named tensors ({in, outs[i]} each, stacked) into grids: each tensor's own,
+ * or NaN pairs (none) for a type without them. */
+static void load_grids(const Loader *ld, int in, int n, const char *const names[], const int outs[],
+                       float *grids) {
+    for (int i = 0; i < n; i++) {
+        const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
+        size_t floats = grid_floats(in, (size_t)outs[i]);
+        uint64_t elems = ggml_type_block_elems(t->type);
+        if (!ggml_blocks_grids(t->type, t->data, grids, elems ? t->n_elements / elems : 0))
+            for (size_t k = 0; k < floats; k++)
+                grids[k] = NAN;
+        grids += floats;
+    }
 }
 
 /* Loads the named matrices ({in, outs[i]} each), stacked row-wise, and packs them as one. */
@@ -361,7 +402,9 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += (size_t)outs[i];
-    float *rows = staging_take(ld, total * in, what);
+    MatmulType type = pack_type_for(ld, n, names);
+    bool with_grids = grids_wanted(ld, type, n, names);
+    float *rows = staging_take(ld, total * in + (with_grids ? grid_floats(in, total) : 0), what);
     if (!rows)
         return -1;
     size_t at = 0;
@@ -370,7 +413,10 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
             return -1;
         at += (size_t)outs[i];
     }
-    return pack_staged(ld, rows, in, (int)total, pack_type_for(ld, n, names), dst, what);
+    float *grids = with_grids ? rows + total * in : NULL;
+    if (grids && !ld->dry)
+        load_grids(ld, in, n, names, outs, grids);
+    return pack_staged(ld, rows, grids, in, (int)total, type, dst, what);
 }
 
 static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
@@ -430,9 +476,18 @@ static int load_tensors(Loader *ld, const ModelConfig *c, TransformerWeights *w)
     if (w->output_tied) {
         /* The product reads its own packed copy; the lookup table stays row-major. */
         const char *const embd[] = { "token_embd.weight" };
-        if (pack_counted(ld, w->token_embd, (int)dim, (int)vocab, pack_type_for(ld, 1, embd),
-                         &w->output, "token_embd.weight (tied output)") < 0)
+        MatmulType type = pack_type_for(ld, 1, embd);
+        float *grids = NULL;
+        if (grids_wanted(ld, type, 1, embd)) {
+            if (!(grids = staging_take(ld, grid_floats((int)dim, vocab), "token_embd.weight grids")))
+                return -1;
+            if (!ld->dry)
+                load_grids(ld, (int)dim, 1, embd, (const int[]){ (int)vocab }, grids);
+        }
+        if (pack_staged(ld, w->token_embd, grids, (int)dim, (int)vocab, type, &w->output,
+                        "token_embd.weight (tied output)") < 0)
             return -1;
+        staging_release(ld);
     } else {
         const char *const names[] = { "output.weight" };
         if (load_stacked(ld, &w->output, "output", (int)dim, 1, names, (const int[]){ (int)vocab }) < 0)

@@ -253,7 +253,7 @@ int bench_matmul_main(int argc, char **argv)
             printf("usage: bench matmul [--threads N (all cores)] [--min-time SECONDS per case (0.1)]\n"
                    "                    [--rows N (1..256)] [--shape qkv|wo|gate_up|down|logits]\n"
                    "                    [--best] (fastest call, not the median: kernel A/B on a busy machine)\n"
-                   "                    [--type f32|f16|bf16|int8|q4] (how the weights are packed; f32)\n");
+                   "                    [--type f32|f16|bf16|int8|q4|q4m] (how the weights are packed; f32)\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -261,7 +261,8 @@ int bench_matmul_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         shape_known |= only_shape && !strcmp(only_shape, shapes[i].name);
     b.type = !strcmp(type_name, "f16") ? MATMUL_F16 : !strcmp(type_name, "bf16") ? MATMUL_BF16
-           : !strcmp(type_name, "int8") ? MATMUL_I8 : !strcmp(type_name, "q4") ? MATMUL_Q4 : MATMUL_F32;
+           : !strcmp(type_name, "int8") ? MATMUL_I8 : !strcmp(type_name, "q4") ? MATMUL_Q4
+           : !strcmp(type_name, "q4m") ? MATMUL_Q4M : MATMUL_F32;
     if (min_time <= 0 || only_rows < 0 || only_rows > MAX_ROWS || !shape_known ||
         (b.type == MATMUL_F32 && strcmp(type_name, "f32"))) {
         fprintf(stderr, "bench matmul: bad option value\n");
@@ -275,8 +276,8 @@ int bench_matmul_main(int argc, char **argv)
         fprintf(stderr, "bench matmul: this CPU has no AVX2 for --type int8\n");
         return 1;
     }
-    if (b.type == MATMUL_Q4 && !matmul_q4_supported()) {
-        fprintf(stderr, "bench matmul: this CPU has no AVX512_VNNI for --type q4\n");
+    if (matmul_type_q4(b.type) && !matmul_q4_supported()) {
+        fprintf(stderr, "bench matmul: this CPU has no AVX512_VNNI for --type %s\n", type_name);
         return 1;
     }
     b.threads = matmul_init(threads);

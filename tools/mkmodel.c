@@ -1,7 +1,7 @@
 /* mkmodel — write a random-weight Llama GGUF: for demos, tests and benchmarks of any size.
  *
  *   mkmodel -o OUT.gguf [--dim 768 --layers 12 --heads 12 --kv-heads 12 --ffn 2048
- *                        --vocab 32000 --ctx 2048 --type f32|f16|bf16|q8_0|q4_0 --seed 1
+ *                        --vocab 32000 --ctx 2048 --type f32|f16|bf16|q8_0|q4_0|q4_1 --seed 1
  *                        --vocab-from VOCAB.gguf --tied] [--demo]
  *
  * Weights are deterministic in --seed: each matrix is bell-shaped noise with standard
@@ -40,7 +40,7 @@ static void usage(FILE *fp) {
         "  --ffn N               feed-forward size (default 2048)\n"
         "  --vocab N             generated vocabulary size, >= %d (default 32000)\n"
         "  --ctx N               context length (default 2048)\n"
-        "  --type T              matrix type: f32, f16, bf16, q8_0, q4_0 (default f32)\n"
+        "  --type T              matrix type: f32, f16, bf16, q8_0, q4_0, q4_1 (default f32)\n"
         "  --seed N              random seed (default 1)\n"
         "  --vocab-from PATH     copy the tokenizer.ggml.* keys of this GGUF (sets --vocab)\n"
         "  --tied                no output.weight: the output shares token_embd\n"
@@ -65,14 +65,14 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
 static int parse_type(const char *s, uint32_t *out) {
     static const struct { const char *name; uint32_t type; } types[] = {
         {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
-        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(s, types[i].name) == 0) {
             *out = types[i].type;
             return 0;
         }
-    fprintf(stderr, "mkmodel: --type must be f32, f16, bf16, q8_0 or q4_0, got '%s'\n", s);
+    fprintf(stderr, "mkmodel: --type must be f32, f16, bf16, q8_0, q4_0 or q4_1, got '%s'\n", s);
     return -1;
 }
 
@@ -247,6 +247,7 @@ static uint32_t file_type_code(uint32_t type) {  /* llama.cpp's general.file_typ
     switch (type) {
     case GGML_TYPE_F16: return 1;
     case GGML_TYPE_Q4_0: return 2;
+    case GGML_TYPE_Q4_1: return 3;
     case GGML_TYPE_Q8_0: return 7;
     case GGML_TYPE_BF16: return 32;
     default: return 0;

@@ -128,15 +128,16 @@ typedef struct {
     Model *model;
 } Fixture;
 
-/* A random model made by tools/mkmodel (its own tests cover the file format). */
+/* A random model made by tools/mkmodel (its own tests cover the file format); `shape` may
+ * also set --type. */
 static void fixture_make(Fixture *fx, const char *name, const char *shape)
 {
     const char *bin = getenv("PAGEDSERVE_BIN_DIR");
     assert_non_null(bin);
     snprintf(fx->path, sizeof(fx->path), "/tmp/pagedserve-forward-%s-%d.gguf", name, (int)getpid());
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s %s --vocab 300 --ctx 256 --type f32 --seed 7 "
-             "--tied > /dev/null", bin, fx->path, shape);
+    snprintf(cmd, sizeof(cmd), "%s/mkmodel -o %s --vocab 300 --ctx 256 --type f32 --seed 7 --tied "
+             "%s > /dev/null", bin, fx->path, shape);
     assert_int_equal(system(cmd), 0);
     char err[256];
     assert_int_equal(model_load(fx->path, &fx->model, err, sizeof(err)), 0);
@@ -396,6 +397,36 @@ static void test_int8_weights_close_to_reference(void **state)
 static void test_q4_weights_close_to_reference(void **state)
 {
     check_lossy_type(*state, MODEL_WEIGHTS_Q4, "q4", matmul_q4_supported(), 0.5f);
+}
+
+/* A Q4_1 file loaded as q4 keeps its blocks (a minimum per block besides the scale): its
+ * weights are the file's, to the bit, so the reference pass (which reads them back from
+ * the packed matrices) equals that of the same file widened to F32; and the paged pass,
+ * whose products also round their input rows to int8 per block of 32, comes as close to
+ * it as q4 from F32 does. */
+static void test_q4_keeps_q4_1_file(void **state)
+{
+    (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED q4 of a Q4_1 file: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    Fixture fx;
+    fixture_make(&fx, "q4_1", "--dim 64 --layers 2 --heads 8 --kv-heads 2 --ffn 96 --type q4_1");
+    Model *m4;
+    char err[256];
+    assert_int_equal(model_load_as(fx.path, MODEL_WEIGHTS_Q4, &m4, err, sizeof err), 0);
+    assert_string_equal(model_matrix_type_name(model_config(m4)), "q4");
+    enum { N = 20 };
+    int32_t tokens[N];
+    random_tokens(tokens, N, model_config(m4)->vocab_size, 5);
+    float *wide = reference_logits(fx.model, tokens, N), *held = reference_logits(m4, tokens, N);
+    assert_memory_equal(wide, held, sizeof(float) * N * model_config(m4)->vocab_size);
+    check_chunked_against_reference(m4, KV_DTYPE_F32, 16, 0.5f);
+    free(wide);
+    free(held);
+    model_free(m4);
+    free_model((void *[]){ &fx });
 }
 
 /* Three sequences in one pass — different lengths, positions and logits modes — give the
@@ -877,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_bf16_weights_close_to_reference),
         cmocka_unit_test(test_int8_weights_close_to_reference),
         cmocka_unit_test(test_q4_weights_close_to_reference),
+        cmocka_unit_test(test_q4_keeps_q4_1_file),
         cmocka_unit_test(test_mixed_batch_matches_reference),
         cmocka_unit_test(test_last_layer_packing_matches_reference),
         cmocka_unit_test(test_invalid_batches_are_refused),

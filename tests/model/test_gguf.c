@@ -199,6 +199,27 @@ static void ref_q4_0_block(const float *x, uint8_t out[18]) {
     }
 }
 
+/* ggml's reference Q4_1 block: d = (max - min) / 15 and m = min as F16, q = (x - min) / d
+ * rounded half up, at most 15. */
+static void ref_q4_1_block(const float *x, uint8_t out[20]) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < 32; j++) {
+        min = fminf(min, x[j]);
+        max = fmaxf(max, x[j]);
+    }
+    float d = (max - min) / 15.0f;
+    float id = d ? 1.0f / d : 0.0f;
+    uint16_t hd = ref_f32_to_half(d), hm = ref_f32_to_half(min);
+    memcpy(out, &hd, 2);
+    memcpy(out + 2, &hm, 2);
+    for (int j = 0; j < 16; j++) {
+        int lo = (int)((x[j] - min) * id + 0.5f), hi = (int)((x[j + 16] - min) * id + 0.5f);
+        lo = lo > 15 ? 15 : lo;
+        hi = hi > 15 ? 15 : hi;
+        out[4 + j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
 /* ---- conversions ------------------------------------------------------------------------- */
 
 static void test_f16_every_half(void **state) {
@@ -532,6 +553,7 @@ static void test_tensor_round_trip(void **state) {
         {"t.bf16", GGML_TYPE_BF16, 3, {7, 5, 3, 1}},
         {"t.q8_0", GGML_TYPE_Q8_0, 4, {64, 3, 2, 2}},
         {"t.q4_0", GGML_TYPE_Q4_0, 2, {96, 5, 1, 1}},
+        {"t.q4_1", GGML_TYPE_Q4_1, 2, {64, 3, 1, 1}},
         {"t.last", GGML_TYPE_F32, 1, {8, 1, 1, 1}},
     };
     enum { N = sizeof specs / sizeof specs[0] };
@@ -665,6 +687,23 @@ static void test_tensor_round_trip(void **state) {
                 float d = amax / 8.0f;  /* clipping at +7 costs up to one step */
                 for (int j = 0; j < 32; j++)
                     assert_true(fabsf(deq[32 * b + j] - x[32 * b + j]) <= d * 1.01f + 1e-12f);
+            }
+            break;
+        case GGML_TYPE_Q4_1:
+            assert_int_equal(t->n_bytes, n / 32 * 20);
+            for (size_t b = 0; b < n / 32; b++) {
+                uint8_t want[20];
+                ref_q4_1_block(x + 32 * b, want);
+                assert_memory_equal(raw + 20 * b, want, 20);
+                float min = x[32 * b], max = x[32 * b];
+                for (int j = 0; j < 32; j++) {
+                    min = fminf(min, x[32 * b + j]);
+                    max = fmaxf(max, x[32 * b + j]);
+                }
+                /* half a step, and F16's rounding of d (15 steps) and of m */
+                float step = (max - min) / 15.0f, bound = step * 0.51f + (15.0f * step + fabsf(min)) * 0x1p-11f;
+                for (int j = 0; j < 32; j++)
+                    assert_true(fabsf(deq[32 * b + j] - x[32 * b + j]) <= bound + 1e-12f);
             }
             break;
         }

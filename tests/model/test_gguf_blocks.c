@@ -113,7 +113,7 @@ static void test_row_of_partial_block(void **state) {
     gguf_writer_free(w);
 }
 
-/* The writer encodes F32 values only as F32, F16, BF16, Q8_0 and Q4_0; K-quant blocks must
+/* The writer encodes F32 values only as F32, F16, BF16, Q8_0, Q4_0 and Q4_1; K-quant blocks must
  * come whole (from another tool), and the message says so. */
 static void test_writer_will_not_invent_k_blocks(void **state) {
     (void)state;

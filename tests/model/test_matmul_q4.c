@@ -1,5 +1,6 @@
-/* Q4 weight products (matmul.h's MATMUL_Q4): the packing rule and layout written out here
- * independently of matmul_q4_format.c, Q4_0 blocks coming back without loss, and the
+/* Q4 and Q4M weight products (matmul.h's MATMUL_Q4, MATMUL_Q4M): the packing rule and
+ * layout written out here independently of matmul_q4_format.c, Q4_0 blocks coming back
+ * without loss, blocks on known grids (Q4_0, Q4_1, Q4_K-like) kept as they are, and the
  * product against a double-precision reference that quantises x per block of 32 by the
  * documented rule, over every row-block shape, partial blocks and panels, strides, beta,
  * thread counts, special inputs, and x quantised by matmul() or by the kernel itself; the
@@ -107,7 +108,7 @@ static void test_pack_rule_and_layout(void **state)
         assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), -3);
         return;
     }
-    Q4Layout lay = matmul_q4_layout(IN, OUT);
+    Q4Layout lay = matmul_q4_layout(IN, OUT, MATMUL_Q4);
     assert_int_equal(lay.blocks, 3);
     assert_int_equal(lay.panels, 2);
     assert_int_equal(lay.scales_offset, 3 * 256);
@@ -159,23 +160,21 @@ static void test_pack_rule_and_layout(void **state)
 /* Prepare and the rows together write every byte: a buffer full of 0xA5 first holds, after
  * them, the documented pads (nibbles 8 past in and out, scales 0 past out, zeros past each
  * panel's scales) and no 0xA5 left where a real weight's nibble pair or scale goes. */
-static void test_pack_writes_every_byte(void **state)
+static void pack_writes_every_byte(MatmulType type)
 {
-    (void)state;
-    if (skip_unless_supported())
-        return;
     enum { IN = 77, OUT = 37 };
     static float w[OUT * IN];
     for (int i = 0; i < OUT * IN; i++)
         w[i] = rand_uniform();
-    Q4Layout lay = matmul_q4_layout(IN, OUT);
+    Q4Layout lay = matmul_q4_layout(IN, OUT, type);
     uint8_t *buf = malloc(lay.total);
     assert_non_null(buf);
     memset(buf, 0xA5, lay.total);
-    q4_pack_prepare(buf, IN, OUT);
-    assert_int_equal(q4_pack_rows(buf, w, IN, OUT, 0, 20), 0); /* two ranges, out of order */
-    assert_int_equal(q4_pack_rows(buf, w, IN, OUT, 20, OUT), 0);
-    size_t scales_end = lay.scales_offset + (size_t)lay.blocks * 32;
+    q4_pack_prepare(buf, IN, OUT, type);
+    assert_int_equal(q4_pack_rows(buf, w, NULL, IN, OUT, type, 20, OUT), 0); /* two ranges, out of order */
+    assert_int_equal(q4_pack_rows(buf, w, NULL, IN, OUT, type, 0, 20), 0);
+    /* Q4M: the minimums follow the scales; both pad outputs 0 */
+    size_t scales_end = lay.scales_offset + (size_t)lay.blocks * 32 * (type == MATMUL_Q4M ? 2 : 1);
     for (int p = 0; p < lay.panels; p++) {
         const uint8_t *panel = buf + (size_t)p * lay.panel_bytes;
         for (size_t i = 0; i < lay.scales_offset; i++) { /* nibble bytes: output j = i % 64 / 4 */
@@ -197,16 +196,25 @@ static void test_pack_writes_every_byte(void **state)
     }
     /* and the real weights read back as the rule's values, so nothing of 0xA5 survived */
     static float back[OUT * IN];
-    MatmulWeights m = { IN, OUT, MATMUL_Q4, buf };
+    MatmulWeights m = { IN, OUT, type, buf };
     matmul_weights_unpack(&m, back);
     MatmulWeights ref;
     static float want[OUT * IN];
-    assert_int_equal(matmul_weights_pack(&ref, w, IN, OUT, MATMUL_Q4), 0);
+    assert_int_equal(matmul_weights_pack(&ref, w, IN, OUT, type), 0);
     matmul_weights_unpack(&ref, want);
     assert_memory_equal(back, want, sizeof want);
     assert_memory_equal(buf, ref.panels, lay.total);
     matmul_weights_free(&ref);
     free(buf);
+}
+
+static void test_pack_writes_every_byte(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    pack_writes_every_byte(MATMUL_Q4);
+    pack_writes_every_byte(MATMUL_Q4M);
 }
 
 /* Blocks as a Q4_0 quantiser leaves them ((q - 8) * d, some q = 0, F16 d of any sign and
@@ -235,11 +243,143 @@ static void test_q4_0_blocks_exact(void **state)
     matmul_weights_free(&m);
 }
 
+static float f16(float v)
+{
+    return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* Weights on grids with minimums, as GGUF Q4_1 holds them: per row and 32-input block an
+ * F16 d and an F16 m of random signs and sizes, w = q * d + m with q in 0..15; `grids` the
+ * (d, m) pairs as matmul_weights_pack_grids takes them. */
+static void grid_weights(float *w, float *grids, int in, int out)
+{
+    int blocks = (in + 31) / 32;
+    for (int o = 0; o < out; o++)
+        for (int c = 0; c < blocks; c++) {
+            float scale = (float)(1 << ((o + c) % 7)), d = f16(rand_uniform() * scale / 8.0f);
+            float m = f16(rand_uniform() * scale);
+            grids[2 * (o * blocks + c)] = d;
+            grids[2 * (o * blocks + c) + 1] = m;
+            for (int k = c * 32; k < in && k < c * 32 + 32; k++)
+                w[(size_t)o * in + k] = (float)(int)((rand_uniform() + 1.0f) * 8.0f) * d + m;
+        }
+}
+
+/* What w packed as `type` on these grids (or NULL) holds. */
+static void packed_values(float *dst, const float *w, const float *grids, int in, int out, MatmulType type)
+{
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack_grids(&m, w, grids, in, out, type), 0);
+    matmul_weights_unpack(&m, dst);
+    matmul_weights_free(&m);
+}
+
+/* Q4M holds blocks on their grids as they are: F16 d and m (Q4_1) exactly, at the
+ * documented bytes; d = F16 scale x a 6-bit one and m = -(F16 x 6-bit) (Q4_K's sub-blocks,
+ * the scale 0 included) within F16's rounding of d and m; blocks without a grid, or with
+ * one F16 cannot hold, by Q4_0's rule, as Q4 packs them; a rule's minimum past F16 refused. Q4 keeps a Q4_0 grid whose d is not
+ * the rule's (an importance-weighted quantiser's), and re-quantises any grid with m != -8 d. */
+static void test_grids_kept(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    enum { IN = 96, OUT = 21, BLOCKS = 3 };
+    static float w[OUT * IN], grids[OUT * BLOCKS * 2], back[OUT * IN], plain[OUT * IN];
+    Q4Layout lay = matmul_q4_layout(90, 21, MATMUL_Q4M);
+    assert_int_equal(lay.mins_offset, 3 * 256 + 32); /* each block's minimums after its scales */
+    assert_int_equal(lay.halves_stride, 64);
+    assert_int_equal(lay.panel_bytes, 3 * 256 + 3 * 64); /* to a whole line: exactly */
+    assert_int_equal(matmul_weights_bytes(90, 21, MATMUL_Q4M), 2 * (3 * 256 + 3 * 64));
+    grid_weights(w, grids, IN, OUT);
+    for (int k = 32; k < 64; k++) /* a grid w's values do not fill: 1..9 of 0..15 */
+        w[2 * IN + k] = (float)(1 + k % 9) * grids[2 * (2 * BLOCKS + 1)] + grids[2 * (2 * BLOCKS + 1) + 1];
+    MatmulWeights m;
+    assert_int_equal(matmul_weights_pack_grids(&m, w, grids, IN, OUT, MATMUL_Q4M), 0);
+    matmul_weights_unpack(&m, back);
+    assert_memory_equal(back, w, sizeof w);
+    lay = matmul_q4_layout(IN, OUT, MATMUL_Q4M);
+    for (int o = 0; o < OUT; o++)
+        for (int c = 0; c < BLOCKS; c++) {
+            uint16_t dh, mh;
+            const uint8_t *panel = (const uint8_t *)m.panels + (size_t)(o / 16) * lay.panel_bytes;
+            memcpy(&dh, panel + 3 * 256 + (size_t)c * 64 + (size_t)(o % 16) * 2, 2);
+            memcpy(&mh, panel + 3 * 256 + (size_t)c * 64 + 32 + (size_t)(o % 16) * 2, 2);
+            assert_true(_cvtsh_ss(dh) == grids[2 * (o * BLOCKS + c)]);
+            assert_true(_cvtsh_ss(mh) == grids[2 * (o * BLOCKS + c) + 1]);
+        }
+    matmul_weights_free(&m);
+
+    for (int o = 0; o < OUT; o++) /* Q4_K-like: d and m products of an F16 and a 6-bit integer */
+        for (int c = 0; c < BLOCKS; c++) {
+            float *g = grids + 2 * (o * BLOCKS + c);
+            g[0] = f16(rand_uniform() * 0.01f) * (float)((o * 7 + c * 13) % 64);
+            g[1] = -(f16(rand_uniform() * 0.01f) * (float)((o * 5 + c * 11) % 64));
+            for (int k = c * 32; k < c * 32 + 32; k++)
+                w[o * IN + k] = (float)(int)((rand_uniform() + 1.0f) * 8.0f) * g[0] + g[1];
+        }
+    packed_values(back, w, grids, IN, OUT, MATMUL_Q4M);
+    int inexact = 0;
+    for (int o = 0; o < OUT; o++)
+        for (int k = 0; k < IN; k++) {
+            const float *g = grids + 2 * (o * BLOCKS + k / 32);
+            float err = fabsf(back[o * IN + k] - w[o * IN + k]);
+            assert_true(err <= (15.0f * fabsf(g[0]) + fabsf(g[1])) * 0x1p-11f * 1.001f + 1e-30f);
+            inexact += err != 0.0f;
+        }
+    assert_true(inexact > 0); /* the F16 rounding is really there: the bound is not vacuous */
+
+    for (int i = 0; i < OUT * BLOCKS * 2; i++) /* no grids known: Q4_0's rule, as Q4 */
+        grids[i] = NAN;
+    packed_values(back, w, grids, IN, OUT, MATMUL_Q4M);
+    packed_values(plain, w, NULL, IN, OUT, MATMUL_Q4);
+    for (int i = 0; i < OUT * IN; i++) /* equal values (Q4's (8 - 8) * d may be -0, Q4M's +0) */
+        assert_true(back[i] == plain[i]);
+
+    for (int o = 0; o < OUT; o++) /* Q4_0 grids with q in 3..12 only: the rule's d would differ */
+        for (int c = 0; c < BLOCKS; c++) {
+            float *g = grids + 2 * (o * BLOCKS + c);
+            g[0] = f16(rand_uniform() * (float)(1 << (o % 5)));
+            g[1] = -8.0f * g[0];
+            for (int k = c * 32; k < c * 32 + 32; k++)
+                w[o * IN + k] = (float)(3 + (int)((rand_uniform() + 1.0f) * 5.0f) - 8) * g[0];
+        }
+    packed_values(back, w, grids, IN, OUT, MATMUL_Q4);
+    assert_memory_equal(back, w, sizeof w);
+    packed_values(plain, w, NULL, IN, OUT, MATMUL_Q4);
+    assert_memory_not_equal(plain, w, sizeof w);
+    for (int i = 1; i < OUT * BLOCKS * 2; i += 2) /* m != -8 d: Q4 cannot hold it, the rule packs */
+        grids[i] += grids[i - 1];
+    packed_values(back, w, grids, IN, OUT, MATMUL_Q4);
+    assert_memory_equal(back, plain, sizeof back);
+
+    grids[1] = 70000.0f; /* a minimum past F16: that block by the rule, as without grids */
+    packed_values(back, w, grids, IN, OUT, MATMUL_Q4M);
+    packed_values(plain, w, NULL, IN, OUT, MATMUL_Q4M);
+    assert_memory_equal(back, plain, 32 * sizeof(float));
+    w[0] = 72000.0f; /* d = -9000 fits F16, its m = 72000 does not */
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4M), -2);
+    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    matmul_weights_free(&m);
+}
+
+/* What a Q4M weight's rounding in the kernel scales with besides |w|: it sums x (q - 8) d
+ * and x (m + 8 d) apart (matmul_kernel.h), and w = q d + m may be far smaller than either
+ * when m is near -q d. 0 for Q4. */
+static double grid_size(MatmulType type, const float *grids, int in, int o, int k)
+{
+    if (type != MATMUL_Q4M)
+        return 0.0;
+    const float *g = grids + 2 * ((size_t)o * ((in + 31) / 32) + k / 32);
+    return 8.0 * fabs(g[0]) + fabs(g[1] + 8.0 * g[0]);
+}
+
 /* y = x . w'^T + beta y against the reference, every element; row padding of y untouched,
  * x's row padding NaN (a read would show). Returns the number of wrong elements. */
-static int check_product(int in, int out, const int *row_counts, int n_counts)
+static int check_product(MatmulType type, int in, int out, const int *row_counts, int n_counts)
 {
     float *x = malloc(sizeof(float) * MAX_ROWS * in), *w = malloc(sizeof(float) * (size_t)out * in);
+    float *grids = malloc(sizeof(float) * 2 * (size_t)out * ((in + 31) / 32));
     float *y0 = malloc(sizeof(float) * MAX_ROWS * out);
     double *xr = malloc(sizeof(double) * (in > 0 ? in : 1));
     assert_non_null(x && w && y0 && xr);
@@ -249,8 +389,10 @@ static int check_product(int in, int out, const int *row_counts, int n_counts)
         w[i] = rand_uniform() * (float)(1 << ((i / in + i % in / 32) % 7));
     for (int i = 0; i < MAX_ROWS * out; i++)
         y0[i] = rand_uniform();
+    if (type == MATMUL_Q4M) /* with minimums not -8 d: their term in the sums counts */
+        grid_weights(w, grids, in, out);
     MatmulWeights m;
-    assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_Q4), 0);
+    assert_int_equal(matmul_weights_pack_grids(&m, w, type == MATMUL_Q4M ? grids : NULL, in, out, type), 0);
     matmul_weights_unpack(&m, w);
     int bad = 0;
     static const float betas[] = {0.0f, 1.0f, -0.5f};
@@ -279,15 +421,15 @@ static int check_product(int in, int out, const int *row_counts, int n_counts)
                         double s = 0.0, a = 0.0, prior = beta == 0.0f ? 0.0 : (double)beta * y0[r * out + o];
                         for (int k = 0; k < in; k++) {
                             s += xr[k] * w[(size_t)o * in + k];
-                            a += fabs(xr[k] * w[(size_t)o * in + k]);
+                            a += fabs(xr[k]) * (fabs(w[(size_t)o * in + k]) + grid_size(type, grids, in, o, k));
                         }
                         want = s + prior;
                         tol = 1e-5 * (a + fabs(prior));
                     }
                     float got = y[(size_t)r * ldy + o];
                     if (!(fabs(got - want) <= tol) && bad++ == 0)
-                        print_error("rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, want %.9g\n",
-                                    rows, in, out, ldx, ldy, beta, r, o, got, want);
+                        print_error("type %d rows %d in %d out %d ldx %d ldy %d beta %g: y[%d][%d] = %.9g, want %.9g\n",
+                                    type, rows, in, out, ldx, ldy, beta, r, o, got, want);
                 }
             }
             free(xs);
@@ -296,6 +438,7 @@ static int check_product(int in, int out, const int *row_counts, int n_counts)
     matmul_weights_free(&m);
     free(x);
     free(w);
+    free(grids);
     free(y0);
     free(xr);
     return bad;
@@ -315,11 +458,14 @@ static void test_against_reference(void **state)
     static const int outs[] = {1, 16, 27, 50, 100, 257};
     assert_int_equal(matmul_init(1), 1);
     int bad = 0;
-    for (int i = 0; i < 6; i++)
-        for (int o = 0; o < 6; o++)
-            bad += check_product(ins[i], outs[o], all_rows, N_ALL_ROWS);
-    static const int few[] = {1, 2};
-    bad += check_product(2050, 1003, few, 2);
+    for (int t = 0; t < 2; t++) {
+        MatmulType type = t ? MATMUL_Q4M : MATMUL_Q4;
+        for (int i = 0; i < 6; i++)
+            for (int o = 0; o < 6; o++)
+                bad += check_product(type, ins[i], outs[o], all_rows, N_ALL_ROWS);
+        static const int few[] = {1, 2};
+        bad += check_product(type, 2050, 1003, few, 2);
+    }
     assert_int_equal(bad, 0);
 }
 
@@ -335,11 +481,13 @@ static void test_threads_and_long_inputs(void **state)
     static const int counts[] = {2, 3};
     for (int t = 0; t < 2; t++) {
         assert_int_equal(matmul_init(counts[t]), counts[t]);
-        assert_int_equal(check_product(768, 1003, rows, 7), 0);
-        assert_int_equal(check_product(4500, 40, rows, 7), 0);
+        assert_int_equal(check_product(MATMUL_Q4, 768, 1003, rows, 7), 0);
+        assert_int_equal(check_product(MATMUL_Q4M, 768, 1003, rows, 7), 0);
+        assert_int_equal(check_product(MATMUL_Q4, 4500, 40, rows, 7), 0);
     }
     static const int few[] = {1, 3, 7};
-    assert_int_equal(check_product(60001, 17, few, 3), 0);
+    assert_int_equal(check_product(MATMUL_Q4, 60001, 17, few, 3), 0);
+    assert_int_equal(check_product(MATMUL_Q4M, 60001, 17, few, 3), 0);
 }
 
 /* A NaN or an infinity in a row of x makes that row's outputs NaN (as in an F32 product);
@@ -398,14 +546,18 @@ static void test_kernel_quantises_x_itself(void **state)
         x[i] = rand_uniform();
     for (int i = 0; i < OUT * IN; i++)
         w[i] = rand_uniform();
-    MatmulWeights m;
-    assert_int_equal(matmul_weights_pack(&m, w, IN, OUT, MATMUL_Q4), 0);
+    static float grids[OUT * ((IN + 31) / 32) * 2];
+    grid_weights(w, grids, IN, OUT);
     assert_int_equal(matmul_init(1), 1);
-    matmul(y_whole, OUT, x, IN, &m, ROWS, 0.0f);
-    MatmulTask t = { y_own, x, m.panels, OUT, IN, ROWS, IN, OUT, 0.0f, MATMUL_Q4, NULL, NULL };
-    matmul_kernel_q4_run(&t, 0, (OUT + 15) / 16);
-    assert_memory_equal(y_own, y_whole, sizeof y_whole);
-    matmul_weights_free(&m);
+    for (int type = MATMUL_Q4; type <= MATMUL_Q4M; type++) {
+        MatmulWeights m;
+        assert_int_equal(matmul_weights_pack_grids(&m, w, grids, IN, OUT, (MatmulType)type), 0);
+        matmul(y_whole, OUT, x, IN, &m, ROWS, 0.0f);
+        MatmulTask t = { y_own, x, m.panels, OUT, IN, ROWS, IN, OUT, 0.0f, (MatmulType)type, NULL, NULL };
+        matmul_kernel_q4_run(&t, 0, (OUT + 15) / 16);
+        assert_memory_equal(y_own, y_whole, sizeof y_whole);
+        matmul_weights_free(&m);
+    }
 }
 
 /* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
@@ -427,6 +579,7 @@ static void test_amx_kernel_matches_vnni(void **state)
     static const int rows_list[] = {16, 17, 31, 32, 33, 40};
     enum { ROWS = 40, IN = 2050, OUT = 50 };
     static float x[ROWS * IN], w[OUT * IN], y_vnni[ROWS * OUT], y_amx[ROWS * OUT];
+    static float grids[OUT * ((IN + 31) / 32) * 2];
     static int8_t q[ROWS * (IN + 31) / 32 * 32];
     static float sx[ROWS * ((IN + 31) / 32)];
     static int32_t zsum[ROWS * ((IN + 31) / 32)];
@@ -434,11 +587,14 @@ static void test_amx_kernel_matches_vnni(void **state)
         x[i] = rand_uniform() * (float)(1 << (i % 5));
     for (int i = 0; i < OUT * IN; i++)
         w[i] = rand_uniform();
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < 8; a++)
         for (int b = 0; b < 4; b++) {
-            int in = ins[a], out = outs[b], blocks = (in + 31) / 32;
+            int in = ins[a % 4], out = outs[b], blocks = (in + 31) / 32;
+            MatmulType type = a < 4 ? MATMUL_Q4 : MATMUL_Q4M;
             MatmulWeights m;
-            assert_int_equal(matmul_weights_pack(&m, w, in, out, MATMUL_Q4), 0);
+            if (type == MATMUL_Q4M)
+                grid_weights(w, grids, in, out);
+            assert_int_equal(matmul_weights_pack_grids(&m, w, type == MATMUL_Q4M ? grids : NULL, in, out, type), 0);
             for (int r = 0; r < ROWS; r++)
                 q4_row_quantise(q + (size_t)r * blocks * 32, sx + r * blocks, zsum + r * blocks, x + (size_t)r * in, in);
             I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0 };
@@ -448,13 +604,13 @@ static void test_amx_kernel_matches_vnni(void **state)
                     for (int i = 0; i < rows * out; i++)
                         y_vnni[i] = y_amx[i] = (float)(i % 7) - 3.0f;
                     MatmulTask t = { y_vnni, x, m.panels, out, in, rows, in, out, beta_on ? 0.5f : 0.0f,
-                                     MATMUL_Q4, &xr, NULL };
+                                     type, &xr, NULL };
                     matmul_kernel_q4_run(&t, p0, (out + 15) / 16);
                     t.y = y_amx;
                     matmul_kernel_q4_amx_run(&t, p0, (out + 15) / 16);
                     if (memcmp(y_vnni, y_amx, sizeof(float) * rows * out) != 0)
-                        fail_msg("in %d out %d rows %d beta %d from panel %d: AMX differs from VNNI", in,
-                                 out, rows, beta_on, p0);
+                        fail_msg("type %d in %d out %d rows %d beta %d from panel %d: AMX differs from VNNI",
+                                 type, in, out, rows, beta_on, p0);
                 }
             matmul_weights_free(&m);
         }
@@ -466,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_pack_rule_and_layout),
         cmocka_unit_test(test_q4_0_blocks_exact),
         cmocka_unit_test(test_pack_writes_every_byte),
+        cmocka_unit_test(test_grids_kept),
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_threads_and_long_inputs),
         cmocka_unit_test(test_special_inputs),

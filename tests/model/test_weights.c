@@ -56,6 +56,27 @@ static void tensor_values(const char *name, float *x, size_t n) {
     }
 }
 
+/* Blocks of a 4-bit type gguf_writer does not encode (q4_1, q4_K), from the tensor's name:
+ * quants and 6-bit scales of any value, F16 scale fields small normal ones (q4_K: d 2^-11
+ * and dmin 2^-12 times 1..2, so that a sub-block's d * sc is not always an F16 value). */
+static void *random_blocks(const char *name, uint32_t type, size_t n_values) {
+    size_t per = ggml_type_block_bytes(type), n = n_values / ggml_type_block_elems(type) * per;
+    float *x = malloc(n * sizeof *x);
+    uint8_t *b = malloc(n);
+    tensor_values(name, x, n);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)((x[i] + 1.0f) * 127.9f);
+    for (size_t at = 0; at < n; at += per) {
+        float u = fabsf(x[at]), v = fabsf(x[at + 1]);
+        uint16_t d = gguf_f32_to_f16(type == GGML_TYPE_Q4_K ? 0x1p-11f * (1.0f + u) : 0.01f * (1.0f + u));
+        uint16_t m = gguf_f32_to_f16(type == GGML_TYPE_Q4_K ? 0x1p-12f * (1.0f + v) : -0.08f * (1.0f + v));
+        memcpy(b + at, &d, 2);
+        memcpy(b + at + 2, &m, 2);
+    }
+    free(x);
+    return b;
+}
+
 static void add(GgufWriter *w, const Spec *s, const char *name, uint64_t ne0, uint64_t ne1,
                 uint32_t type) {
     if (s->skip_tensor && strcmp(name, s->skip_tensor) == 0)
@@ -67,7 +88,13 @@ static void add(GgufWriter *w, const Spec *s, const char *name, uint64_t ne0, ui
     tensor_values(name, x, n);
     uint64_t ne[2] = {ne0, ne1};
     uint32_t t = ne1 ? type : GGML_TYPE_F32;  /* norms stay F32 */
-    assert_int_equal(gguf_writer_add_tensor(w, name, ne1 ? 2 : 1, ne, t, x), 0);
+    if (t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q4_K) {
+        void *blocks = random_blocks(name, t, n);
+        assert_int_equal(gguf_writer_add_tensor_blocks(w, name, 2, ne, t, blocks), 0);
+        free(blocks);
+    } else {
+        assert_int_equal(gguf_writer_add_tensor(w, name, ne1 ? 2 : 1, ne, t, x), 0);
+    }
     free(x);
 }
 
@@ -250,10 +277,12 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
 static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) {
     /* Q4: per 16 outputs and 32 inputs 256 bytes of nibbles and 32 of F16 scales, a panel
      * rounded up to whole 64-byte lines */
-#define Q4_PACKED(in, out) (((size_t)(out) + 15) / 16 * ((((size_t)(in) + 31) / 32 * 288 + 63) / 64 * 64))
+#define Q4_PACKED(in, out, per_block) (((size_t)(out) + 15) / 16 * ((((size_t)(in) + 31) / 32 * (per_block) + 63) / 64 * 64))
     size_t dim = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim;
     size_t kv = (size_t)c->n_kv_heads * c->head_dim, ffn = (size_t)c->ffn_dim;
-#define PACKED(m, in, out) ((m).type == MATMUL_Q4 ? Q4_PACKED(in, out) : (m).type == MATMUL_I8 \
+    /* Q4M: 32 more of F16 minimums */
+#define PACKED(m, in, out) ((m).type == MATMUL_Q4 ? Q4_PACKED(in, out, 288) \
+        : (m).type == MATMUL_Q4M ? Q4_PACKED(in, out, 320) : (m).type == MATMUL_I8 \
         ? ((size_t)(out) + 15) / 16 * 16 * (((size_t)(in) + 3) / 4 * 4 + sizeof(float)) \
         : ((size_t)(out) + 15) / 16 * 16 * ((size_t)(in) + ((m).type == MATMUL_BF16 ? (in) % 2 : 0)) * \
           ((m).type == MATMUL_F32 ? sizeof(float) : 2))
@@ -523,7 +552,8 @@ static void test_forced_weight_types(void **state) {
 
 /* weights_plan says what weights_load_as then holds, for every file type and every weight
  * type asked: the same config and matrix types, the same bytes, and a peak above them by
- * at most the largest matrix read row-major as F32 before packing (with a tied output the
+ * at most the largest matrix read row-major as F32 before packing (and, for q4 from a
+ * 4-bit file, that matrix's grids; with a tied output the
  * embedding table is kept, not a passing copy): the last matrix's copy is still held as
  * it is packed. */
 static void test_plan_matches_load(void **state) {
@@ -559,6 +589,8 @@ static void test_plan_matches_load(void **state) {
             for (size_t m = 0; m < 4; m++)
                 largest = layer[m] > largest ? layer[m] : largest;
             assert_true(plan.load_peak_bytes > plan.weight_bytes);
+            if (wants[k] == MODEL_WEIGHTS_Q4 && s.type == GGML_TYPE_Q4_0)
+                largest += largest / 16; /* and its blocks' grids: 2 floats a 32 */
             assert_true(plan.load_peak_bytes <= plan.weight_bytes + largest * sizeof(float));
             weights_free(&w, &c);
             gguf_close(f);
@@ -628,6 +660,79 @@ static void test_q4_packs_as_q4_0(void **state) {
     gguf_close(f4);
     free(data32);
     free(data4);
+}
+
+/* A file of 4-bit tensors loaded as q4 keeps their blocks: q4_1 matrices (every attn_q)
+ * exactly, q4_K ones within F16's rounding of each sub-block's d * sc and dmin * m (both up
+ * to 63 times the block's F16 d and dmin: 2^-11 of 63 * (15 * 2^-10 + 2^-11) at most); a
+ * fused matrix of both parts, and every q4_K one, packed as Q4M; a q4_0 file as Q4; plan
+ * and load agree on the bytes; a tied output keeps its grids too. Without the grids a
+ * q4_K block would be re-quantised to Q4_0's rule, wrong by up to half a step (d * sc / 2,
+ * some 2^-6 here): far past the bound. */
+static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
+    Spec s = default_spec();
+    s.dim = 256;
+    s.ffn = 512;
+    s.type = type;
+    s.type_override_q = q_type;
+    s.tied = tied;
+    void *data;
+    GgufFile *f = make_model(&s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    ModelPlan plan;
+    size_t bytes;
+    char err[512];
+    if (weights_plan(f, MODEL_WEIGHTS_Q4, &plan, err, sizeof err) < 0 ||
+        weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(plan.weight_bytes, bytes);
+    assert_int_equal(bytes, expected_bytes(&c, &w));
+    assert_string_equal(model_matrix_type_name(&c), "q4");
+    MatmulType held = type == GGML_TYPE_Q4_0 && q_type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M;
+    assert_int_equal(w.layers[0].wqkv.type, held);
+    assert_int_equal(w.layers[1].w_down.type, type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M);
+    assert_int_equal(w.output.type, type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M);
+    size_t dim = (size_t)c.dim, kv = (size_t)c.n_kv_heads * c.head_dim;
+    const float k_bound = 0x1p-11f * 63.0f * (15.0f * 0x1p-10f + 0x1p-11f);
+    struct { const MatmulWeights *m; size_t row0; const char *name; uint32_t type; } parts[] = {
+        { &w.layers[0].wqkv, 0, "blk.0.attn_q.weight", q_type },
+        { &w.layers[0].wqkv, dim, "blk.0.attn_v.weight", type }, /* after q (dim rows) and k */
+        { &w.layers[1].w_down, 0, "blk.1.ffn_down.weight", type },
+        { &w.output, 0, tied ? "token_embd.weight" : "output.weight", type },
+    };
+    parts[1].row0 += kv;
+    int inexact = 0;
+    for (size_t p = 0; p < sizeof parts / sizeof parts[0]; p++) {
+        float *file = tensor_f32(f, parts[p].name), *packed = unpacked(parts[p].m);
+        const GgufTensor *t = gguf_find_tensor(f, parts[p].name);
+        const float *got = packed + parts[p].row0 * (size_t)parts[p].m->in;
+        for (size_t i = 0; i < t->n_elements; i++) {
+            float err_i = fabsf(got[i] - file[i]);
+            if (parts[p].type == GGML_TYPE_Q4_K ? !(err_i <= k_bound) : !(got[i] == file[i]))
+                fail_msg("%s[%zu]: held %.9g, file %.9g", parts[p].name, i, got[i], file[i]);
+            inexact += err_i != 0.0f;
+        }
+        free(file);
+        free(packed);
+    }
+    if (type == GGML_TYPE_Q4_K)
+        assert_true(inexact > 0); /* F16 rounding really met: the bound is not vacuous */
+    weights_free(&w, &c);
+    gguf_close(f);
+    free(data);
+}
+
+static void test_q4_keeps_4bit_blocks(void **state) {
+    (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED q4 of 4-bit files: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    check_4bit_file(GGML_TYPE_Q4_K, GGML_TYPE_Q4_1, false);
+    check_4bit_file(GGML_TYPE_Q4_K, GGML_TYPE_Q4_1, true);
+    check_4bit_file(GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, false);
+    check_4bit_file(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, true);
 }
 
 /* The bytes every packed matrix of w and v hold, and their embedding tables, are equal. */
@@ -888,6 +993,7 @@ int main(void) {
         cmocka_unit_test(test_q4_packs_as_q4_0),
         cmocka_unit_test(test_load_same_bytes_any_threads),
         cmocka_unit_test(test_plan_matches_load),
+        cmocka_unit_test(test_q4_keeps_4bit_blocks),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
