@@ -34,6 +34,12 @@ const char *api_error_type(int status) {
     return "invalid_request_error"; /* 400, 404, 405, 413, 422 and other 4xx */
 }
 
+/* The code of an error that names none: what OpenAI's clients and dashboards key on for a
+ * busy server and a request cut off by time (--request-timeout-s). */
+static const char *default_code(int status) {
+    return status == 429 ? "rate_limit_exceeded" : status == 504 ? "timeout" : NULL;
+}
+
 static json_t *string_or_null(const char *s) {
     if (!s || !*s) return json_null();
     return api_json_string(s, strlen(s));
@@ -52,7 +58,7 @@ char *api_error_body(int status, const char *message, const char *param, const c
                                                           message ? strlen(message) : 0));
     json_object_set_new(inner, "type", json_string(api_error_type(status)));
     json_object_set_new(inner, "param", string_or_null(param));
-    json_object_set_new(inner, "code", string_or_null(code));
+    json_object_set_new(inner, "code", string_or_null(code && *code ? code : default_code(status)));
     json_object_set_new(root, "error", inner);
     return api_json_dump(root, len);
 }

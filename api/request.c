@@ -159,7 +159,7 @@ static const char *const known_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo",
     "ignore_eos", "user", "stream", "stream_options", "cache_salt", "best_of", "suffix",
-    "logit_bias", "response_format", NULL,
+    "logit_bias", "response_format", "safety_identifier", "prompt_cache_key", NULL,
 };
 
 /* Chat Completions: messages instead of prompt, logprobs a boolean with top_logprobs. */
@@ -168,7 +168,7 @@ static const char *const chat_known_fields[] = {
     "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logprobs", "top_logprobs", "ignore_eos", "user", "stream",
     "stream_options", "cache_salt", "logit_bias", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", NULL,
+    "parallel_tool_calls", "safety_identifier", "prompt_cache_key", NULL,
 };
 
 /* Unknown fields are a 400; chat also takes the fields it does not implement at their
@@ -612,9 +612,15 @@ static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, 
         read_seed(root, r, e) != 0 || read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||
         read_stream(root, r, e) != 0)
         return -1;
-    char *user = NULL; /* checked for type, then ignored */
-    if (read_string(root, "user", false, &user, e) != 0) return -1;
-    free(user);
+    /* End-user ids (user, and safety_identifier, its successor in OpenAI's SDKs) and
+     * prompt_cache_key (a routing hint for OpenAI's cache; the prefix cache here needs
+     * none): checked for type, then ignored. */
+    static const char *const ignored[] = { "user", "safety_identifier", "prompt_cache_key" };
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        char *s = NULL;
+        if (read_string(root, ignored[i], false, &s, e) != 0) return -1;
+        free(s);
+    }
     if (read_string(root, "cache_salt", true, &r->cache_salt, e) != 0) return -1;
     if (r->cache_salt) r->cache_salt_hash = fnv1a64(r->cache_salt);
     return 0;
@@ -737,7 +743,13 @@ static int read_message(const json_t *m, size_t i, bool tool_replies, ApiChatMes
     }
     out->role = strcmp(r, "developer") == 0 ? "system" : r;
     if (assistant) return assistant_text(m, i, tool_replies, out, owned, e);
-    return api_chat_message_text(json_object_get(m, "content"), i, &out->content, owned, e);
+    const json_t *content = json_object_get(m, "content");
+    if (!content || json_is_null(content)) { /* only an assistant's may be left out */
+        api_error_set(e, 400, "messages", "missing_required_parameter",
+                      "messages[%zu] (role '%.32s') needs 'content'", i, r);
+        return -1;
+    }
+    return api_chat_message_text(content, i, &out->content, owned, e);
 }
 
 bool api_chat_message_has_role(const json_t *m, const char *role) {

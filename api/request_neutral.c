@@ -33,6 +33,9 @@ static const NeutralField request_fields[] = {
     {"prediction", "[]", "predicted outputs"},
     {"reasoning_effort", "[]", "reasoning models"},
     {"web_search_options", "[]", "web search"},
+    {"verbosity", "[\"medium\"]", "verbosity settings"},
+    /* OpenAI's SDKs spelled the default "in-memory" before "in_memory" */
+    {"prompt_cache_retention", "[\"in_memory\", \"in-memory\"]", "extended prompt cache retention"},
     {NULL, NULL, NULL},
 };
 

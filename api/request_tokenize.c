@@ -140,11 +140,12 @@ static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
         return -1;
     }
     if (total > ctx_len) {
-        api_error_set(e, 400, "prompt", "context_length_exceeded",
+        const char *what = r->chat ? "messages" : "prompt";
+        api_error_set(e, 400, what, "context_length_exceeded",
                       "This model's maximum context length is %d tokens, however you "
-                      "requested %lld tokens (%d in your prompt; %d for the completion). "
-                      "Please reduce your prompt or completion length.",
-                      (int)ctx_len, (long long)total, (int)p->n_tokens, (int)r->max_tokens);
+                      "requested %lld tokens (%d in your %s; %d for the completion). "
+                      "Please reduce your %s or completion length.",
+                      (int)ctx_len, (long long)total, (int)p->n_tokens, what, (int)r->max_tokens, what);
         return -1;
     }
     return 0;

@@ -60,6 +60,19 @@ static void test_error_body(void **state) {
     json_decref(o);
     free(body);
 
+    /* a busy server and a request out of time name a code even when the caller gave none */
+    static const struct { int status; const char *code; } named[] = {
+        {429, "rate_limit_exceeded"}, {504, "timeout"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        body = api_error_body(named[i].status, "later", NULL, NULL, &len);
+        o = parse_json(body, len);
+        e = json_object_get(o, "error");
+        assert_string_equal(json_string_value(json_object_get(e, "code")), named[i].code);
+        json_decref(o);
+        free(body);
+    }
+
     /* from an ApiError, message truncated safely, bad UTF-8 repaired */
     ApiError err;
     char longmsg[2000];

@@ -93,7 +93,7 @@ static void test_nulls_mean_defaults(void **state) {
         "\"presence_penalty\":null,\"frequency_penalty\":null,\"repetition_penalty\":null,"
         "\"logprobs\":null,\"echo\":null,\"ignore_eos\":null,\"user\":null,\"stream\":null,"
         "\"stream_options\":null,\"cache_salt\":null,\"best_of\":null,\"suffix\":null,"
-        "\"logit_bias\":null}");
+        "\"logit_bias\":null,\"safety_identifier\":null,\"prompt_cache_key\":null}");
     assert_int_equal(r->max_tokens, 16);
     assert_int_equal(r->n, 1);
     assert_true(r->sampling.temperature == 1.0f);
@@ -153,7 +153,8 @@ static void test_good_edges(void **state) {
         "\"seed\":9223372036854775807", "\"echo\":false", "\"ignore_eos\":false",
         "\"stream\":false", "\"stream\":true,\"stream_options\":{}",
         "\"stream\":true,\"stream_options\":{\"include_usage\":null}", "\"user\":\"\"",
-        "\"best_of\":1.0", "\"suffix\":null", "\"logit_bias\":{}",
+        "\"best_of\":1.0", "\"suffix\":null", "\"logit_bias\":{}", "\"safety_identifier\":\"u1\"",
+        "\"prompt_cache_key\":\"k\"",
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         char body[256];
@@ -228,6 +229,8 @@ static void test_bad_values(void **state) {
         {"\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":true}", 400,
          "stream_options"},
         {"\"user\":5", 400, "user"},
+        {"\"safety_identifier\":5", 400, "safety_identifier"},
+        {"\"prompt_cache_key\":[]", 400, "prompt_cache_key"},
         {"\"cache_salt\":5", 400, "cache_salt"},
         {"\"cache_salt\":\"\"", 400, "cache_salt"},
         {"\"best_of\":2", 400, "best_of"},
@@ -668,6 +671,13 @@ static void test_chat_request(void **state) {
     assert_string_equal(e.param, "messages");
     assert_non_null(strstr(e.message, "no room for the completion"));
     api_request_free(r);
+    /* messages and max_tokens past the context: about the messages too, not a prompt */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":9}");
+    assert_int_equal(api_request_tokenize(r, &v, 10, &l, &e), -1);
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "in your messages; 9 for the completion). Please reduce your messages"));
+    api_request_free(r);
     /* max_completion_tokens wins, and max_tokens beside it is not checked */
     r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                 "\"max_completion_tokens\":2,\"max_tokens\":5000}");
@@ -692,6 +702,10 @@ static void test_chat_request_errors(void **state) {
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
                "\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", API_CHAT_CHATML, "messages",
                "only text");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", API_CHAT_CHATML, "messages",
+               "messages[0] (role 'user') needs 'content'");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":null},{\"role\":\"user\","
+               "\"content\":\"x\"}]}", API_CHAT_CHATML, "messages", "messages[0] (role 'system') needs");
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
                API_CHAT_CHATML, "messages", "content");
     chat_error("{\"model\":\"m\"," MSGS ",\"prompt\":\"x\"}", API_CHAT_CHATML, "prompt",
@@ -737,7 +751,9 @@ static void test_chat_neutral_fields(void **state) {
         "\"tools\":null,\"tool_choice\":\"none\",\"parallel_tool_calls\":true,\"functions\":[],"
         "\"function_call\":null,\"store\":false,\"metadata\":{\"user\":\"u1\"},"
         "\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"audio\":null,\"prediction\":null,"
-        "\"reasoning_effort\":null,\"web_search_options\":null}";
+        "\"reasoning_effort\":null,\"web_search_options\":null,\"verbosity\":\"medium\","
+        "\"prompt_cache_retention\":\"in_memory\",\"safety_identifier\":\"u1\","
+        "\"prompt_cache_key\":\"k\"}";
     ApiRequest *a = chat_ok(plain), *b = chat_ok(kept);
     assert_string_equal(a->prompts[0].text, b->prompts[0].text);
     api_request_free(a);
@@ -745,6 +761,7 @@ static void test_chat_neutral_fields(void **state) {
     static const char *const empties[] = {
         "\"tools\":[]", "\"parallel_tool_calls\":false", "\"metadata\":null", "\"store\":null",
         "\"service_tier\":\"default\"", "\"tool_choice\":null", "\"tool_choice\":\"auto\"",
+        "\"verbosity\":null", "\"prompt_cache_retention\":null", "\"prompt_cache_retention\":\"in-memory\"",
     };
     char body[512];
     for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
@@ -763,6 +780,8 @@ static void test_chat_neutral_fields(void **state) {
         {"\"modalities\":[\"text\",\"audio\"]", "modalities", "not supported"},
         {"\"audio\":{\"voice\":\"alloy\"}", "audio", "not supported"},
         {"\"reasoning_effort\":\"low\"", "reasoning_effort", "not supported"},
+        {"\"verbosity\":\"low\"", "verbosity", "not supported"},
+        {"\"prompt_cache_retention\":\"24h\"", "prompt_cache_retention", "not supported"},
         {"\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"refusal\":\"no\"}]",
          "messages", "messages[0].refusal"},
         {"\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"annotations\":[1]}]",
