@@ -182,6 +182,9 @@ typedef struct {
      * prompt, or whitespace it swallowed, is text that decoding does not give back. */
     int (*token_starts)(void *arg, const char *text, size_t len, bool add_bos, size_t *starts,
                         int max_out);
+    /* Optional (NULL: echo decodes every prefix, quadratic in the prompt): chars[i], i = 0..n,
+     * the characters decode(ids, i) gives, all in one pass; 0, or -1. */
+    int (*prefix_chars)(void *arg, const int32_t *ids, int32_t n, size_t *chars);
     /* How /tokenize writes "messages" (API_CHAT_NONE: it refuses them, as chat does); the
      * server sets these after api_vocab_from_tokenizer. */
     ApiChatFormat chat_format;

@@ -224,10 +224,17 @@ static void logprobs_push_event(const ApiVocab *v, json_t *lp, const EngineEvent
  * from the tokens before it. Decoding, not adding up display pieces, is what gets
  * SentencePiece's added leading space, byte-fallback tokens and control tokens right. Offsets
  * never go back (a prefix ending inside a character decodes to a replacement) and stop at
- * the echoed text's end. Quadratic in the prompt: only echo with logprobs pays it. */
+ * the echoed text's end. From `prefix` (every prefix's characters, counted in one pass by
+ * the vocabulary) when given; else by decoding the prefix, quadratic in the prompt (test
+ * vocabularies). A 16000-token echo decoded prefix by prefix held the event loop, and with
+ * it every other client, for seconds. */
 static size_t prompt_token_offset(const ApiCompletion *c, const ApiPrompt *pr, int32_t i,
-                                  size_t prev, size_t cap) {
+                                  const size_t *prefix, size_t prev, size_t cap) {
     size_t at = prev;
+    if (prefix) {
+        at = prefix[i] > at ? prefix[i] : at;
+        return at < cap ? at : cap;
+    }
     char *before = i > 0 ? c->vocab->decode(c->vocab->arg, pr->tokens, i, true) : NULL;
     if (before) {
         size_t chars = api_utf8_chars(before, strlen(before));
@@ -235,6 +242,17 @@ static size_t prompt_token_offset(const ApiCompletion *c, const ApiPrompt *pr, i
         free(before);
     }
     return at < cap ? at : cap;
+}
+
+/* Every prefix's decoded characters in one pass, where the vocabulary can say (NULL: not). */
+static size_t *prompt_prefix_chars(const ApiCompletion *c, const ApiPrompt *pr) {
+    if (!c->vocab->prefix_chars) return NULL;
+    size_t *chars = malloc(((size_t)pr->n_tokens + 1) * sizeof *chars);
+    if (chars && c->vocab->prefix_chars(c->vocab->arg, pr->tokens, pr->n_tokens, chars) != 0) {
+        free(chars);
+        chars = NULL;
+    }
+    return chars;
 }
 
 /* A text prompt's token offsets in characters from where the vocabulary says each token
@@ -271,6 +289,7 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
     int32_t first_event_pos = pr->n_tokens - ps->n_lp;
     size_t offset = 0, *starts = malloc(((size_t)pr->n_tokens + 1) * sizeof *starts);
     bool from_starts = starts && prompt_offsets_from_starts(c, pr, ps->echo_chars, starts);
+    size_t *prefix = from_starts ? NULL : prompt_prefix_chars(c, pr);
     for (int32_t i = 0; i < pr->n_tokens; i++) {
         bool control = false;
         json_t *text = token_text_json(c->vocab, pr->tokens[i], &control);
@@ -283,9 +302,10 @@ static json_t *prompt_logprobs(const ApiCompletion *c, int32_t p) {
             top = top_dict(c->vocab, pr->tokens[i], e->logprob, e->n_top, e->top_ids,
                            e->top_logprobs);
         }
-        offset = from_starts ? starts[i] : prompt_token_offset(c, pr, i, offset, ps->echo_chars);
+        offset = from_starts ? starts[i] : prompt_token_offset(c, pr, i, prefix, offset, ps->echo_chars);
         logprobs_push(lp, text, has, value, top, offset);
     }
+    free(prefix);
     free(starts);
     return lp;
 }

@@ -80,6 +80,31 @@ static int vocab_token_starts(void *arg, const char *text, size_t len, bool add_
     return tokenizer_token_starts((const Tokenizer *)arg, text, len, add_bos, starts, max_out);
 }
 
+/* One Detokenizer fed every id, as vocab_decode's tokenizer_decode does, counting what
+ * each id adds: its text's characters (NUL bytes dropped, as vocab_decode drops them), and
+ * an incomplete character held back counts as the U+FFFD a decode that ended there gives. */
+static int vocab_prefix_chars(void *arg, const int32_t *ids, int32_t n, size_t *chars) {
+    const Tokenizer *tok = arg;
+    size_t cap = tokenizer_detok_max_bytes(tok) + 1, total = 0;
+    char *piece = malloc(cap);
+    if (!piece) return -1;
+    Detokenizer d;
+    detok_init(&d, true);
+    chars[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int len = detok_feed(tok, &d, ids[i], piece, cap);
+        if (len < 0) {
+            free(piece);
+            return -1;
+        }
+        for (int k = 0; k < len; k++)
+            total += piece[k] != '\0' && ((unsigned char)piece[k] & 0xC0) != 0x80;
+        chars[i + 1] = total + (d.n_pending > 0);
+    }
+    free(piece);
+    return 0;
+}
+
 void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok) {
     v->arg = (void *)tok;
     v->n_vocab = tokenizer_n_vocab(tok);
@@ -88,6 +113,7 @@ void api_vocab_from_tokenizer(ApiVocab *v, const Tokenizer *tok) {
     v->decode = vocab_decode;
     v->token_text = vocab_token_text;
     v->token_starts = vocab_token_starts;
+    v->prefix_chars = vocab_prefix_chars;
     v->chat_format = API_CHAT_NONE; /* the server sets these (server_chat_setup) */
     v->chat_tokens.bos = "";
     v->chat_tokens.eos = "";

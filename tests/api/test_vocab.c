@@ -331,8 +331,39 @@ static void test_echo_text_offsets(void **state) {
     }
 }
 
+/* prefix_chars counts in one pass what decoding each prefix gives, character for
+ * character: over random ids of the whole vocabulary (control tokens, byte tokens that make
+ * up or break characters, <0x00>, which decoding drops), every prefix of 300 sequences. */
+static void test_prefix_chars_match_decoding(void **state) {
+    (void)state;
+    if (!tok) return;
+    assert_non_null(vocab.prefix_chars);
+    enum { LEN = 48 };
+    int32_t ids[LEN];
+    size_t chars[LEN + 1];
+    uint32_t x = 12345;
+    for (int seq = 0; seq < 300; seq++) {
+        for (int i = 0; i < LEN; i++) {
+            x = x * 1664525u + 1013904223u;
+            /* a third from the byte tokens' range (3..258 in stories260K: <0x00>..<0xFF>) */
+            ids[i] = (int32_t)((x >> 8) % (seq % 3 ? (uint32_t)vocab.n_vocab : 259u));
+        }
+        assert_int_equal(vocab.prefix_chars(vocab.arg, ids, LEN, chars), 0);
+        for (int32_t i = 0; i <= LEN; i++) {
+            char *text = vocab.decode(vocab.arg, ids, i, true);
+            assert_non_null(text);
+            size_t want = api_utf8_chars(text, strlen(text));
+            if (chars[i] != want)
+                fail_msg("sequence %d, prefix %d: %zu characters counted, decoding gives %zu ('%s')",
+                         seq, i, chars[i], want, text);
+            free(text);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefix_chars_match_decoding),
         cmocka_unit_test(test_wrapper_basics),
         cmocka_unit_test(test_prompts_parse_special_tokens),
         cmocka_unit_test(test_bpe_token_texts),

@@ -33,7 +33,7 @@ static bool ready;
 static void setup(void) {
     fz_vocab_build(FZ_VOCAB_GENERATED, 600, &real);
     vocabs[0] = (ApiVocab){NULL, FZ_FAKE_N_VOCAB, true, fz_fake_encode, fz_fake_decode,
-                           fz_fake_token_text, NULL, API_CHAT_CHATML, {"<s>", "</s>"}};
+                           fz_fake_token_text, NULL, NULL, API_CHAT_CHATML, {"<s>", "</s>"}};
     api_vocab_from_tokenizer(&vocabs[1], real.tok);
     ready = true;
 }

@@ -46,7 +46,7 @@ static bool ready;
  * vocabulary (pieces that are not valid UTF-8, control and user-defined pieces). */
 static void setup(void) {
     vocabs[0] = (ApiVocab){NULL, FZ_FAKE_N_VOCAB, true, fz_fake_encode, fz_fake_decode,
-                           fz_fake_token_text, NULL, API_CHAT_CHATML, {"<s>", "</s>"}};
+                           fz_fake_token_text, NULL, NULL, API_CHAT_CHATML, {"<s>", "</s>"}};
     fz_vocab_build(FZ_VOCAB_CROSSING, 0, &real);
     api_vocab_from_tokenizer(&vocabs[1], real.tok);
     ready = true;

@@ -81,7 +81,7 @@ void *fz_vocab_gguf(FzVocabKind kind, int n_generated, size_t *size);
  * decode returns valid UTF-8 (bytes that are not a character become U+FFFD), token_text
  * returns the written length ("bytes:\\xNN" for a byte that is not a character alone).
  * Build one with: ApiVocab v = {NULL, FZ_FAKE_N_VOCAB, true, fz_fake_encode,
- *                               fz_fake_decode, fz_fake_token_text, NULL}; */
+ *                               fz_fake_decode, fz_fake_token_text, NULL, NULL}; */
 #define FZ_FAKE_N_VOCAB 259
 int fz_fake_encode(void *arg, const char *text, size_t len, bool add_bos, int32_t *out,
                    int max_out);

@@ -38,8 +38,8 @@ static int fake_token_text(void *arg, int32_t id, char *out, size_t cap, bool *i
     return snprintf(out, cap, "bytes:\\x%02x", b);
 }
 
-const ApiVocab fake_vocab_bytes = {NULL,         259, true, fake_encode, fake_decode, fake_token_text,
-                                   NULL,         API_CHAT_CHATML, {"<s>", "</s>"}};
+const ApiVocab fake_vocab_bytes = {NULL, 259, true, fake_encode, fake_decode, fake_token_text,
+                                   NULL, NULL, API_CHAT_CHATML, {"<s>", "</s>"}};
 
 ApiVocab fake_vocab(void)
 {
