@@ -58,9 +58,9 @@ static inline int matmul_type_q4(MatmulType type)
  * pairs = ceil(in / 2); I8 as matmul_kernel.h's I8Layout says (bytes q + 128 at
  * [((p * quads + k / 4) * 16 + j) * 4 + k % 4], then the 16 scales of each panel). Zero
  * past out (and past in, up to whole pairs); I8 holds q = 0 (byte 128) and scale 0 there.
- * Q4 and Q4M as matmul_kernel.h's Q4Layout says (nibbles, then the panel's F16 scales, and
- * Q4M's minimums, per panel); q = 8 (zero) and scale 0 past out (Q4M: minimum 0), q = 8
- * past in. */
+ * Q4 and Q4M as matmul_kernel.h's Q4Layout says (a panel's nibbles, then per block its 16
+ * F16 scales, Q4M's followed by the block's 16 F16 minimums in the same line); q = 8 (zero)
+ * and scale 0 past out (Q4M: minimum 0), q = 8 past in. */
 typedef struct {
     int in, out;
     MatmulType type;

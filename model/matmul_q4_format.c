@@ -114,9 +114,11 @@ static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w
  * only an F16 d with m = -8 d. */
 static PACK_TARGET int grid_fits(const Q4Layout *lay, float d, float m)
 {
-    if (!(fabsf(d) < F16_OVERFLOW) || !(fabsf(m) < F16_OVERFLOW))
+    if (!(fabsf(d) < F16_OVERFLOW))
         return 0;
-    return lay->mins_offset || (_cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT)) == d && m == -8.0f * d);
+    if (lay->mins_offset)
+        return fabsf(m) < F16_OVERFLOW;
+    return _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT)) == d && m == -8.0f * d;
 }
 
 /* One block of one output row, w[0, n), on its grid (grid_fits): q the nearest integer to
@@ -124,15 +126,29 @@ static PACK_TARGET int grid_fits(const Q4Layout *lay, float d, float m)
 static PACK_TARGET int pack_block_grid(void *buf, const Q4Layout *lay, const float *w, int n, int o,
                                        int c, float d, float m)
 {
-    uint8_t q[MATMUL_Q4_BLOCK];
-    int bad = 0;
-    for (int k = 0; k < MATMUL_Q4_BLOCK; k++) {
-        float v = k < n ? w[k] : 0.0f, t = d != 0.0f ? floorf((v - m) / d + 0.5f) : 0.0f;
-        bad |= !isfinite(v);
-        q[k] = k >= n ? 8 : t < 0.0f ? 0 : t > 15.0f ? 15 : (uint8_t)t;
+    __mmask16 m0, m1;
+    half_masks(n, &m0, &m1);
+    __m512 v0 = _mm512_maskz_loadu_ps(m0, w), v1 = _mm512_maskz_loadu_ps(m1, w + 16);
+    __m512 inf = _mm512_set1_ps(INFINITY);
+    if (_mm512_cmp_ps_mask(_mm512_abs_ps(v0), inf, _CMP_LT_OQ) != 0xffff ||
+        _mm512_cmp_ps_mask(_mm512_abs_ps(v1), inf, _CMP_LT_OQ) != 0xffff)
+        return -2; /* a NaN or an infinity (the zeroed lanes past n are finite) */
+    __m512i q0 = _mm512_setzero_si512(), q1 = q0, eight = _mm512_set1_epi32(8);
+    if (d != 0.0f) {
+        __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), half = _mm512_set1_ps(0.5f);
+        __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(15.0f);
+        __m512 t0 = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(v0, mv), dv), half);
+        __m512 t1 = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(v1, mv), dv), half);
+        t0 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(t0, _MM_FROUND_TO_NEG_INF), lo), hi);
+        t1 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(t1, _MM_FROUND_TO_NEG_INF), lo), hi);
+        q0 = _mm512_cvttps_epi32(t0);
+        q1 = _mm512_cvttps_epi32(t1);
     }
-    if (bad)
-        return -2;
+    q0 = _mm512_mask_blend_epi32(m0, eight, q0);
+    q1 = _mm512_mask_blend_epi32(m1, eight, q1);
+    uint8_t q[MATMUL_Q4_BLOCK]; /* past n: 8 */
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
     put_nibbles(buf, lay, q, o, c);
     *scale_at(buf, lay, o, c) = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
     if (lay->mins_offset)

@@ -56,7 +56,9 @@ typedef struct {
  * row's, or the 128-value block's, largest |value|). Without AVX512_VNNI the AVX2 int8
  * kernel runs instead (byte pairs summed in int16: inputs at 129 levels, not 255).
  * Q4 holds each matrix at 4.5 bits a weight by GGUF Q4_0's rule (blocks of 32 weights of a
- * row, an F16 scale each; tensors stored Q4_0 by ggml's reference rule load exactly) and quantises each
+ * row, an F16 scale each), keeping the blocks of 4-bit tensors as stored (Q4_0 and Q4_1
+ * exactly, Q4_K to F16's rounding of its sub-block scales; a matrix with Q4_1 or Q4_K
+ * parts at 5 bits, an F16 minimum per block too) and quantises each
  * product's input rows to int8 per block of 32: decode of a big model, which reads every
  * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); loading fails on
  * a CPU without AVX512_VNNI.

@@ -339,10 +339,10 @@ static int pack_counted(Loader *ld, const float *rows, const float *grids, int i
                     "not finite): load the model with --weight-type f32", what);
     if (rc == -2 && type == MATMUL_I8)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite", what);
-    if (rc == -2 && matmul_type_q4(type))
+    if (rc == -2 && matmul_type_q4(type)) /* Q4M also holds the rule's m = -8 d as F16 */
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite, or one so large "
-                    "(|w| >= 524160) that Q4's F16 scale cannot hold it (int8 holds any finite "
-                    "weight)", what);
+                    "(|w| >= %s) that Q4's F16 scale cannot hold it (int8 holds any finite "
+                    "weight)", what, type == MATMUL_Q4M ? "65520" : "524160");
     if (rc == -2)
         return model_errorf(ld->err, ld->err_len, "%s has a weight that is not finite (or rounds to "
                     "infinity in BF16): load the model with --weight-type f32", what);
@@ -413,8 +413,8 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
             return -1;
         at += (size_t)outs[i];
     }
-    float *grids = with_grids ? rows + total * in : NULL;
-    if (grids && !ld->dry)
+    float *grids = with_grids && !ld->dry ? rows + total * in : NULL;
+    if (grids)
         load_grids(ld, in, n, names, outs, grids);
     return pack_staged(ld, rows, grids, in, (int)total, type, dst, what);
 }

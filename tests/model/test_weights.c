@@ -688,6 +688,12 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
         fail_msg("%s", err);
     assert_int_equal(plan.weight_bytes, bytes);
     assert_int_equal(bytes, expected_bytes(&c, &w));
+    /* the peak: at most the largest matrix staged as F32 rows, with its grids (1/16 more) */
+    size_t largest = 2 * (size_t)c.ffn_dim * c.dim;
+    if (!tied && (size_t)c.vocab_size * c.dim > largest)
+        largest = (size_t)c.vocab_size * c.dim;
+    assert_true(plan.load_peak_bytes > plan.weight_bytes);
+    assert_true(plan.load_peak_bytes <= plan.weight_bytes + (largest + largest / 16) * sizeof(float));
     assert_string_equal(model_matrix_type_name(&c), "q4");
     MatmulType held = type == GGML_TYPE_Q4_0 && q_type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M;
     assert_int_equal(w.layers[0].wqkv.type, held);
