@@ -426,17 +426,23 @@ static void quantise_range(void *arg, int r0, int r1, int thread)
 {
     (void)thread;
     const QuantiseJob *j = arg;
-    for (int r = r0; r < r1; r++)
-        j->quantise(j->xr->q + (size_t)r * j->xr->stride, j->xr->sx + (size_t)r * j->xr->blocks,
-                        j->xr->zsum + (size_t)r * j->xr->blocks, j->x + (size_t)r * j->ldx, j->in);
+    const I8Rows *xr = j->xr;
+    for (int r = r0; r < r1; r++) {
+        size_t at = (size_t)r * xr->blocks;
+        j->quantise(xr->q + (size_t)r * xr->stride, xr->sx + at, xr->zsum + at, j->x + (size_t)r * j->ldx, j->in);
+        for (int b = 0; xr->xsum && b < xr->blocks; b++)
+            xr->xsum[at + b] = q4_block_x_sum(xr->sx[at + b], xr->zsum[at + b]);
+    }
 }
 
-/* An I8Rows for `rows` rows of `in` inputs: scales, zero-point sums, then the values. */
+/* An I8Rows for `rows` rows of `in` inputs: scales, zero-point sums, (Q4M: x sums,) then
+ * the values. */
 typedef struct {
     int blocks;    /* per row */
     size_t stride; /* bytes a row of values: whole quads (I8) or blocks (Q4) */
     size_t bytes;  /* the struct and all of it */
     RowQuantise *quantise;
+    int with_xsum; /* Q4M: I8Rows.xsum too */
 } I8RowsShape;
 
 /* The shape of x quantised for a product on weights of this type (I8 or Q4). */
@@ -445,8 +451,9 @@ static I8RowsShape i8_rows_shape(MatmulType type, int in, int rows)
     int q4 = matmul_type_q4(type), block = q4 ? MATMUL_Q4_BLOCK : MATMUL_I8_BLOCK;
     int blocks = (in + block - 1) / block;
     I8RowsShape sh = { blocks, q4 ? (size_t)blocks * block : (size_t)(in + 3) / 4 * 4, 0,
-                       q4 ? q4_row_quantise : i8_row_quantise };
-    sh.bytes = sizeof(I8Rows) + (size_t)rows * ((size_t)sh.blocks * (sizeof(float) + sizeof(int32_t)) + sh.stride);
+                       q4 ? q4_row_quantise : i8_row_quantise, type == MATMUL_Q4M };
+    size_t per_block = sizeof(float) * (sh.with_xsum ? 2 : 1) + sizeof(int32_t);
+    sh.bytes = sizeof(I8Rows) + (size_t)rows * ((size_t)sh.blocks * per_block + sh.stride);
     return sh;
 }
 
@@ -458,7 +465,9 @@ static I8Rows *quantise_rows(void *mem, I8RowsShape shape, const float *x, int l
     I8Rows *xr = mem;
     float *sx = (float *)(xr + 1);
     int32_t *zsum = (int32_t *)(sx + floats);
-    *xr = (I8Rows){ (int8_t *)(zsum + floats), shape.stride, sx, zsum, shape.blocks, 0 };
+    float *xsum = shape.with_xsum ? (float *)(zsum + floats) : NULL;
+    int8_t *q = (int8_t *)(zsum + floats) + (xsum ? floats * sizeof(float) : 0);
+    *xr = (I8Rows){ q, shape.stride, sx, zsum, shape.blocks, 0, xsum };
     QuantiseJob j = { x, ldx, in, xr, NULL, shape.quantise };
     compute_parallel_ranges(rows, 8, parallel, quantise_range, &j);
     return xr;

@@ -49,7 +49,7 @@ void i8_run_chunks(const MatmulTask *t, int p0, int p1, int mr_max, I8Sweep *swe
         int nkq = quads - kq0 < KCQ ? quads - kq0 : KCQ;
         float beta = kq0 == 0 ? t->beta : 1.0f;
         int n_in = t->in - 4 * kq0 < 4 * nkq ? t->in - 4 * kq0 : 4 * nkq;
-        I8Rows own = { q, 4 * KCQ, sx, zsum, CHUNK_BLOCKS, kq0 };
+        I8Rows own = { q, 4 * KCQ, sx, zsum, CHUNK_BLOCKS, kq0, NULL };
         for (int r = 0; r < t->rows; r += mr_max) {
             int mr = t->rows - r < mr_max ? t->rows - r : mr_max;
             if (t->xq) {

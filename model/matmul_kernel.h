@@ -74,12 +74,18 @@ typedef struct {
     int32_t *zsum;
     int blocks;
     int kq_base;
+    float *xsum; /* Q4M products, or NULL: per block q4_block_x_sum(sx, zsum), as sx */
 } I8Rows;
 
 /* The same for Q4 products (matmul_q4_format.c): blocks of MATMUL_Q4_BLOCK inputs at 127
  * levels, q zero-padded to whole blocks, zsum = 8 * (sum of the block's q) (the nibbles'
  * offset), kq_base 0. */
 void q4_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
+/* What a Q4M block's minimums multiply: sx times the sum of the block's q (zsum / 8). */
+static inline float q4_block_x_sum(float sx, int32_t zsum)
+{
+    return sx * ((float)zsum * 0.125f);
+}
 /* Q4 and Q4M packing (matmul_q4_format.c, for matmul.c): the bytes no row writes set first
  * (the last panel, each panel's tail), then output rows [o0, o1) of w packed (any ranges,
  * in any order or at once: each writes only its rows' bytes), with the grids of
@@ -260,7 +266,7 @@ Q4_HELPER __m512 q4_fold(__m512 acc, __m512 d, float sx, __m512i sums)
 /* sx * X of a row's block, X = z / 8 (z as q4_row_quantise's zsum), in every lane. */
 Q4_HELPER __m512 q4_x_sum(float sx, int32_t z)
 {
-    return _mm512_set1_ps(sx * ((float)z * 0.125f));
+    return _mm512_set1_ps(q4_block_x_sum(sx, z));
 }
 
 /* acc + shift * (sx * X) for a Q4M block. */

@@ -12,7 +12,9 @@
  * Tiles as matmul_amx.h says, at a depth of 32 bytes: 2 row blocks of up to 16 rows x 2
  * panels. Every block's sums go through memory into F32 (four times as often as int8's
  * 128-input blocks), which is still a fraction of what VPDPBUSD would spend on the
- * products. Only for x quantised beforehand (t->xq); anything else runs on matmul_q4.c.
+ * products. Only for x quantised beforehand (t->xq; for Q4M with its xsum, so that the
+ * minimums' term costs one multiply-add a row and panel, not the sum's conversion too:
+ * 10% of a 128-row product); anything else runs on matmul_q4.c.
  * The process must have asked the kernel for the tile state first (matmul_i8_amx()).
  */
 #include "model/matmul_kernel.h"
@@ -75,7 +77,7 @@ AMX_INLINE void block_fold(Group *g, const I8Rows *xr, const uint8_t *panel, con
     for (int i = 0; i < g->m0 + g->m1; i++) {
         size_t at = (size_t)(g->r + i) * xr->blocks + c;
         float sx = xr->sx[at];
-        __m512 x_sum = lay->mins_offset ? q4_x_sum(sx, xr->zsum[at]) : _mm512_setzero_ps();
+        __m512 x_sum = lay->mins_offset ? _mm512_set1_ps(xr->xsum[at]) : _mm512_setzero_ps();
         int tile = i < g->m0 ? 0 : 2, row = i < g->m0 ? i : i - g->m0;
         for (int j = 0; j < np; j++) {
             g->acc[i][j] = q4_fold(g->acc[i][j], d[j], sx, _mm512_loadu_si512(g->sums[tile + j][row]));
@@ -105,7 +107,7 @@ AMX_INLINE void group_run(const MatmulTask *t, const Q4Layout *lay, Group *g, in
 
 AMX_TARGET void matmul_kernel_q4_amx_run(const MatmulTask *t, int p0, int p1)
 {
-    if (!t->xq || t->rows < MATMUL_Q4_AMX_ROWS) {
+    if (!t->xq || t->rows < MATMUL_Q4_AMX_ROWS || (t->type == MATMUL_Q4M && !t->xq->xsum)) {
         matmul_kernel_q4_run(t, p0, p1);
         return;
     }

@@ -583,6 +583,7 @@ static void test_amx_kernel_matches_vnni(void **state)
     static int8_t q[ROWS * (IN + 31) / 32 * 32];
     static float sx[ROWS * ((IN + 31) / 32)];
     static int32_t zsum[ROWS * ((IN + 31) / 32)];
+    static float xsum[ROWS * ((IN + 31) / 32)];
     for (int i = 0; i < ROWS * IN; i++)
         x[i] = rand_uniform() * (float)(1 << (i % 5));
     for (int i = 0; i < OUT * IN; i++)
@@ -597,7 +598,9 @@ static void test_amx_kernel_matches_vnni(void **state)
             assert_int_equal(matmul_weights_pack_grids(&m, w, type == MATMUL_Q4M ? grids : NULL, in, out, type), 0);
             for (int r = 0; r < ROWS; r++)
                 q4_row_quantise(q + (size_t)r * blocks * 32, sx + r * blocks, zsum + r * blocks, x + (size_t)r * in, in);
-            I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0 };
+            for (int i = 0; i < ROWS * blocks; i++)
+                xsum[i] = q4_block_x_sum(sx[i], zsum[i]);
+            I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0, type == MATMUL_Q4M ? xsum : NULL };
             for (int c = 0; c < 6; c++)
                 for (int v = 0; v < 4; v++) {
                     int rows = rows_list[c], beta_on = v % 2, p0 = v / 2; /* share [p0, panels) */
