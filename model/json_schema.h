@@ -33,8 +33,8 @@
 #define JSON_SCHEMA_MAX_CHOICES 64
 #define JSON_SCHEMA_MAX_NODES 4096
 /* Whitespace between two of the schema's tokens: at most one line break, and this many
- * other bytes after it (indentation); a model that likes whitespace then reaches the
- * content sooner. "Any value" parts take json_prefix's wider limits (max_ws). */
+ * other bytes before it and after it (indentation); a model that likes whitespace then
+ * reaches the content sooner. "Any value" parts take json_prefix's wider limits (max_ws). */
 #define JSON_SCHEMA_MAX_WS 20
 /* Bytes of one property name or enum value as JSON text (quotes included). */
 #define JSON_SCHEMA_MAX_LITERAL 1024
