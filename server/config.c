@@ -86,6 +86,8 @@ static const Flag flags[] = {
      "20", "largest logprobs a request may ask for"},
     {"max-prompt-tokens", 0, FLAG_I32, FIELD(limits.max_prompt_tokens), 0, 1 << 24, "N", "0",
      "longest prompt in tokens (0: only the context length limits it)"},
+    {"cors-origins", 0, FLAG_STRING, FIELD(cors_origins), 0, 0, "LIST", "none",
+     "origins browser pages may call the API from: * or a comma-separated list (CORS headers, OPTIONS preflights)"},
     {"max-header-bytes", 0, FLAG_SIZE, FIELD(max_header_bytes), 4096, 1 << 24, "N", "32768",
      "memory per connection for the request line and headers (431 or 413 above)"},
     {"max-stop", 0, FLAG_I32, FIELD(limits.max_stop), 0, 64, "N", "4",
@@ -509,6 +511,7 @@ void server_config_free(ServerConfig *c)
     free(c->host);
     free(c->model_name);
     free(c->chat_template);
+    free(c->cors_origins);
     for (int i = 0; i < c->n_api_keys; i++)
         free(c->api_keys[i]);
     free(c->api_keys);

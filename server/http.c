@@ -160,6 +160,7 @@ void server_add_common_headers(ServerReq *r, struct MHD_Response *resp)
     MHD_add_response_header(resp, "X-Request-Id", r->request_id);
     if (r->srv->draining) /* let keep-alive clients go, so the drain can end */
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    cors_add_headers(r, resp);
 }
 
 enum MHD_Result server_send(ServerReq *r, int status, const char *content_type, char *body,
@@ -305,6 +306,8 @@ static enum MHD_Result req_begin(ServerReq *r, struct MHD_Connection *conn, cons
     if (r->route == ROUTE_NOT_FOUND) {
         api_error_set(e, 404, NULL, NULL, "Invalid URL (%s %.120s)", method, url);
         r->has_early_error = true;
+    } else if (cors_preflight(c, method)) {
+        r->preflight = true;
     } else if (!route_method_ok(r->route, method)) {
         api_error_set(e, 405, NULL, NULL, "Method %s is not allowed for %.120s (allowed: %s)",
                       method, url, route_allow(r->route));
@@ -371,6 +374,8 @@ static enum MHD_Result req_dispatch(ServerReq *r, const char *url)
 {
     if (r->has_early_error)
         return server_send_error(r, &r->early_error);
+    if (r->preflight)
+        return cors_send_preflight(r, route_allow(r->route));
     if (r->body_too_large) {
         ApiError e;
         api_error_set(&e, 413, NULL, "request_too_large",

@@ -68,6 +68,8 @@ typedef struct {
     char **api_keys;         /* --api-key and the lines of --api-key-file; empty = no auth */
     int n_api_keys;
     bool metrics_no_auth;    /* --metrics-no-auth: /metrics open even with keys */
+    char *cors_origins;      /* --cors-origins: "*" or a comma-separated list of origins
+                              * browser pages may call from; NULL = none (cors.c) */
 
     int max_connections;     /* --max-connections (MHD_OPTION_CONNECTION_LIMIT), 512 */
     size_t max_header_bytes; /* --max-header-bytes: memory per connection for the request

@@ -72,6 +72,7 @@ struct ServerReq {
     int status;                  /* HTTP status sent (for the log) */
 
     bool has_early_error;        /* decided from the headers; the body is read and dropped */
+    bool preflight;              /* a CORS preflight (OPTIONS), answered when its body ends */
     ApiError early_error;
     ApiBuf body;
     size_t body_seen;            /* body bytes received, kept or dropped */
@@ -211,6 +212,13 @@ void conn_watch_arm(ServerReq *r);
 void server_kick(Server *s); /* run MHD and re-arm its timer (not from inside MHD) */
 void server_tick_update(Server *s);
 void server_maybe_finish_drain(Server *s);
+
+/* cors.c: Access-Control-* for browser pages (--cors-origins; nothing when unset). */
+void cors_add_headers(ServerReq *r, struct MHD_Response *resp);
+/* Whether this is a preflight to answer (OPTIONS, with --cors-origins set). */
+bool cors_preflight(const ServerConfig *c, const char *method);
+/* 204 naming the route's methods (e.g. "POST") and the headers the page asked to send. */
+enum MHD_Result cors_send_preflight(ServerReq *r, const char *methods);
 
 /* auth.c */
 bool auth_check(const ServerConfig *c, const char *authorization_header);
