@@ -36,14 +36,18 @@ const char *model_matrix_type_name(const ModelConfig *c)
         return "int8";
     if (all_matrices(c, c->packed_matrices_q4))
         return "q4";
+    if (c->packed_matrices_q4 > 0 && all_matrices(c, c->packed_matrices_q4 + c->packed_matrices_i8))
+        return "q4+int8"; /* q4 of a mostly 4-bit file with wider tensors */
     return all_matrices(c, c->packed_matrices_bf16) ? "bf16" : "mixed";
 }
 
-/* Mixed matrices name the F32/F16 kernel, as before. */
+/* q4+int8 names the Q4 kernels (their VNNI and AMX use is int8's); other mixed matrices the
+ * F32/F16 kernel, as before. */
 const char *model_kernel_name(const ModelConfig *c)
 {
     return matmul_kernel_name(all_matrices(c, c->packed_matrices_i8)    ? MATMUL_I8
-                              : all_matrices(c, c->packed_matrices_q4) ? MATMUL_Q4
+                              : c->packed_matrices_q4 > 0 &&
+                                all_matrices(c, c->packed_matrices_q4 + c->packed_matrices_i8) ? MATMUL_Q4
                               : all_matrices(c, c->packed_matrices_bf16) ? MATMUL_BF16
                                                                          : MATMUL_F32);
 }

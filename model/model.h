@@ -58,7 +58,8 @@ typedef struct {
  * Q4 holds each matrix at 4.5 bits a weight by GGUF Q4_0's rule (blocks of 32 weights of a
  * row, an F16 scale each), keeping the blocks of 4-bit tensors as stored (Q4_0 and Q4_1
  * exactly, Q4_K to F16's rounding of its sub-block scales; a matrix with Q4_1 or Q4_K
- * parts at 5 bits, an F16 minimum per block too) and quantises each
+ * parts at 5 bits, an F16 minimum per block too; in a file mostly of 4 bits or fewer, a
+ * matrix with a part stored in 5-8 bits as int8) and quantises each
  * product's input rows to int8 per block of 32: decode of a big model, which reads every
  * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); loading fails on
  * a CPU without AVX512_VNNI.
@@ -70,7 +71,7 @@ typedef enum {
 
 /* "auto", "f32", "f16", "bf16", "int8", "q4" -> the type; -1 for anything else. */
 int model_weight_type_parse(const char *name, ModelWeightType *out);
-/* "f32", "f16", "bf16", "int8", "q4" or "mixed": how the model's matrices ended up in memory (for
+/* "f32", "f16", "bf16", "int8", "q4", "q4+int8" or "mixed": how the model's matrices ended up in memory (for
  * logs). */
 const char *model_matrix_type_name(const ModelConfig *c);
 /* The instructions its products run on (for logs): "amx_int8+avx512_vnni" (int8 where the

@@ -299,12 +299,48 @@ static bool any_stored_as(const Loader *ld, int n, const char *const names[], ui
     return false;
 }
 
-/* F16, BF16, int8 or Q4 when asked (Q4M when a part is stored with minimums, q4_1 or q4_K:
- * then it holds them as they are), or F16 under AUTO when every source tensor is stored F16
- * (then packing is exact); F32 otherwise. Decided per packed matrix: a file may mix types. */
+static bool stored_in_4_bits_or_fewer(uint32_t type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q2_K ||
+           type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q4_K;
+}
+
+/* Whether most of the file's matrix weights (its 2-D tensors) are stored in 4 bits or
+ * fewer: then a tensor its quantiser stored wider was meant to keep those bits (a Q4_K_M
+ * file's attn_v, half its ffn_down and its output matrix are Q6_K). */
+static bool file_mostly_4_bits(const GgufFile *f) {
+    uint64_t narrow = 0, all = 0;
+    for (int64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const GgufTensor *t = gguf_tensor(f, i);
+        if (t->n_dims != 2)
+            continue;
+        all += t->n_elements;
+        narrow += stored_in_4_bits_or_fewer(t->type) ? t->n_elements : 0;
+    }
+    return narrow > all / 2;
+}
+
+/* Whether a part is stored quantised in 5 to 8 bits. */
+static bool any_stored_wider(const Loader *ld, int n, const char *const names[]) {
+    return any_stored_as(ld, n, names, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1) ||
+           any_stored_as(ld, n, names, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K) ||
+           any_stored_as(ld, n, names, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0);
+}
+
+/* Under q4: int8 for a matrix with a part stored in 5-8 bits in a file mostly of 4 bits or
+ * fewer (what its quantiser kept wider keeps 8); else Q4M when a part is stored with
+ * minimums (q4_1, q4_K: it then holds them as they are), Q4 otherwise. */
+static MatmulType q4_pack_type(const Loader *ld, int n, const char *const names[]) {
+    if (any_stored_wider(ld, n, names) && file_mostly_4_bits(ld->f))
+        return MATMUL_I8;
+    return any_stored_as(ld, n, names, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K) ? MATMUL_Q4M : MATMUL_Q4;
+}
+
+/* F16, BF16, int8 or Q4 when asked (q4_pack_type), or F16 under AUTO when every source
+ * tensor is stored F16 (then packing is exact); F32 otherwise. Decided per packed matrix:
+ * a file may mix types. */
 static MatmulType pack_type_for(const Loader *ld, int n, const char *const names[]) {
     if (ld->want == MODEL_WEIGHTS_Q4)
-        return any_stored_as(ld, n, names, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K) ? MATMUL_Q4M : MATMUL_Q4;
+        return q4_pack_type(ld, n, names);
     if (ld->want != MODEL_WEIGHTS_AUTO)
         return ld->want == MODEL_WEIGHTS_F16 ? MATMUL_F16
              : ld->want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16

@@ -56,9 +56,10 @@ static void tensor_values(const char *name, float *x, size_t n) {
     }
 }
 
-/* Blocks of a 4-bit type gguf_writer does not encode (q4_1, q4_K), from the tensor's name:
- * quants and 6-bit scales of any value, F16 scale fields small normal ones (q4_K: d 2^-11
- * and dmin 2^-12 times 1..2, so that a sub-block's d * sc is not always an F16 value). */
+/* Blocks of a type gguf_writer does not encode (q4_1, q4_K, q6_K), from the tensor's name:
+ * quants and scales of any value, F16 scale fields small normal ones (q4_K: d 2^-11 and
+ * dmin 2^-12 times 1..2, so that a sub-block's d * sc is not always an F16 value; q6_K:
+ * d 2^-12 times 1..2, at byte 208). */
 static void *random_blocks(const char *name, uint32_t type, size_t n_values) {
     size_t per = ggml_type_block_bytes(type), n = n_values / ggml_type_block_elems(type) * per;
     float *x = malloc(n * sizeof *x);
@@ -68,6 +69,11 @@ static void *random_blocks(const char *name, uint32_t type, size_t n_values) {
         b[i] = (uint8_t)((x[i] + 1.0f) * 127.9f);
     for (size_t at = 0; at < n; at += per) {
         float u = fabsf(x[at]), v = fabsf(x[at + 1]);
+        if (type == GGML_TYPE_Q6_K) {
+            uint16_t d = gguf_f32_to_f16(0x1p-12f * (1.0f + u));
+            memcpy(b + at + 208, &d, 2);
+            continue;
+        }
         uint16_t d = gguf_f32_to_f16(type == GGML_TYPE_Q4_K ? 0x1p-11f * (1.0f + u) : 0.01f * (1.0f + u));
         uint16_t m = gguf_f32_to_f16(type == GGML_TYPE_Q4_K ? 0x1p-12f * (1.0f + v) : -0.08f * (1.0f + v));
         memcpy(b + at, &d, 2);
@@ -88,7 +94,7 @@ static void add(GgufWriter *w, const Spec *s, const char *name, uint64_t ne0, ui
     tensor_values(name, x, n);
     uint64_t ne[2] = {ne0, ne1};
     uint32_t t = ne1 ? type : GGML_TYPE_F32;  /* norms stay F32 */
-    if (t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q4_K) {
+    if (t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K) {
         void *blocks = random_blocks(name, t, n);
         assert_int_equal(gguf_writer_add_tensor_blocks(w, name, 2, ne, t, blocks), 0);
         free(blocks);
@@ -729,6 +735,63 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     free(data);
 }
 
+/* q4 of a file stored mostly in 4 bits keeps what its quantiser stored wider at int8 (a
+ * Q4_K_M file's Q6_K attn_v, ffn_down, output): here a q4_K file whose attn_q are q6_K: the
+ * fused q/k/v matrix is int8, its q rows within half a step of their row's 255 levels of
+ * the file's values, the rest Q4M; the log names "q4+int8" on the Q4 kernels. A file
+ * mostly of wider types (q8_0) is q4 throughout, as asked. */
+static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
+    (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED q4 of a mixed 4-bit file: this CPU has no AVX512_VNNI\n");
+        return;
+    }
+    Spec s = default_spec();
+    s.dim = 256;
+    s.ffn = 512;
+    s.type = GGML_TYPE_Q4_K;
+    s.type_override_q = GGML_TYPE_Q6_K;
+    void *data;
+    GgufFile *f = make_model(&s, &data);
+    ModelConfig c;
+    TransformerWeights w;
+    ModelPlan plan;
+    size_t bytes;
+    char err[512];
+    if (weights_plan(f, MODEL_WEIGHTS_Q4, &plan, err, sizeof err) < 0 ||
+        weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(plan.weight_bytes, bytes);
+    assert_int_equal(bytes, expected_bytes(&c, &w));
+    assert_string_equal(model_matrix_type_name(&c), "q4+int8");
+    assert_string_equal(model_kernel_name(&c), matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni");
+    assert_int_equal(w.layers[0].wqkv.type, MATMUL_I8);
+    assert_int_equal(w.layers[1].w_down.type, MATMUL_Q4M);
+    assert_int_equal(w.output.type, MATMUL_Q4M);
+    float *file = tensor_f32(f, "blk.1.attn_q.weight"), *held = unpacked(&w.layers[1].wqkv);
+    for (int o = 0; o < c.dim; o++) {
+        float row_max = 0.0f;
+        for (int k = 0; k < c.dim; k++)
+            row_max = fmaxf(row_max, fabsf(file[o * c.dim + k]));
+        for (int k = 0; k < c.dim; k++)
+            assert_true(fabsf(held[o * c.dim + k] - file[o * c.dim + k]) <= row_max / 254.0f * 1.0001f);
+    }
+    free(file);
+    free(held);
+    weights_free(&w, &c);
+    gguf_close(f);
+    free(data);
+    s = default_spec();
+    s.type = GGML_TYPE_Q8_0;
+    f = make_model(&s, &data);
+    if (weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_string_equal(model_matrix_type_name(&c), "q4");
+    weights_free(&w, &c);
+    gguf_close(f);
+    free(data);
+}
+
 static void test_q4_keeps_4bit_blocks(void **state) {
     (void)state;
     if (!matmul_q4_supported()) {
@@ -1000,6 +1063,7 @@ int main(void) {
         cmocka_unit_test(test_load_same_bytes_any_threads),
         cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_q4_keeps_4bit_blocks),
+        cmocka_unit_test(test_q4_keeps_wider_tensors_of_4bit_files),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),
