@@ -454,6 +454,10 @@ char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
  * (to free) when the text had to be put together. 0, or -1 with a 400 naming messages[i]. */
 int api_chat_message_text(const struct json_t *content, size_t i, const char **text,
                           char **owned, ApiError *e);
+/* The same for message m (role `role`) whose content OpenAI requires (system, developer,
+ * user and tool messages): missing or null is a 400 missing_required_parameter. */
+int api_chat_message_content(const struct json_t *m, size_t i, const char *role, const char **text,
+                             char **owned, ApiError *e);
 /* Whether message m (any JSON) has the string role `role`. */
 bool api_chat_message_has_role(const struct json_t *m, const char *role);
 

@@ -743,13 +743,21 @@ static int read_message(const json_t *m, size_t i, bool tool_replies, ApiChatMes
     }
     out->role = strcmp(r, "developer") == 0 ? "system" : r;
     if (assistant) return assistant_text(m, i, tool_replies, out, owned, e);
+    if (strcmp(out->role, "system") != 0 && strcmp(r, "user") != 0) /* rendering refuses the role */
+        return api_chat_message_text(json_object_get(m, "content"), i, &out->content, owned, e);
+    return api_chat_message_content(m, i, r, &out->content, owned, e);
+}
+
+int api_chat_message_content(const json_t *m, size_t i, const char *role, const char **text,
+                             char **owned, ApiError *e) {
     const json_t *content = json_object_get(m, "content");
-    if (!content || json_is_null(content)) { /* only an assistant's may be left out */
+    if (!content || json_is_null(content)) {
+        *owned = NULL;
         api_error_set(e, 400, "messages", "missing_required_parameter",
-                      "messages[%zu] (role '%.32s') needs 'content'", i, r);
+                      "messages[%zu] (role '%.32s') needs 'content'", i, role);
         return -1;
     }
-    return api_chat_message_text(content, i, &out->content, owned, e);
+    return api_chat_message_text(content, i, text, owned, e);
 }
 
 bool api_chat_message_has_role(const json_t *m, const char *role) {

@@ -372,7 +372,7 @@ int api_tool_results_text(const json_t *messages, size_t from, size_t to, char *
                           "before it: its 'tool_call_id' names none", i);
             return -1;
         }
-        if (api_chat_message_text(json_object_get(m, "content"), i, &text, &owned, e) != 0) {
+        if (api_chat_message_content(m, i, "tool", &text, &owned, e) != 0) {
             json_decref(turn);
             return -1;
         }

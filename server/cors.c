@@ -3,35 +3,50 @@
  * A browser runs a page's cross-origin fetch only if the answer names the page's origin
  * in Access-Control-Allow-Origin, and, for a POST with JSON or an Authorization header,
  * only after a preflight OPTIONS request the server answers with the methods and headers
- * it takes. Off by default: a server on 127.0.0.1 that any web page could drive through
- * its visitor's browser is not what a loopback bind promises. With "*" any origin may;
- * with a list, only those (the answer then echoes the one that asked, with Vary: Origin,
- * so that caches keep answers to different origins apart). The preflight needs no API
- * key (browsers never send one with it); the request itself still does. */
+ * it takes. Off by default: a server on 127.0.0.1 whose answers any web page could read
+ * through its visitor's browser is not what a loopback bind promises. With "*" any origin
+ * may; with a list, only those (the answer then echoes the one that asked; every answer
+ * says Vary: Origin, so that caches keep answers to different origins apart). The
+ * preflight needs no API key (browsers never send one with it) and its body, if any, is
+ * not kept; the request itself still needs the key. */
+
+#include <ctype.h>
+#include <strings.h>
 #include "server/server_internal.h"
 
 #include <string.h>
 
-/* What Access-Control-Allow-Origin says to a request from `origin`, or NULL (no CORS). */
-static const char *allowed_origin(const ServerConfig *c, const char *origin)
+static bool list_separator(char ch)
 {
-    const char *list = c->cors_origins;
-    if (!list || !*list)
-        return NULL;
-    if (strcmp(list, "*") == 0)
-        return "*";
-    if (!origin || !*origin)
-        return NULL;
-    size_t n = strlen(origin);
-    for (const char *p = list; *p;) {
-        while (*p == ' ' || *p == ',')
+    return ch == ',' || isspace((unsigned char)ch);
+}
+
+/* What Access-Control-Allow-Origin says to a request from `origin` (NULL: none came), or
+ * NULL (no CORS): "*" when the list holds a "*" entry, else the origin when an entry is it
+ * (scheme and host compare without case, as browsers send them in lower case). */
+static const char *allowed_origin(const char *list, const char *origin)
+{
+    size_t n = origin ? strlen(origin) : 0;
+    const char *match = NULL;
+    for (const char *p = list ? list : ""; *p;) {
+        while (list_separator(*p))
             p++;
-        size_t len = strcspn(p, ", ");
-        if (len == n && strncmp(p, origin, n) == 0)
-            return origin;
+        size_t len = 0;
+        while (p[len] && !list_separator(p[len]))
+            len++;
+        if (len == 1 && *p == '*')
+            return "*";
+        if (len > 0 && len == n && strncasecmp(p, origin, n) == 0)
+            match = origin;
         p += len;
     }
-    return NULL;
+    return match;
+}
+
+/* Whether the list holds a "*" entry: answers then do not depend on the origin. */
+static bool any_origin(const char *list)
+{
+    return allowed_origin(list, NULL) != NULL;
 }
 
 static const char *request_header(ServerReq *r, const char *name)
@@ -41,12 +56,15 @@ static const char *request_header(ServerReq *r, const char *name)
 
 void cors_add_headers(ServerReq *r, struct MHD_Response *resp)
 {
-    const char *allow = allowed_origin(r->srv->cfg, request_header(r, "Origin"));
+    const char *list = r->srv->cfg->cors_origins;
+    if (!list || !*list)
+        return;
+    if (!any_origin(list)) /* also on answers to other origins, as the Fetch spec advises */
+        MHD_add_response_header(resp, "Vary", "Origin");
+    const char *allow = allowed_origin(list, request_header(r, "Origin"));
     if (!allow)
         return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", allow);
-    if (strcmp(allow, "*") != 0)
-        MHD_add_response_header(resp, "Vary", "Origin");
     MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
 }
 

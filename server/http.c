@@ -351,7 +351,7 @@ static bool req_take_body(ServerReq *r, const char *data, size_t n)
                    r->request_id, limit);
         return false;
     }
-    if (r->body_too_large || r->has_early_error || r->phase != PHASE_RECEIVING)
+    if (r->body_too_large || r->has_early_error || r->preflight || r->phase != PHASE_RECEIVING)
         return true;
     if (r->body.len + n > limit) {
         r->body_too_large = true;

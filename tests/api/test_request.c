@@ -918,6 +918,12 @@ static void test_chat_tool_turns(void **state) {
                                                "\"content\":\"done\"}]}<|im_end|>"));
     assert_non_null(strstr(r->prompts[0].text, "assistant\nYes<|im_end|>"));
     api_request_free(r);
+    /* a tool result without content, as OpenAI: a 400 naming the message */
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+               "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+               "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+               "\"tool_call_id\":\"c1\",\"content\":null}]}", API_CHAT_CHATML, "messages",
+               "messages[2] (role 'tool') needs 'content'");
 }
 
 /* What a review found: the description joins the system message the format keeps (DeepSeek

@@ -265,37 +265,49 @@ static size_t byte_of_char(const char *s, size_t ch) {
  * with special tokens written in them ("</s>", parsed to EOS: text decoding never gives
  * back, which placed every later token short of its text before offsets came from the
  * tokenizer). */
+/* A completion of max_tokens 0 with echo and logprobs of the prompt `jprompt` (taken),
+ * through the api with the engine's prompt events made up: the whole response, and the
+ * request (to free after). */
+static json_t *echoed(json_t *jprompt, ApiRequest **rq) {
+    json_t *jb = json_pack("{s:s,s:o,s:i,s:b,s:i}", "model", "m", "prompt", jprompt,
+                           "max_tokens", 0, "echo", 1, "logprobs", 1);
+    char *body = json_dumps(jb, 0);
+    json_decref(jb);
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiRequest *r;
+    ApiError e;
+    assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
+    free(body);
+    assert_int_equal(api_request_tokenize(r, &vocab, 2048, &l, &e), 0);
+    ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    int32_t n = r->prompts[0].n_tokens;
+    for (int32_t i = 1; i < n; i++) {
+        EngineEvent ev = {.kind = EVENT_PROMPT, .token = r->prompts[0].tokens[i],
+                          .logprob = -1.0f, .text = ""};
+        assert_int_equal(api_completion_feed(c, 0, &ev, 0.0, &out), 0);
+    }
+    EngineEvent fin = {.kind = EVENT_FINISH, .finish = FINISH_LENGTH, .text = "", .prompt_tokens = n};
+    assert_int_equal(api_completion_feed(c, 0, &fin, 0.0, &out), 0);
+    json_t *j = json_loadb(out.data, out.len, 0, NULL);
+    assert_non_null(j);
+    api_buf_free(&out);
+    api_completion_free(c);
+    *rq = r;
+    return j;
+}
+
 static void test_echo_text_offsets(void **state) {
     (void)state;
     if (!tok) return;
     static const char *const prompts[] = {"Once upon a time", " Once upon", "a\xe4\xb8\xad" "b c",
                                           "Tom</s>  Lily and</s>Sam", "</s>x <s> y</s>"};
     for (size_t k = 0; k < sizeof prompts / sizeof prompts[0]; k++) {
-        json_t *jb = json_pack("{s:s,s:s,s:i,s:b,s:i}", "model", "m", "prompt", prompts[k],
-                               "max_tokens", 0, "echo", 1, "logprobs", 1);
-        char *body = json_dumps(jb, 0);
-        json_decref(jb);
-        ApiLimits l;
-        api_limits_default(&l);
         ApiRequest *r;
-        ApiError e;
-        assert_int_equal(api_request_parse(body, strlen(body), &l, "m", &r, &e), 0);
-        free(body);
-        assert_int_equal(api_request_tokenize(r, &vocab, 2048, &l, &e), 0);
-        ApiCompletion *c = api_completion_new(r, &vocab, "m", 0.0, NULL);
-        ApiBuf out;
-        api_buf_init(&out);
+        json_t *j = echoed(json_string(prompts[k]), &r);
         int32_t n = r->prompts[0].n_tokens;
-        for (int32_t i = 1; i < n; i++) {
-            EngineEvent ev = {.kind = EVENT_PROMPT, .token = r->prompts[0].tokens[i],
-                              .logprob = -1.0f, .text = ""};
-            assert_int_equal(api_completion_feed(c, 0, &ev, 0.0, &out), 0);
-        }
-        EngineEvent fin = {.kind = EVENT_FINISH, .finish = FINISH_LENGTH, .text = "",
-                           .prompt_tokens = n};
-        assert_int_equal(api_completion_feed(c, 0, &fin, 0.0, &out), 0);
-        json_t *j = json_loadb(out.data, out.len, 0, NULL);
-        assert_non_null(j);
         json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
         const char *text = json_string_value(json_object_get(ch, "text"));
         assert_string_equal(text, prompts[k]);
@@ -325,10 +337,46 @@ static void test_echo_text_offsets(void **state) {
                          t, off, at);
         }
         json_decref(j);
-        api_buf_free(&out);
-        api_completion_free(c);
         api_request_free(r);
     }
+}
+
+/* A prompt of token ids has no text to place them in but their decoding: each offset is the
+ * characters the ids before it decode to (never going back, at most the echoed text's),
+ * which the api counts in one pass; here against decoding every prefix, over ids that
+ * hold control tokens and byte tokens that make up a character, and one that does not. */
+static void test_echo_token_prompt_offsets(void **state) {
+    (void)state;
+    if (!tok) return;
+    int32_t ids[64];
+    const char *text = "Once upon a \xe4\xb8\xad time";
+    int n = vocab.encode(vocab.arg, text, strlen(text), true, ids, 60);
+    assert_true(n > 4 && n < 60);
+    ids[n++] = tokenizer_eos(tok);
+    ids[n++] = find_piece(tok, "<0xE4>"); /* alone: an incomplete character, then text again */
+    assert_true(ids[n - 1] >= 0);
+    ids[n++] = ids[2];
+    json_t *jids = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(jids, json_integer(ids[i]));
+    ApiRequest *r;
+    json_t *j = echoed(jids, &r);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *echo = json_string_value(json_object_get(ch, "text"));
+    json_t *offs = json_object_get(json_object_get(ch, "logprobs"), "text_offset");
+    assert_int_equal(json_array_size(offs), (size_t)n);
+    size_t cap = api_utf8_chars(echo, strlen(echo)), prev = 0;
+    for (int i = 0; i < n; i++) {
+        char *before = vocab.decode(vocab.arg, ids, i, true);
+        size_t want = api_utf8_chars(before, strlen(before));
+        free(before);
+        want = want > prev ? want : prev;
+        want = want < cap ? want : cap;
+        assert_int_equal((size_t)json_integer_value(json_array_get(offs, (size_t)i)), want);
+        prev = want;
+    }
+    json_decref(j);
+    api_request_free(r);
 }
 
 /* prefix_chars counts in one pass what decoding each prefix gives, character for
@@ -371,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_fill_in_the_middle),
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_echo_text_offsets),
+        cmocka_unit_test(test_echo_token_prompt_offsets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,6 +44,10 @@ static void test_listed_origins(void **state)
     ask(sp.port, "OPTIONS", "/v1/models", PAGE, NULL, "Vary", v, sizeof v);
     assert_string_equal(v, "Origin");
     assert_int_equal(ask(sp.port, "OPTIONS", "/nowhere", PAGE, NULL, "Allow", v, sizeof v), 404);
+    /* a preflight with a body (browsers send none): answered the same, the body dropped */
+    assert_int_equal(ask(sp.port, "OPTIONS", "/v1/completions", PAGE, BODY, "Access-Control-Allow-Origin",
+                         v, sizeof v), 204);
+    assert_string_equal(v, "https://app.example");
     /* the requests: allowed origin named on success and on a 401 alike */
     assert_int_equal(ask(sp.port, "POST", "/v1/completions", PAGE, BODY, "Access-Control-Allow-Origin",
                          v, sizeof v), 401);
@@ -64,10 +68,17 @@ static void test_listed_origins(void **state)
     for (size_t i = 0; i < sizeof strangers / sizeof strangers[0]; i++) {
         ask(sp.port, "GET", "/health", strangers[i], NULL, "Access-Control-Allow-Origin", v, sizeof v);
         assert_string_equal(v, "");
+        ask(sp.port, "GET", "/health", strangers[i], NULL, "Vary", v, sizeof v);
+        assert_string_equal(v, "Origin"); /* the answer depends on the origin: say so to caches */
     }
+    ask(sp.port, "GET", "/health", NULL, NULL, "Vary", v, sizeof v);
+    assert_string_equal(v, "Origin");
     ask(sp.port, "GET", "/health", "Origin: https://other.example\r\n", NULL, "Access-Control-Allow-Origin",
         v, sizeof v);
     assert_string_equal(v, "https://other.example");
+    ask(sp.port, "GET", "/health", "Origin: HTTPS://App.Example\r\n", NULL, "Access-Control-Allow-Origin",
+        v, sizeof v); /* scheme and host without case: the origin as it came */
+    assert_string_equal(v, "HTTPS://App.Example");
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
 }
 
@@ -75,7 +86,7 @@ static void test_any_origin_and_none(void **state)
 {
     (void)state;
     static ServerProc any, none;
-    const char *star[] = {"--cors-origins", "*", NULL};
+    const char *star[] = {"--cors-origins", "\thttps://y.example ,*", NULL}; /* a "*" entry */
     assert_int_equal(start_random_server(&any, star), 0);
     char v[256];
     assert_int_equal(ask(any.port, "POST", "/v1/completions", "Origin: https://x.example\r\n", BODY,
