@@ -192,10 +192,13 @@ static json_t *token_bytes_json(const char *s) {
     return a;
 }
 
+/* A control token ("<s>") adds nothing to the content, so its bytes are none: the bytes of
+ * a reply's tokens joined are its content, as OpenAI's clients use them. */
 static json_t *chat_logprob(const ApiVocab *v, int32_t id, float logprob) {
-    json_t *o = json_object(), *text = token_text_json(v, id, NULL);
+    bool control = false;
+    json_t *o = json_object(), *text = token_text_json(v, id, &control);
     const char *t = json_string_value(text);
-    json_object_set_new(o, "bytes", token_bytes_json(t ? t : ""));
+    json_object_set_new(o, "bytes", token_bytes_json(t && !control ? t : ""));
     json_object_set_new(o, "token", text);
     json_object_set_new(o, "logprob", api_json_logprob(logprob));
     return o;

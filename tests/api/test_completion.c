@@ -766,9 +766,10 @@ static void test_chat_body(void **state) {
     EngineEvent t1 = ev_token(0, T('O'), "O", -0.5f);
     set_tops(&t1, 2, ids, lps);
     feed(c, 0, t1, &out);
+    feed(c, 0, ev_token(0, 1, "", -2.0f), &out); /* <s>, a control token: no text */
     feed(c, 0, ev_token(0, T('k'), "k", -0.25f), &out);
     assert_int_equal(out.len, 0);
-    feed(c, 0, ev_finish(0, FINISH_STOP, "", r->prompts[0].n_tokens, 3, 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_STOP, "", r->prompts[0].n_tokens, 4, 0), &out);
     json_t *o = parse_json(out.data, out.len);
     check_envelope_of(o, c, "chat.completion");
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
@@ -778,14 +779,17 @@ static void test_chat_body(void **state) {
     assert_string_equal(jstr(msg, "content"), "Ok");
     assert_string_equal(jstr(ch, "finish_reason"), "stop");
     json_t *content = json_object_get(json_object_get(ch, "logprobs"), "content");
-    assert_int_equal(json_array_size(content), 2);
+    assert_int_equal(json_array_size(content), 3);
     check_chat_logprob(json_array_get(content, 0), "O", -0.5f);
     json_t *top = json_object_get(json_array_get(content, 0), "top_logprobs");
     assert_int_equal(json_array_size(top), 2);
     check_chat_logprob(json_array_get(top, 1), "A", -1.5f);
-    check_chat_logprob(json_array_get(content, 1), "k", -0.25f);
-    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 1), "top_logprobs")), 0);
-    check_usage(o, r->prompts[0].n_tokens, 3, 0);
+    /* its piece as the token, no bytes: the entries' bytes joined are the content */
+    assert_string_equal(jstr(json_array_get(content, 1), "token"), "<s>");
+    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 1), "bytes")), 0);
+    check_chat_logprob(json_array_get(content, 2), "k", -0.25f);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 2), "top_logprobs")), 0);
+    check_usage(o, r->prompts[0].n_tokens, 4, 0);
     json_decref(o);
     api_buf_free(&out);
     api_completion_free(c);
