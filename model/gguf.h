@@ -92,8 +92,12 @@ uint64_t ggml_type_block_bytes(uint32_t type);
  * llama.cpp's ggml gives them (gguf_blocks.c). */
 void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_blocks);
 /* The same floats by the plain per-value decoders (ggml_blocks_to_f32 takes AVX-512 ones
- * for q8_0, q4_0, q4_1, q4_K and q6_K where it can; tests hold the two equal). */
+ * for q8_0, q4_0, q4_1, q4_K and q6_K where it can, and PAGEDSERVE_NO_AVX512_F is not set;
+ * tests hold the two equal). */
 void ggml_blocks_to_f32_portable(uint32_t type, const void *src, float *dst, uint64_t n_blocks);
+/* The AVX-512 decoders whatever the environment says: false (nothing written) where this
+ * CPU lacks AVX-512 F/BW/VL or the type has none. */
+bool ggml_blocks_to_f32_avx512(uint32_t type, const void *src, float *dst, uint64_t n_blocks);
 /* For 4-bit types whose values are q * d + m with q in 0..15 per 32 (q4_0, q4_1, q4_K): each
  * group of 32 values' (d, m) at dm[2i], dm[2i + 1], exactly as ggml_blocks_to_f32 decodes
  * them, and 1; 0 (nothing written) for any other type. */

@@ -314,7 +314,17 @@ DQ_INLINE void q6_k_block_avx512(const uint8_t *b, float *y) {
     }
 }
 
-static DQ_TARGET bool blocks_to_f32_avx512(uint32_t type, const uint8_t *b, float *y, uint64_t n_blocks) {
+static bool cpu_has_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+static bool has_avx512_decoder(uint32_t type) {
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
+           type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+}
+
+static DQ_TARGET void blocks_to_f32_avx512(uint32_t type, const uint8_t *b, float *y, uint64_t n_blocks) {
     uint64_t bytes = ggml_type_block_bytes(type), elems = ggml_type_block_elems(type);
     for (uint64_t i = 0; i < n_blocks; i++, b += bytes, y += elems) {
         switch (type) {
@@ -323,33 +333,33 @@ static DQ_TARGET bool blocks_to_f32_avx512(uint32_t type, const uint8_t *b, floa
         case GGML_TYPE_Q4_1: q4_block_avx512(b, true, y); break;
         case GGML_TYPE_Q4_K: q4_k_block_avx512(b, y); break;
         case GGML_TYPE_Q6_K: q6_k_block_avx512(b, y); break;
-        default: return false;
+        default: break;
         }
     }
+}
+
+bool ggml_blocks_to_f32_avx512(uint32_t type, const void *src, float *dst, uint64_t n_blocks) {
+    if (!has_avx512_decoder(type) || !cpu_has_avx512())
+        return false;
+    blocks_to_f32_avx512(type, src, dst, n_blocks);
     return true;
 }
 
-/* AVX-512 (F, BW, VL) here, and PAGEDSERVE_NO_AVX512_F unset or "0" (as matmul.h's switch
- * for the F32 kernel: test-portable runs the scalar decoders). */
-static bool avx512_usable(void) {
+/* PAGEDSERVE_NO_AVX512_F set (not empty, not "0": matmul.h's switch for the F32 kernel)
+ * keeps the portable decoders, as test-portable runs. */
+static bool avx512_allowed(void) {
     static _Atomic int known = -1;
     int k = atomic_load(&known);
     if (k < 0) {
         const char *off = getenv("PAGEDSERVE_NO_AVX512_F");
-        k = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && !(off && strcmp(off, "0") != 0);
+        k = !(off && *off && strcmp(off, "0") != 0);
         atomic_store(&known, k);
     }
     return k;
 }
 
-static bool has_avx512_decoder(uint32_t type) {
-    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
-           type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
-}
-
 void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_blocks) {
-    if (has_avx512_decoder(type) && avx512_usable() && blocks_to_f32_avx512(type, src, dst, n_blocks))
+    if (avx512_allowed() && ggml_blocks_to_f32_avx512(type, src, dst, n_blocks))
         return;
     ggml_blocks_to_f32_portable(type, src, dst, n_blocks);
 }

@@ -319,18 +319,26 @@ static bool file_mostly_4_bits(const GgufFile *f) {
     return narrow > all / 2;
 }
 
-/* Whether a part is stored quantised in 5 to 8 bits. */
-static bool any_stored_wider(const Loader *ld, int n, const char *const names[]) {
-    return any_stored_as(ld, n, names, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1) ||
-           any_stored_as(ld, n, names, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K) ||
-           any_stored_as(ld, n, names, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0);
+/* Whether at least half the named tensors' weights are stored in more than 4 bits. */
+static bool mostly_stored_wider(const Loader *ld, int n, const char *const names[]) {
+    uint64_t wider = 0, all = 0;
+    for (int i = 0; i < n; i++) {
+        const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
+        if (!t)
+            continue;
+        all += t->n_elements;
+        wider += stored_in_4_bits_or_fewer(t->type) ? 0 : t->n_elements;
+    }
+    return all > 0 && wider * 2 >= all;
 }
 
-/* Under q4: int8 for a matrix with a part stored in 5-8 bits in a file mostly of 4 bits or
- * fewer (what its quantiser kept wider keeps 8); else Q4M when a part is stored with
- * minimums (q4_1, q4_K: it then holds them as they are), Q4 otherwise. */
+/* Under q4: int8 for a matrix mostly of parts stored in more than 4 bits in a file mostly
+ * of 4 bits or fewer (what its quantiser kept wider keeps 8: a Q4_K_M file's Q6_K ffn_down
+ * and output; not its fused q/k/v, whose Q6_K v is a third or less of the rows and whose
+ * q and k Q4M holds exactly); else Q4M when a part is stored with minimums (q4_1, q4_K:
+ * it then holds them as they are), Q4 otherwise. */
 static MatmulType q4_pack_type(const Loader *ld, int n, const char *const names[]) {
-    if (any_stored_wider(ld, n, names) && file_mostly_4_bits(ld->f))
+    if (mostly_stored_wider(ld, n, names) && file_mostly_4_bits(ld->f))
         return MATMUL_I8;
     return any_stored_as(ld, n, names, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K) ? MATMUL_Q4M : MATMUL_Q4;
 }

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,14 +52,15 @@ static void test_blocks_match_ggml(void **state) {
     }
 }
 
-/* The AVX-512 decoders (where this CPU runs them) give the portable ones' floats bit for bit,
- * over 3000 random blocks of each type whose F16 scale fields take any value (signs,
- * subnormals, zeros, infinities, NaNs among them), decoded as one run. */
+/* The AVX-512 decoders give the portable ones' floats bit for bit, over 3000 random blocks
+ * of each type whose F16 scale fields take any value (signs, subnormals, zeros, infinities,
+ * NaNs among them), decoded as one run; called directly, so that test-portable's build and
+ * environment compare them too. Skipped, saying so, on a CPU without AVX-512. */
 static void test_fast_decoders_match_portable(void **state) {
     (void)state;
     static const struct { uint32_t type; size_t half_at[2]; int n_halves; } types[] = {
         {GGML_TYPE_Q8_0, {0}, 1}, {GGML_TYPE_Q4_0, {0}, 1}, {GGML_TYPE_Q4_1, {0, 2}, 2},
-        {GGML_TYPE_Q4_K, {0, 2}, 2}, {GGML_TYPE_Q6_K, {208}, 1}, {GGML_TYPE_Q5_K, {0, 2}, 2},
+        {GGML_TYPE_Q4_K, {0, 2}, 2}, {GGML_TYPE_Q6_K, {208}, 1},
     };
     enum { BLOCKS = 3000 };
     uint64_t x = 88172645463325252ull;
@@ -74,9 +76,11 @@ static void test_fast_decoders_match_portable(void **state) {
         for (size_t k = 0; k < BLOCKS; k++) /* most scales ordinary halves, every 8th any bits */
             for (int h = 0; h < types[t].n_halves && k % 8 != 0; h++)
                 b[k * bytes + types[t].half_at[h] + 1] &= 0x3f; /* exponent below 16: finite */
-        ggml_blocks_to_f32(types[t].type, b, fast, BLOCKS);
+        bool ran = ggml_blocks_to_f32_avx512(types[t].type, b, fast, BLOCKS);
         ggml_blocks_to_f32_portable(types[t].type, b, plain, BLOCKS);
-        if (memcmp(fast, plain, sizeof(float) * elems * BLOCKS) != 0)
+        if (!ran)
+            printf("SKIPPED the AVX-512 %s decoder: this CPU lacks AVX-512\n", ggml_type_name(types[t].type));
+        if (ran && memcmp(fast, plain, sizeof(float) * elems * BLOCKS) != 0)
             fail_msg("%s: the fast decoder's floats differ from the portable one's", ggml_type_name(types[t].type));
         free(b);
         free(fast);

@@ -735,10 +735,12 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     free(data);
 }
 
-/* q4 of a file stored mostly in 4 bits keeps what its quantiser stored wider at int8 (a
- * Q4_K_M file's Q6_K attn_v, ffn_down, output): here a q4_K file whose attn_q are q6_K: the
- * fused q/k/v matrix is int8, its q rows within half a step of their row's 255 levels of
- * the file's values, the rest Q4M; the log names "q4+int8" on the Q4 kernels. A file
+/* q4 of a file stored mostly in 4 bits keeps at int8 a matrix mostly of what its
+ * quantiser stored wider (a Q4_K_M file's Q6_K ffn_down and output): here a q4_K file
+ * whose attn_q are q6_K, half the fused q/k/v rows (4 heads, 2 KV heads): that matrix is
+ * int8, its q rows within half a step of their row's 255 levels of the file's values, the
+ * rest Q4M; the log names "q4+int8" on the Q4 kernels. With 4 KV heads q is a third of the
+ * rows: the matrix stays Q4M (its q4_K k and v exact) and so the whole model "q4". A file
  * mostly of wider types (q8_0) is q4 throughout, as asked. */
 static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     (void)state;
@@ -751,13 +753,23 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     s.ffn = 512;
     s.type = GGML_TYPE_Q4_K;
     s.type_override_q = GGML_TYPE_Q6_K;
+    s.kv_heads = 4;
     void *data;
-    GgufFile *f = make_model(&s, &data);
     ModelConfig c;
     TransformerWeights w;
-    ModelPlan plan;
     size_t bytes;
     char err[512];
+    GgufFile *f = make_model(&s, &data);
+    if (weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(w.layers[0].wqkv.type, MATMUL_Q4M);
+    assert_string_equal(model_matrix_type_name(&c), "q4");
+    weights_free(&w, &c);
+    gguf_close(f);
+    free(data);
+    s.kv_heads = 2;
+    f = make_model(&s, &data);
+    ModelPlan plan;
     if (weights_plan(f, MODEL_WEIGHTS_Q4, &plan, err, sizeof err) < 0 ||
         weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
         fail_msg("%s", err);
