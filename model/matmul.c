@@ -320,6 +320,13 @@ static void pack_range(void *arg, int o0, int o1, int thread)
 #define PACK_ROWS_PER_ITEM 64
 #define PACK_PARALLEL_MIN (1 << 16)
 
+int matmul_type_supported(MatmulType type)
+{
+    return type == MATMUL_BF16 ? matmul_bf16_supported()
+         : type == MATMUL_I8   ? matmul_i8_supported()
+         : matmul_type_q4(type) ? matmul_q4_supported() : 1;
+}
+
 int matmul_weights_pack(MatmulWeights *pw, const float *w, int in, int out, MatmulType type)
 {
     return matmul_weights_pack_grids(pw, w, NULL, in, out, type);
@@ -332,8 +339,7 @@ int matmul_weights_pack_grids(MatmulWeights *pw, const float *w, const float *gr
     size_t bytes = matmul_weights_bytes(in, out, type);
     void *p = NULL;
     *pw = (MatmulWeights){ .in = in, .out = out };
-    if ((type == MATMUL_BF16 && !matmul_bf16_supported()) || (type == MATMUL_I8 && !matmul_i8_supported()) ||
-        (matmul_type_q4(type) && !matmul_q4_supported()))
+    if (!matmul_type_supported(type))
         return -3;
     pw->type = type;
     if (n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, bytes ? bytes : 1) != 0)

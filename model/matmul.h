@@ -80,6 +80,8 @@ int matmul_bf16_supported(void);
 int matmul_q4_supported(void);
 /* Whether this CPU can run products on int8 weights: any with AVX2. */
 int matmul_i8_supported(void);
+/* Whether it can run products on weights of this type (the three above; F32, F16 always). */
+int matmul_type_supported(MatmulType type);
 /* Whether they run on the AVX512_VNNI kernel (matmul_i8.c; else the AVX2 one,
  * matmul_i8_avx2.c); PAGEDSERVE_NO_AVX512_VNNI says no. Decided at the first call, for the
  * whole process. */

@@ -569,12 +569,10 @@ static int weights_dry_run(const GgufFile *f, ModelWeightType want, ModelConfig 
                            char *err, size_t err_len) {
     if (read_config(f, c, err, err_len) < 0)
         return -1;
-    if (want == MODEL_WEIGHTS_BF16 && !matmul_bf16_supported()) /* before any loading */
-        return model_errorf(err, err_len, "%s", BF16_UNSUPPORTED);
-    if (want == MODEL_WEIGHTS_INT8 && !matmul_i8_supported())
-        return model_errorf(err, err_len, "%s", INT8_UNSUPPORTED);
-    if (want == MODEL_WEIGHTS_Q4 && !matmul_q4_supported())
-        return model_errorf(err, err_len, "%s", Q4_UNSUPPORTED);
+    MatmulType asked = want == MODEL_WEIGHTS_BF16 ? MATMUL_BF16 : want == MODEL_WEIGHTS_INT8 ? MATMUL_I8
+                     : want == MODEL_WEIGHTS_Q4 ? MATMUL_Q4 : MATMUL_F32;
+    if (!matmul_type_supported(asked)) /* before any loading */
+        return model_errorf(err, err_len, "%s", unsupported_text(asked));
     *dry = (Loader){.f = f, .err = err, .err_len = err_len, .dry = true, .want = want};
     TransformerWeights w = {0};
     int rc = load_tensors(dry, c, &w);
