@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model.h"
 #include "tools/bench_serve_run.h"
 
 #define MAX_LEVELS 16
@@ -178,7 +179,8 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     long prompt_words = -1, prefix_words = -1, max_tokens = -1, port = 8080, seed = 1;
     long interval_ms = 200;
     int first_alone = -1;
-    const char *host = "127.0.0.1", *weight_type = "f32";
+    const char *host = "127.0.0.1";
+    ModelWeightType weight_type = MODEL_WEIGHTS_F32;
     x->requests = -1;
     cfg->temperature = 0;
     cfg->chat = false;
@@ -245,10 +247,8 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             bad = parse_double(v, 0, 1e9, &cfg->kv_cache_mb);
         } else if (!strcmp(f, "--kv-dtype")) {
             bad = v == NULL || kv_dtype_parse(v, &cfg->kv_dtype) != 0;
-        } else if (!strcmp(f, "--weight-type")) {
-            weight_type = v;
-            bad = v == NULL || (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8") &&
-                               strcmp(v, "q4"));
+        } else if (!strcmp(f, "--weight-type")) { /* not auto: its bytes depend on the file */
+            bad = v == NULL || model_weight_type_parse(v, &weight_type) != 0 || weight_type == MODEL_WEIGHTS_AUTO;
         } else if (!strcmp(f, "--kv-bytes-per-token")) {
             bad = parse_double(v, 0, 1e12, &cfg->kv_bytes_per_token);
         } else if (!strcmp(f, "--gflops")) {
@@ -302,9 +302,9 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
     cfg->first_alone = first_alone >= 0 ? first_alone : w->first_alone;
     cfg->seed = (uint64_t)seed;
     cfg->metrics_interval_s = interval_ms / 1000.0;
-    /* q4: 4 bits and an F16 scale per 32 weights */
-    cfg->weight_bytes = !strcmp(weight_type, "q4") ? 4.5 / 8 : !strcmp(weight_type, "int8") ? 1
-                      : strcmp(weight_type, "f16") && strcmp(weight_type, "bf16") ? 4 : 2;
+    /* q4: 4 bits and an F16 scale per 32 weights (a file of q4_1 or q4_K blocks: 5 bits) */
+    cfg->weight_bytes = weight_type == MODEL_WEIGHTS_Q4 ? 4.5 / 8 : weight_type == MODEL_WEIGHTS_INT8 ? 1
+                      : weight_type == MODEL_WEIGHTS_F16 || weight_type == MODEL_WEIGHTS_BF16 ? 2 : 4;
     return 0;
 }
 
