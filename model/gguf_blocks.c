@@ -177,13 +177,19 @@ static void k4_scale_min(const uint8_t s[12], int j, int *sc, int *m) {
 /* q4_K (qh NULL) and q5_K: four chunks of 64 values, each 32 bytes of qs: the low nibbles
  * are the chunk's first 32 values (sub-block 2c), the high nibbles the next 32 (2c + 1);
  * q5_K's fifth bit of value l in sub-block s is bit s of qh[l]. */
+/* Sub-block `sub` of a q4_K / q5_K block b: its values are dl q - ml, dl = d sc and
+ * ml = dmin m in F32, ggml's order (the decoders and the grids all take them from here). */
+static void k4_sub_scales(const uint8_t *b, int sub, float *dl, float *ml) {
+    int sc, m;
+    k4_scale_min(b + 4, sub, &sc, &m);
+    *dl = half_at(b) * (float)sc;
+    *ml = half_at(b + 2) * (float)m;
+}
+
 static void k4_block(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y) {
-    float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t *scales = b + 4;
     for (int sub = 0; sub < 8; sub++, y += 32) {
-        int sc, m;
-        k4_scale_min(scales, sub, &sc, &m);
-        float dl = d * (float)sc, ml = dmin * (float)m;
+        float dl, ml;
+        k4_sub_scales(b, sub, &dl, &ml);
         const uint8_t *q = qs + 32 * (sub / 2);
         int shift = 4 * (sub % 2);
         for (int l = 0; l < 32; l++) {
@@ -281,11 +287,10 @@ DQ_INLINE void q4_block_avx512(const uint8_t *b, bool with_min, float *y) {
 /* q4_K: sub-block s (32 values) from the nibbles at shift 4 (s % 2) of qs[32 (s / 2) ..]:
  * v = dl q - ml with dl = d sc, ml = dmin m (k4_block's order). */
 DQ_INLINE void q4_k_block_avx512(const uint8_t *b, float *y) {
-    float d = half_at(b), dmin = half_at(b + 2);
     for (int sub = 0; sub < 8; sub++, y += 32) {
-        int sc, m;
-        k4_scale_min(b + 4, sub, &sc, &m);
-        __m512 dl = _mm512_set1_ps(d * (float)sc), ml = _mm512_set1_ps(dmin * (float)m);
+        float dls, mls;
+        k4_sub_scales(b, sub, &dls, &mls);
+        __m512 dl = _mm512_set1_ps(dls), ml = _mm512_set1_ps(mls);
         __m256i q = nibbles_of(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sub / 2))), 4 * (sub % 2));
         for (int h = 0; h < 2; h++) {
             __m512i v = _mm512_cvtepu8_epi32(h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q));
@@ -376,12 +381,9 @@ int ggml_blocks_grids(uint32_t type, const void *src, float *dm, uint64_t n_bloc
         return 0;
     for (uint64_t i = 0; i < n_blocks; i++, b += bytes) {
         if (type == GGML_TYPE_Q4_K) {
-            float d = half_at(b), dmin = half_at(b + 2);
             for (int sub = 0; sub < 8; sub++, dm += 2) {
-                int sc, m;
-                k4_scale_min(b + 4, sub, &sc, &m);
-                dm[0] = d * (float)sc;
-                dm[1] = -(dmin * (float)m);
+                k4_sub_scales(b, sub, &dm[0], &dm[1]);
+                dm[1] = -dm[1];
             }
             continue;
         }
