@@ -66,17 +66,43 @@ static inline void half_masks(int n, __mmask16 *m0, __mmask16 *m1)
     *m1 = n >= 32 ? (__mmask16)0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
 }
 
+/* A block's values w[0, n) as two vectors of 16 (zeros past n) and their lanes' masks: 0,
+ * or -2 for a NaN or an infinity (the zeroed lanes past n are finite). */
+static PACK_TARGET int block_load(const float *w, int n, __m512 v[2], __mmask16 m[2])
+{
+    half_masks(n, &m[0], &m[1]);
+    v[0] = _mm512_maskz_loadu_ps(m[0], w);
+    v[1] = _mm512_maskz_loadu_ps(m[1], w + 16);
+    __m512 inf = _mm512_set1_ps(INFINITY);
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(v[0]), inf, _CMP_LT_OQ) == 0xffff &&
+           _mm512_cmp_ps_mask(_mm512_abs_ps(v[1]), inf, _CMP_LT_OQ) == 0xffff ? 0 : -2;
+}
+
+/* A block's q (in 0..15 in the lanes of m; 8, zero, past n) into its four lines, and its
+ * F16 scale dh and, for Q4M, minimum mh. */
+static PACK_TARGET void block_store(void *buf, const Q4Layout *lay, int o, int c, const __m512i q[2],
+                                    const __mmask16 m[2], uint16_t dh, uint16_t mh)
+{
+    __m512i eight = _mm512_set1_epi32(8);
+    uint8_t bytes[MATMUL_Q4_BLOCK];
+    _mm_storeu_si128((__m128i *)bytes, _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(m[0], eight, q[0])));
+    _mm_storeu_si128((__m128i *)(bytes + 16), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(m[1], eight, q[1])));
+    put_nibbles(buf, lay, bytes, o, c);
+    *scale_at(buf, lay, o, c) = dh;
+    if (lay->mins_offset)
+        *half_at(buf, lay, lay->mins_offset, o, c) = mh;
+}
+
 /* One block of one output row, w[0, n): its nibbles and scale into buf. 0 or -2. The rule
  * as a scalar scan does it: m the first value of the largest |w| (+0 when all are zero),
  * q = trunc(w * (1 / d) + 8.5) with a multiply and then an add, clamped to 0..15. */
 static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w, int n, int o, int c)
 {
-    __mmask16 m0, m1;
-    half_masks(n, &m0, &m1);
-    __m512 v0 = _mm512_maskz_loadu_ps(m0, w), v1 = _mm512_maskz_loadu_ps(m1, w + 16);
-    __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), inf = _mm512_set1_ps(INFINITY);
-    if (_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) != 0xffff || _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ) != 0xffff)
-        return -2; /* a NaN or an infinity (the zeroed lanes past n are finite) */
+    __m512 v[2];
+    __mmask16 lanes[2];
+    if (block_load(w, n, v, lanes) != 0)
+        return -2;
+    __m512 a0 = _mm512_abs_ps(v[0]), a1 = _mm512_abs_ps(v[1]);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)), m = 0.0f;
     if (amax > 0.0f) {
         __m512 at = _mm512_set1_ps(amax);
@@ -88,25 +114,17 @@ static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w
     if (!(fabsf(d) < F16_OVERFLOW))
         return -2;
     uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    float min = -8.0f * _cvtsh_ss(dh); /* Q4M's m = -8 d, exact in F16 unless it overflows */
+    if (lay->mins_offset && !(fabsf(min) < F16_OVERFLOW))
+        return -2;
     /* a scale F16 rounds to zero holds zeros, whatever q says (and 1 / d may be infinite) */
     float id = _cvtsh_ss(dh) != 0.0f ? 1.0f / d : 0.0f;
-    *scale_at(buf, lay, o, c) = dh;
     __m512 idv = _mm512_set1_ps(id), half = _mm512_set1_ps(8.5f);
-    __m512i zero = _mm512_setzero_si512(), fifteen = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
-    __m512i q0 = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v0, idv), half));
-    __m512i q1 = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v1, idv), half));
-    q0 = _mm512_mask_blend_epi32(m0, eight, _mm512_min_epi32(_mm512_max_epi32(q0, zero), fifteen));
-    q1 = _mm512_mask_blend_epi32(m1, eight, _mm512_min_epi32(_mm512_max_epi32(q1, zero), fifteen));
-    uint8_t q[MATMUL_Q4_BLOCK]; /* past n: 8, zero */
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
-    put_nibbles(buf, lay, q, o, c);
-    if (lay->mins_offset) { /* Q4M: m = -8 d, exact in F16 unless it overflows */
-        float m = -8.0f * _cvtsh_ss(dh);
-        if (!(fabsf(m) < F16_OVERFLOW))
-            return -2;
-        *half_at(buf, lay, lay->mins_offset, o, c) = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
-    }
+    __m512i zero = _mm512_setzero_si512(), fifteen = _mm512_set1_epi32(15), q[2];
+    for (int h = 0; h < 2; h++)
+        q[h] = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v[h], idv), half)),
+                                                 zero), fifteen);
+    block_store(buf, lay, o, c, q, lanes, dh, _cvtss_sh(min, _MM_FROUND_TO_NEAREST_INT));
     return 0;
 }
 
@@ -126,33 +144,19 @@ static PACK_TARGET int grid_fits(const Q4Layout *lay, float d, float m)
 static PACK_TARGET int pack_block_grid(void *buf, const Q4Layout *lay, const float *w, int n, int o,
                                        int c, float d, float m)
 {
-    __mmask16 m0, m1;
-    half_masks(n, &m0, &m1);
-    __m512 v0 = _mm512_maskz_loadu_ps(m0, w), v1 = _mm512_maskz_loadu_ps(m1, w + 16);
-    __m512 inf = _mm512_set1_ps(INFINITY);
-    if (_mm512_cmp_ps_mask(_mm512_abs_ps(v0), inf, _CMP_LT_OQ) != 0xffff ||
-        _mm512_cmp_ps_mask(_mm512_abs_ps(v1), inf, _CMP_LT_OQ) != 0xffff)
-        return -2; /* a NaN or an infinity (the zeroed lanes past n are finite) */
-    __m512i q0 = _mm512_setzero_si512(), q1 = q0, eight = _mm512_set1_epi32(8);
-    if (d != 0.0f) {
-        __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), half = _mm512_set1_ps(0.5f);
-        __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(15.0f);
-        __m512 t0 = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(v0, mv), dv), half);
-        __m512 t1 = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(v1, mv), dv), half);
-        t0 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(t0, _MM_FROUND_TO_NEG_INF), lo), hi);
-        t1 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(t1, _MM_FROUND_TO_NEG_INF), lo), hi);
-        q0 = _mm512_cvttps_epi32(t0);
-        q1 = _mm512_cvttps_epi32(t1);
+    __m512 v[2];
+    __mmask16 lanes[2];
+    if (block_load(w, n, v, lanes) != 0)
+        return -2;
+    __m512i q[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+    for (int h = 0; d != 0.0f && h < 2; h++) {
+        __m512 t = _mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(v[h], _mm512_set1_ps(m)), _mm512_set1_ps(d)),
+                                 _mm512_set1_ps(0.5f));
+        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF);
+        q[h] = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), _mm512_set1_ps(15.0f)));
     }
-    q0 = _mm512_mask_blend_epi32(m0, eight, q0);
-    q1 = _mm512_mask_blend_epi32(m1, eight, q1);
-    uint8_t q[MATMUL_Q4_BLOCK]; /* past n: 8 */
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
-    put_nibbles(buf, lay, q, o, c);
-    *scale_at(buf, lay, o, c) = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-    if (lay->mins_offset)
-        *half_at(buf, lay, lay->mins_offset, o, c) = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
+    block_store(buf, lay, o, c, q, lanes, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT),
+                _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT));
     return 0;
 }
 
