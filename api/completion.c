@@ -233,17 +233,15 @@ static void logprobs_push_event(const ApiVocab *v, json_t *lp, const EngineEvent
  * it every other client, for seconds. */
 static size_t prompt_token_offset(const ApiCompletion *c, const ApiPrompt *pr, int32_t i,
                                   const size_t *prefix, size_t prev, size_t cap) {
-    size_t at = prev;
+    size_t chars = 0;
     if (prefix) {
-        at = prefix[i] > at ? prefix[i] : at;
-        return at < cap ? at : cap;
-    }
-    char *before = i > 0 ? c->vocab->decode(c->vocab->arg, pr->tokens, i, true) : NULL;
-    if (before) {
-        size_t chars = api_utf8_chars(before, strlen(before));
-        if (chars > at) at = chars;
+        chars = prefix[i];
+    } else if (i > 0) {
+        char *before = c->vocab->decode(c->vocab->arg, pr->tokens, i, true);
+        chars = before ? api_utf8_chars(before, strlen(before)) : 0;
         free(before);
     }
+    size_t at = chars > prev ? chars : prev;
     return at < cap ? at : cap;
 }
 

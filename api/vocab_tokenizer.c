@@ -97,8 +97,7 @@ static int vocab_prefix_chars(void *arg, const int32_t *ids, int32_t n, size_t *
             free(piece);
             return -1;
         }
-        for (int k = 0; k < len; k++)
-            total += piece[k] != '\0' && ((unsigned char)piece[k] & 0xC0) != 0x80;
+        total += api_utf8_chars(piece, text_drop_nul(piece, (size_t)len));
         chars[i + 1] = total + (d.n_pending > 0);
     }
     free(piece);

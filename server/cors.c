@@ -9,12 +9,11 @@
  * says Vary: Origin, so that caches keep answers to different origins apart). The
  * preflight needs no API key (browsers never send one with it) and its body, if any, is
  * not kept; the request itself still needs the key. */
-
-#include <ctype.h>
-#include <strings.h>
 #include "server/server_internal.h"
 
+#include <ctype.h>
 #include <string.h>
+#include <strings.h>
 
 static bool list_separator(char ch)
 {
