@@ -102,6 +102,8 @@ bool ggml_blocks_to_f32_avx512(uint32_t type, const void *src, float *dst, uint6
  * group of 32 values' (d, m) at dm[2i], dm[2i + 1], exactly as ggml_blocks_to_f32 decodes
  * them, and 1; 0 (nothing written) for any other type. */
 int ggml_blocks_grids(uint32_t type, const void *src, float *dm, uint64_t n_blocks);
+/* Whether ggml_blocks_grids takes this type. */
+bool ggml_type_has_grids(uint32_t type);
 /* IEEE half and bfloat16 conversions (F32 -> half/bf16 rounds to nearest even; subnormals,
  * infinities and NaN are kept). */
 float gguf_f16_to_f32(uint16_t h);

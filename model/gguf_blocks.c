@@ -374,10 +374,14 @@ void ggml_blocks_to_f32(uint32_t type, const void *src, float *dst, uint64_t n_b
  * (d, m) that block_to_f32 decoded them with as q * d + m, q in 0..15. Q4_0's (q - 8) * d
  * is q * d - 8 d, exactly in F32 (both products exact); q4_K's dl * q - ml is q * dl + (-ml). */
 
+bool ggml_type_has_grids(uint32_t type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_K;
+}
+
 int ggml_blocks_grids(uint32_t type, const void *src, float *dm, uint64_t n_blocks) {
     const uint8_t *b = src;
     uint64_t bytes = ggml_type_block_bytes(type);
-    if (type != GGML_TYPE_Q4_0 && type != GGML_TYPE_Q4_1 && type != GGML_TYPE_Q4_K)
+    if (!ggml_type_has_grids(type))
         return 0;
     for (uint64_t i = 0; i < n_blocks; i++, b += bytes) {
         if (type == GGML_TYPE_Q4_K) {

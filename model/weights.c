@@ -289,14 +289,19 @@ static float *load_new(Loader *ld, const char *name, uint64_t ne0, uint64_t ne1)
     return p;
 }
 
-/* Whether any of the named tensors is stored as type a or type b. */
-static bool any_stored_as(const Loader *ld, int n, const char *const names[], uint32_t a, uint32_t b) {
+/* Whether any of the named tensors is stored in a type `is` says yes to. */
+static bool any_stored(const Loader *ld, int n, const char *const names[], bool (*is)(uint32_t type)) {
     for (int i = 0; i < n; i++) {
         const GgufTensor *t = gguf_find_tensor(ld->f, names[i]);
-        if (t && (t->type == a || t->type == b))
+        if (t && is(t->type))
             return true;
     }
     return false;
+}
+
+/* 4-bit blocks with a minimum beside the scale (Q4M holds them as they are). */
+static bool stored_with_minimums(uint32_t type) {
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_K;
 }
 
 static bool stored_in_4_bits_or_fewer(uint32_t type) {
@@ -340,7 +345,7 @@ static bool mostly_stored_wider(const Loader *ld, int n, const char *const names
 static MatmulType q4_pack_type(const Loader *ld, int n, const char *const names[]) {
     if (mostly_stored_wider(ld, n, names) && file_mostly_4_bits(ld->f))
         return MATMUL_I8;
-    return any_stored_as(ld, n, names, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K) ? MATMUL_Q4M : MATMUL_Q4;
+    return any_stored(ld, n, names, stored_with_minimums) ? MATMUL_Q4M : MATMUL_Q4;
 }
 
 /* F16, BF16, int8 or Q4 when asked (q4_pack_type), or F16 under AUTO when every source
@@ -421,8 +426,7 @@ static size_t grid_floats(int in, size_t out) {
 /* Whether a Q4 matrix of these parts is packed on their grids: when a part is stored as
  * 4-bit blocks that have them (ggml_blocks_grids). */
 static bool grids_wanted(const Loader *ld, MatmulType type, int n, const char *const names[]) {
-    return matmul_type_q4(type) && (any_stored_as(ld, n, names, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1) ||
-                                    any_stored_as(ld, n, names, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K));
+    return matmul_type_q4(type) && any_stored(ld, n, names, ggml_type_has_grids);
 }
 
 /* The grids of the named tensors ({in, outs[i]} each, stacked) into grids: each tensor's own,
