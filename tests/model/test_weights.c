@@ -668,6 +668,33 @@ static void test_q4_packs_as_q4_0(void **state) {
     free(data4);
 }
 
+/* A spec's model loaded as q4, planned first: weights_plan's bytes equal the load's and
+ * expected_bytes. loaded_free undoes it. */
+typedef struct {
+    void *data;
+    GgufFile *f;
+    ModelConfig c;
+    TransformerWeights w;
+    ModelPlan plan;
+} Loaded;
+
+static void load_q4(Loaded *l, const Spec *s) {
+    size_t bytes;
+    char err[512];
+    l->f = make_model(s, &l->data);
+    if (weights_plan(l->f, MODEL_WEIGHTS_Q4, &l->plan, err, sizeof err) < 0 ||
+        weights_load_as(l->f, MODEL_WEIGHTS_Q4, &l->c, &l->w, &bytes, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(l->plan.weight_bytes, bytes);
+    assert_int_equal(bytes, expected_bytes(&l->c, &l->w));
+}
+
+static void loaded_free(Loaded *l) {
+    weights_free(&l->w, &l->c);
+    gguf_close(l->f);
+    free(l->data);
+}
+
 /* A file of 4-bit tensors loaded as q4 keeps their blocks: q4_1 matrices (every attn_q)
  * exactly, q4_K ones within F16's rounding of each sub-block's d * sc and dmin * m (both up
  * to 63 times the block's F16 d and dmin: 2^-11 of 63 * (15 * 2^-10 + 2^-11) at most); a
@@ -682,18 +709,12 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     s.type = type;
     s.type_override_q = q_type;
     s.tied = tied;
-    void *data;
-    GgufFile *f = make_model(&s, &data);
-    ModelConfig c;
-    TransformerWeights w;
-    ModelPlan plan;
-    size_t bytes;
-    char err[512];
-    if (weights_plan(f, MODEL_WEIGHTS_Q4, &plan, err, sizeof err) < 0 ||
-        weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    assert_int_equal(plan.weight_bytes, bytes);
-    assert_int_equal(bytes, expected_bytes(&c, &w));
+    Loaded l;
+    load_q4(&l, &s);
+    const GgufFile *f = l.f;
+    const ModelConfig c = l.c;
+    const TransformerWeights w = l.w;
+    const ModelPlan plan = l.plan;
     /* the peak: at most the largest matrix staged as F32 rows, with its grids (1/16 more) */
     size_t largest = 2 * (size_t)c.ffn_dim * c.dim;
     if (!tied && (size_t)c.vocab_size * c.dim > largest)
@@ -730,9 +751,7 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     }
     if (type == GGML_TYPE_Q4_K)
         assert_true(inexact > 0); /* F16 rounding really met: the bound is not vacuous */
-    weights_free(&w, &c);
-    gguf_close(f);
-    free(data);
+    loaded_free(&l);
 }
 
 /* q4 of a file stored mostly in 4 bits keeps at int8 a matrix mostly of what its
@@ -754,33 +773,21 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     s.type = GGML_TYPE_Q4_K;
     s.type_override_q = GGML_TYPE_Q6_K;
     s.kv_heads = 4;
-    void *data;
-    ModelConfig c;
-    TransformerWeights w;
-    size_t bytes;
-    char err[512];
-    GgufFile *f = make_model(&s, &data);
-    if (weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    assert_int_equal(w.layers[0].wqkv.type, MATMUL_Q4M);
-    assert_string_equal(model_matrix_type_name(&c), "q4");
-    weights_free(&w, &c);
-    gguf_close(f);
-    free(data);
+    Loaded l;
+    load_q4(&l, &s);
+    assert_int_equal(l.w.layers[0].wqkv.type, MATMUL_Q4M);
+    assert_string_equal(model_matrix_type_name(&l.c), "q4");
+    loaded_free(&l);
     s.kv_heads = 2;
-    f = make_model(&s, &data);
-    ModelPlan plan;
-    if (weights_plan(f, MODEL_WEIGHTS_Q4, &plan, err, sizeof err) < 0 ||
-        weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    assert_int_equal(plan.weight_bytes, bytes);
-    assert_int_equal(bytes, expected_bytes(&c, &w));
+    load_q4(&l, &s);
+    const ModelConfig c = l.c;
+    const TransformerWeights w = l.w;
     assert_string_equal(model_matrix_type_name(&c), "q4+int8");
     assert_string_equal(model_kernel_name(&c), matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni");
     assert_int_equal(w.layers[0].wqkv.type, MATMUL_I8);
     assert_int_equal(w.layers[1].w_down.type, MATMUL_Q4M);
     assert_int_equal(w.output.type, MATMUL_Q4M);
-    float *file = tensor_f32(f, "blk.1.attn_q.weight"), *held = unpacked(&w.layers[1].wqkv);
+    float *file = tensor_f32(l.f, "blk.1.attn_q.weight"), *held = unpacked(&w.layers[1].wqkv);
     for (int o = 0; o < c.dim; o++) {
         float row_max = 0.0f;
         for (int k = 0; k < c.dim; k++)
@@ -790,18 +797,12 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     }
     free(file);
     free(held);
-    weights_free(&w, &c);
-    gguf_close(f);
-    free(data);
+    loaded_free(&l);
     s = default_spec();
     s.type = GGML_TYPE_Q8_0;
-    f = make_model(&s, &data);
-    if (weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    assert_string_equal(model_matrix_type_name(&c), "q4");
-    weights_free(&w, &c);
-    gguf_close(f);
-    free(data);
+    load_q4(&l, &s);
+    assert_string_equal(model_matrix_type_name(&l.c), "q4");
+    loaded_free(&l);
 }
 
 static void test_q4_keeps_4bit_blocks(void **state) {
