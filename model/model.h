@@ -40,10 +40,12 @@ typedef struct {
     int packed_matrices_q4;   /* how many Q4 (the rest F32) */
 } ModelConfig;
 
-/* How the weight matrices are held in memory. AUTO keeps each matrix stored F16 in the
- * file F16 (exact, half the memory and half the bytes each decode step reads) and turns
- * everything else (F32, BF16, Q8_0, Q4_0) into F32, matrix by matrix (a fused group is F16
- * only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
+/* How the weight matrices are held in memory. AUTO holds a file stored mostly in 4 bits or
+ * fewer (Q4_0, Q4_1, Q4_K_M, Q3_K, Q2_K ...) as Q4 where the CPU has AVX512_VNNI (its
+ * blocks kept, as below); otherwise it keeps each matrix stored F16 in the file F16
+ * (exact, half the memory and half the bytes each decode step reads) and turns everything
+ * else (F32, BF16, Q8_0, Q5_K, Q4_0 without VNNI) into F32, matrix by matrix (a fused group
+ * is F16 only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
  * (about 3 significant digits), for speed; a weight F16 cannot hold (|w| >= 65520) fails
  * the load. BF16 holds every matrix as BF16 (exact for a BF16 file, F32 ones rounded to 8
  * significant bits) and rounds each product's input rows to BF16 too, so that AVX512_BF16

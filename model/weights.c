@@ -567,6 +567,15 @@ static void config_count_matrices(ModelConfig *c, const Loader *ld) {
     c->packed_matrices_q4 = ld->n_packed_q4;
 }
 
+/* What AUTO means for this file: q4 for a file stored mostly in 4 bits or fewer where the
+ * CPU runs q4's products (the file's blocks kept, as a peer serving it would compute), AUTO's
+ * own per-matrix rule otherwise. */
+static ModelWeightType resolved_want(const GgufFile *f, ModelWeightType want) {
+    if (want == MODEL_WEIGHTS_AUTO && file_mostly_4_bits(f) && matmul_type_supported(MATMUL_Q4))
+        return MODEL_WEIGHTS_Q4;
+    return want;
+}
+
 /* Reads the config and runs the loader over every tensor without allocating anything: a
  * file that names a huge or unsupported tensor fails here, before any buffer exists. */
 static int weights_dry_run(const GgufFile *f, ModelWeightType want, ModelConfig *c, Loader *dry,
@@ -588,7 +597,7 @@ int weights_plan(const GgufFile *f, ModelWeightType want, ModelPlan *plan, char 
                  size_t err_len) {
     memset(plan, 0, sizeof *plan);
     Loader dry;
-    if (weights_dry_run(f, want, &plan->config, &dry, err, err_len) < 0)
+    if (weights_dry_run(f, resolved_want(f, want), &plan->config, &dry, err, err_len) < 0)
         return -1;
     config_count_matrices(&plan->config, &dry);
     plan->weight_bytes = dry.bytes;
@@ -602,6 +611,7 @@ int weights_load_as(const GgufFile *f, ModelWeightType want, ModelConfig *config
     *weight_bytes = 0;
     ModelConfig c;
     Loader dry;
+    want = resolved_want(f, want);
     if (weights_dry_run(f, want, &c, &dry, err, err_len) < 0)
         return -1;
     Loader ld = {.f = f, .err = err, .err_len = err_len, .want = want};

@@ -343,20 +343,25 @@ static void test_stories260k(void **state) {
     gguf_close(f);
 }
 
-static void load_ok(const Spec *s, void (*check)(const GgufFile *, const ModelConfig *,
-                                                 const TransformerWeights *, size_t)) {
+typedef void (*LoadCheck)(const GgufFile *, const ModelConfig *, const TransformerWeights *, size_t);
+
+static void load_ok_as(const Spec *s, ModelWeightType want, LoadCheck check) {
     void *data;
     GgufFile *f = make_model(s, &data);
     ModelConfig c;
     TransformerWeights w;
     size_t bytes;
     char err[512];
-    if (weights_load(f, &c, &w, &bytes, err, sizeof err) < 0)
+    if (weights_load_as(f, want, &c, &w, &bytes, err, sizeof err) < 0)
         fail_msg("%s", err);
     check(f, &c, &w, bytes);
     weights_free(&w, &c);
     gguf_close(f);
     free(data);
+}
+
+static void load_ok(const Spec *s, LoadCheck check) {
+    load_ok_as(s, MODEL_WEIGHTS_AUTO, check);
 }
 
 static void check_tiny(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
@@ -426,13 +431,15 @@ static void check_mixed(const GgufFile *f, const ModelConfig *c, const Transform
     assert_int_equal(c->weight_type, GGML_TYPE_Q4_0); /* attn_q only is F16 */
 }
 
+/* A file of several types widened to F32 holds each tensor's values exactly (auto would
+ * hold this mostly-Q4_0 one as q4 where the CPU runs it: test_auto_holds_4bit_files_as_q4). */
 static void test_mixed_types(void **state) {
     (void)state;
     Spec s = default_spec();
     s.type = GGML_TYPE_Q4_0;
     s.type_override_q = GGML_TYPE_F16;
     s.tied = true;
-    load_ok(&s, check_mixed);
+    load_ok_as(&s, MODEL_WEIGHTS_F32, check_mixed);
     s.type = GGML_TYPE_BF16;
     s.type_override_q = 0;
     load_ok(&s, check_tiny);
@@ -559,9 +566,8 @@ static void test_forced_weight_types(void **state) {
 /* weights_plan says what weights_load_as then holds, for every file type and every weight
  * type asked: the same config and matrix types, the same bytes, and a peak above them by
  * at most the largest matrix read row-major as F32 before packing (and, for q4 from a
- * 4-bit file, that matrix's grids; with a tied output the
- * embedding table is kept, not a passing copy): the last matrix's copy is still held as
- * it is packed. */
+ * 4-bit file, asked or auto's, that matrix's grids; with a tied output the embedding table
+ * is kept, not a passing copy): the last matrix's copy is still held as it is packed. */
 static void test_plan_matches_load(void **state) {
     (void)state;
     const GgmlType files[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 };
@@ -595,7 +601,8 @@ static void test_plan_matches_load(void **state) {
             for (size_t m = 0; m < 4; m++)
                 largest = layer[m] > largest ? layer[m] : largest;
             assert_true(plan.load_peak_bytes > plan.weight_bytes);
-            if (wants[k] == MODEL_WEIGHTS_Q4 && s.type == GGML_TYPE_Q4_0)
+            bool as_q4 = wants[k] == MODEL_WEIGHTS_Q4 || (wants[k] == MODEL_WEIGHTS_AUTO && matmul_q4_supported());
+            if (as_q4 && s.type == GGML_TYPE_Q4_0)
                 largest += largest / 16; /* and its blocks' grids: 2 floats a 32 */
             assert_true(plan.load_peak_bytes <= plan.weight_bytes + largest * sizeof(float));
             weights_free(&w, &c);
@@ -678,15 +685,20 @@ typedef struct {
     ModelPlan plan;
 } Loaded;
 
-static void load_q4(Loaded *l, const Spec *s) {
+static void load_as(Loaded *l, const Spec *s, ModelWeightType want) {
     size_t bytes;
     char err[512];
     l->f = make_model(s, &l->data);
-    if (weights_plan(l->f, MODEL_WEIGHTS_Q4, &l->plan, err, sizeof err) < 0 ||
-        weights_load_as(l->f, MODEL_WEIGHTS_Q4, &l->c, &l->w, &bytes, err, sizeof err) < 0)
+    if (weights_plan(l->f, want, &l->plan, err, sizeof err) < 0 ||
+        weights_load_as(l->f, want, &l->c, &l->w, &bytes, err, sizeof err) < 0)
         fail_msg("%s", err);
+    assert_memory_equal(&l->plan.config, &l->c, sizeof l->c);
     assert_int_equal(l->plan.weight_bytes, bytes);
     assert_int_equal(bytes, expected_bytes(&l->c, &l->w));
+}
+
+static void load_q4(Loaded *l, const Spec *s) {
+    load_as(l, s, MODEL_WEIGHTS_Q4);
 }
 
 static void loaded_free(Loaded *l) {
@@ -830,6 +842,36 @@ static void assert_same_weights(const ModelConfig *c, const TransformerWeights *
         }
     }
     assert_memory_equal(w->token_embd, v->token_embd, sizeof(float) * (size_t)c->dim * c->vocab_size);
+}
+
+/* auto holds a file stored mostly in 4 bits or fewer as q4 where the CPU runs it, byte for
+ * byte what asking for q4 gives (its blocks kept, what its quantiser kept wider as int8),
+ * and widens it to F32 where the CPU has no AVX512_VNNI (decided once a process: make
+ * test-portable checks that side); a file of wider types (q8_0) stays F32 either way. */
+static void test_auto_holds_4bit_files_as_q4(void **state) {
+    (void)state;
+    Spec s = default_spec();
+    s.dim = 256;
+    s.ffn = 512;
+    s.type = GGML_TYPE_Q4_K;
+    s.type_override_q = GGML_TYPE_Q6_K;
+    Loaded a, q;
+    load_as(&a, &s, MODEL_WEIGHTS_AUTO);
+    if (matmul_q4_supported()) {
+        load_q4(&q, &s);
+        assert_string_equal(model_matrix_type_name(&a.c), "q4+int8");
+        assert_memory_equal(&a.c, &q.c, sizeof a.c);
+        assert_same_weights(&a.c, &a.w, &q.w);
+        loaded_free(&q);
+    } else { /* make test-portable's PAGEDSERVE_NO_AVX512_VNNI run */
+        assert_string_equal(model_matrix_type_name(&a.c), "f32");
+    }
+    loaded_free(&a);
+    s.type = GGML_TYPE_Q8_0;
+    s.type_override_q = 0;
+    load_as(&a, &s, MODEL_WEIGHTS_AUTO);
+    assert_string_equal(model_matrix_type_name(&a.c), "f32");
+    loaded_free(&a);
 }
 
 /* A load decodes and packs matrices over the compute pool (model_threads_set): the same
@@ -1077,6 +1119,7 @@ int main(void) {
         cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_q4_keeps_4bit_blocks),
         cmocka_unit_test(test_q4_keeps_wider_tensors_of_4bit_files),
+        cmocka_unit_test(test_auto_holds_4bit_files_as_q4),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_hyperparameters),

@@ -206,11 +206,12 @@ static void test_quantised_weights_hint(void **state)
     unlink(model);
 }
 
-/* A Q4_0 file served with --weight-type q4: the start-up log names q4 and its kernel, and
- * greedy completions (plain and streamed) equal generate's on the same weights. A CPU
- * without AVX512_VNNI (or PAGEDSERVE_NO_AVX512_VNNI, make test-portable) refuses it at
- * start-up, exit 1, naming the instructions. */
-static void test_q4_weights_serve(void **state)
+/* A Q4_0 file served as it comes (--weight-type auto) is held as q4: the start-up log
+ * names q4 and its kernel, and greedy completions (plain and streamed) equal generate's
+ * with --weight-type q4. A CPU without AVX512_VNNI (or PAGEDSERVE_NO_AVX512_VNNI, make
+ * test-portable) refuses --weight-type q4 at start-up, exit 1, naming the instructions,
+ * and under auto holds the file as F32 with the hint. */
+static void test_q4_file_served_as_q4(void **state)
 {
     (void)state;
     static ServerProc sp;
@@ -225,18 +226,21 @@ static void test_q4_weights_serve(void **state)
         const char *argv[] = {bin_path("pagedserve"), "-m", model, "--port", "0", "--weight-type", "q4", NULL};
         char *err = NULL;
         int code = proc_run(argv, NULL, &err, 30.0);
-        unlink(model);
         assert_int_equal(code, 1);
         assert_non_null(strstr(err, "--weight-type q4 needs a CPU with AVX512_VNNI"));
         free(err);
-        return;
     }
-    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", "--weight-type", "q4", NULL};
+    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
     assert_int_equal(server_proc_start(&sp, args, 30.0), 0);
     char *log = server_proc_log(&sp);
-    assert_non_null(strstr(log, "matrices q4"));
-    assert_non_null(strstr(log, "avx512_vnni"));
+    assert_non_null(strstr(log, vnni ? "matrices q4" : "matrices f32"));
+    assert_non_null(strstr(log, vnni ? "avx512_vnni" : "quantised (q4_0) on disk and held as F32"));
     free(log);
+    if (!vnni) {
+        assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+        unlink(model);
+        return;
+    }
     char *id = served_model_id(sp.port);
     check_greedy_equals_generate_as(sp.port, model, id, "q4", "Once upon a time", 12);
     free(id);
@@ -581,7 +585,7 @@ int main(void)
         cmocka_unit_test(test_bad_model),
         cmocka_unit_test(test_env_and_startup_log),
         cmocka_unit_test(test_quantised_weights_hint),
-        cmocka_unit_test(test_q4_weights_serve),
+        cmocka_unit_test(test_q4_file_served_as_q4),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_abandoned_request_frees_slot),
