@@ -1,7 +1,7 @@
 /* matmul — packing and threading of the weight products; the kernels are matmul_kernel.c
  * (F32/F16, AVX2), matmul_avx512.c (its AVX-512 twin), matmul_bf16.c, matmul_i8.c (int8 on
- * AVX512_VNNI), matmul_i8_avx2.c (int8 elsewhere) and matmul_q4.c (Q4, whose packing is
- * matmul_q4_format.c). */
+ * AVX512_VNNI), matmul_i8_avx2.c (int8 elsewhere), matmul_q4.c and matmul_q4_avx2.c (Q4 on
+ * AVX512_VNNI and elsewhere; its packing is matmul_q4_format.c). */
 #include "model/matmul.h"
 
 #include <cpuid.h>
@@ -72,7 +72,7 @@ int matmul_bf16_supported(void)
 
 int matmul_q4_supported(void)
 {
-    return matmul_i8_vnni();
+    return matmul_i8_supported();
 }
 
 int matmul_i8_supported(void)
@@ -183,7 +183,7 @@ const char *matmul_kernel_name(MatmulType type)
     if (type == MATMUL_BF16)
         return matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16";
     if (matmul_type_q4(type)) /* products of many rows take AMX where int8's do (matmul_q4_amx.c) */
-        return matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni";
+        return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
     return matmul_avx512_supported() ? "avx512" : "avx2";
 }
 
@@ -541,6 +541,14 @@ static void (*i8_kernel(int rows, int in))(const MatmulTask *, int, int)
     return matmul_i8_amx() && matmul_i8_amx_fits(rows, in) ? matmul_kernel_i8_amx_run : matmul_kernel_i8_run;
 }
 
+/* The Q4 kernel: AMX takes many rows where it may (matmul_q4_amx.c), AVX2 runs without VNNI. */
+static void (*q4_kernel(void))(const MatmulTask *, int, int)
+{
+    if (!matmul_i8_vnni())
+        return matmul_kernel_q4_avx2_run;
+    return matmul_i8_amx() ? matmul_kernel_q4_amx_run : matmul_kernel_q4_run;
+}
+
 void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, int rows,
             float beta)
 {
@@ -550,7 +558,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
         .task = { y, x, w->panels, ldy, ldx, rows, w->in, w->out, beta, w->type, NULL, NULL },
         .run = w->type == MATMUL_BF16 ? (matmul_bf16_amx() ? matmul_kernel_bf16_amx_run : matmul_kernel_bf16_run)
              : w->type == MATMUL_I8   ? i8_kernel(rows, w->in)
-             : matmul_type_q4(w->type) ? (matmul_i8_amx() ? matmul_kernel_q4_amx_run : matmul_kernel_q4_run)
+             : matmul_type_q4(w->type) ? q4_kernel()
              : matmul_avx512_supported() ? matmul_kernel_avx512_run : matmul_kernel_run,
     };
     int n_panels = (w->out + MATMUL_PANEL - 1) / MATMUL_PANEL;

@@ -33,8 +33,8 @@
  * Or Q4: 4-bit weights by GGUF Q4_0's rule (blocks of 32 inputs of an output row, scale
  * d = the block's value of largest |w| / -8 held as F16, q = w / d + 8 in 0..15; Q4_0
  * tensors made by ggml's reference rule come back exactly), 4.5 bits a weight; x quantised to int8 per block of
- * 32 inputs at every product, AVX512_VNNI multiplying nibbles by bytes (matmul_q4.c; only
- * on CPUs with AVX512_VNNI, matmul_q4_supported). 0.14 of F32's bytes: decode of one
+ * 32 inputs at every product, AVX512_VNNI multiplying nibbles by bytes (matmul_q4.c; on
+ * other AVX2 CPUs VPMADDUBSW, matmul_q4_avx2.c, the same results). 0.14 of F32's bytes: decode of one
  * sequence of a big model, bound by reading the weights, runs ~1.8x as fast as int8. Q4M
  * is Q4 with an F16 minimum m per block as well, w = q * d + m (Q4's m is -8 d): 5 bits a
  * weight, for 4-bit tensors stored that way (GGUF Q4_1, and Q4_K's 32-weight sub-blocks
@@ -75,8 +75,8 @@ size_t matmul_weights_bytes(int in, int out, MatmulType type);
  * variable PAGEDSERVE_NO_AVX512_BF16 (set, not "0") says no on any CPU: what a machine
  * without the instructions does, tried on one that has them. */
 int matmul_bf16_supported(void);
-/* Whether this CPU can run products on Q4 and Q4M weights: matmul_i8_vnni() (AVX512_VNNI, and
- * PAGEDSERVE_NO_AVX512_VNNI not set). */
+/* Whether this CPU can run products on Q4 and Q4M weights: any with AVX2 (on AVX512_VNNI,
+ * matmul_i8_vnni(), their own kernel; else an AVX2 one, same results). */
 int matmul_q4_supported(void);
 /* Whether this CPU can run products on int8 weights: any with AVX2. */
 int matmul_i8_supported(void);
@@ -104,7 +104,7 @@ int matmul_i8_x_max(void);
 int matmul_avx512_supported(void);
 /* The instructions products on weights of this type run on (for logs and benches):
  * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (I8), "amx_bf16+avx512_bf16" or
- * "avx512_bf16" (BF16), "amx_int8+avx512_vnni" or "avx512_vnni" (Q4, Q4M), "avx512" or "avx2"
+ * "avx512_bf16" (BF16), "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (Q4, Q4M), "avx512" or "avx2"
  * (F32 and F16). */
 const char *matmul_kernel_name(MatmulType type);
 /* Packs the row-major [out][in] matrix w into a new buffer of the given type. 0; -1 when

@@ -94,6 +94,10 @@ static inline float q4_block_x_sum(float sx, int32_t zsum)
 void q4_pack_prepare(void *buf, int in, int out, MatmulType type);
 int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
                  int o0, int o1);
+/* q4_pack_rows on AVX-512 (avx512: where the CPU has AVX512F/BW/VL, as q4_pack_rows
+ * chooses) or on portable code: the same bytes (tests compare them). */
+int q4_pack_rows_on(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
+                    int o0, int o1, int avx512);
 void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type);
 
 /* One row's n inputs from x into q (n rounded up to whole quads), sx[ceil(n / 128)] and
@@ -225,8 +229,8 @@ matmul_store16(float *y, __m512 v, int n, float beta)
     _mm512_mask_storeu_ps(y, m, v);
 }
 
-/* What both Q4 kernels (matmul_q4.c, matmul_q4_amx.c) do alike, in one place so that
- * they stay the same bits: a 64-byte line of a panel's nibbles as its two input quads
+/* What both AVX-512 Q4 kernels (matmul_q4.c, matmul_q4_amx.c) do alike, in one place so
+ * that they stay the same bits (matmul_q4_avx2.c does the same operations on 8 lanes): a 64-byte line of a panel's nibbles as its two input quads
  * (unsigned 0..15: low nibbles the first quad, high ones the next), block c's 16 F16
  * scales of a panel as floats, and a block's exact int32 sums S - Z (16 outputs of one
  * row) folded into that row's F32 sums as acc + (d * sx) * sums. A Q4M panel's weights
@@ -276,6 +280,35 @@ Q4_HELPER __m512 q4_fold_shift(__m512 acc, __m512 shift, __m512 x_sum)
 }
 #undef Q4_HELPER
 
+/* One 32-input block of up to Q4_X_ROWS_MAX rows of x as the Q4 kernels (matmul_q4.c,
+ * matmul_q4_avx2.c) read it: values, scales, offset sums. */
+#define Q4_X_ROWS_MAX 4
+typedef struct {
+    const int8_t *q[Q4_X_ROWS_MAX];
+    float sx[Q4_X_ROWS_MAX];
+    int32_t z[Q4_X_ROWS_MAX];
+} Q4XBlock;
+
+/* Where rows [r, r + mr) of block c are: in xr, or, when xr is NULL, quantised here from
+ * t->x into own (32 values a row). */
+static inline __attribute__((always_inline)) void
+q4_x_block(Q4XBlock *xb, int8_t own[Q4_X_ROWS_MAX][MATMUL_Q4_BLOCK], const MatmulTask *t,
+           const I8Rows *xr, int r, int c, int mr)
+{
+    for (int i = 0; i < mr; i++) {
+        if (xr) {
+            size_t at = (size_t)(r + i) * xr->blocks + c;
+            xb->q[i] = xr->q + (size_t)(r + i) * xr->stride + (size_t)c * MATMUL_Q4_BLOCK;
+            xb->sx[i] = xr->sx[at];
+            xb->z[i] = xr->zsum[at];
+            continue;
+        }
+        int k0 = c * MATMUL_Q4_BLOCK, n = t->in - k0 < MATMUL_Q4_BLOCK ? t->in - k0 : MATMUL_Q4_BLOCK;
+        q4_row_quantise(own[i], &xb->sx[i], &xb->z[i], t->x + (size_t)(r + i) * t->ldx + k0, n);
+        xb->q[i] = own[i];
+    }
+}
+
 /* An int8 kernel's sweep: y's rows [r, r + mr), which are xr's rows [xrow, xrow + mr),
  * against panels [p0, p1) over input quads [kq0, kq0 + nkq) (within one chunk of
  * MATMUL_I8_CHUNK_INPUTS): y = sums + beta·y. */
@@ -303,6 +336,8 @@ void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
 /* The same for Q4 panels (matmul_q4.c; AVX512_VNNI): x from t->xq (as q4_row_quantise
  * leaves it), or, when that is NULL, quantised here a block at a time. */
 void matmul_kernel_q4_run(const MatmulTask *t, int p0, int p1);
+/* The same on AVX2 (matmul_q4_avx2.c), where matmul_i8_vnni() says no: bit-identical. */
+void matmul_kernel_q4_avx2_run(const MatmulTask *t, int p0, int p1);
 /* The same for Q4 panels on AMX tiles (matmul_q4_amx.c), where matmul_i8_amx() says the
  * process may use them, rows >= MATMUL_Q4_AMX_ROWS and x is quantised beforehand;
  * otherwise it runs matmul_kernel_q4_run. Bit-identical to it. From 16 rows: 4096 x 4096,

@@ -20,7 +20,8 @@
  * AMX-INT8, matmul_q4_amx.c runs instead, with the same results. Q4M panels run the same
  * loop and fold each block's (m + 8 d) * sx * (sum of its qx) in as well (matmul_kernel.h).
  *
- * Compiled for AVX-512 whatever the build's -march; runs only where matmul_q4_supported().
+ * Compiled for AVX-512 whatever the build's -march; runs only where matmul_i8_vnni() (else
+ * matmul_q4_avx2.c).
  */
 #include "model/matmul_kernel.h"
 
@@ -36,34 +37,9 @@
 #define PREFETCH_BYTES 1024
 #define MR_MAX 4
 #define NP_MAX 8
+_Static_assert(MR_MAX <= Q4_X_ROWS_MAX, "q4_x_block holds the register block's rows");
 #define LINE_BYTES 64
 #define LINES_PER_BLOCK (MATMUL_Q4_BLOCK * MATMUL_PANEL / 2 / LINE_BYTES)
-
-/* One block of mr rows of x, as the kernel reads it: values, scales, offset sums. */
-typedef struct {
-    const int8_t *q[MR_MAX];
-    float sx[MR_MAX];
-    int32_t z[MR_MAX];
-} XBlock;
-
-/* Where rows [r, r + mr) of block c are: in xr, or, when xr is NULL, quantised
- * here from t->x into own (32 values a row). */
-Q4_INLINE void x_block(XBlock *xb, int8_t own[MR_MAX][MATMUL_Q4_BLOCK], const MatmulTask *t,
-                       const I8Rows *xr, int r, int c, int mr)
-{
-    for (int i = 0; i < mr; i++) {
-        if (xr) {
-            size_t at = (size_t)(r + i) * xr->blocks + c;
-            xb->q[i] = xr->q + (size_t)(r + i) * xr->stride + (size_t)c * MATMUL_Q4_BLOCK;
-            xb->sx[i] = xr->sx[at];
-            xb->z[i] = xr->zsum[at];
-            continue;
-        }
-        int k0 = c * MATMUL_Q4_BLOCK, n = t->in - k0 < MATMUL_Q4_BLOCK ? t->in - k0 : MATMUL_Q4_BLOCK;
-        q4_row_quantise(own[i], &xb->sx[i], &xb->z[i], t->x + (size_t)(r + i) * t->ldx + k0, n);
-        xb->q[i] = own[i];
-    }
-}
 
 Q4_INLINE __m512i x_quad(const int8_t *q, int at)
 {
@@ -77,14 +53,14 @@ Q4_INLINE void run_block(const MatmulTask *t, const I8Rows *xr, const Q4Layout *
                          int mr, int np)
 {
     const uint8_t *panels = (const uint8_t *)t->panels + (size_t)p * lay->panel_bytes;
-    int8_t own[MR_MAX][MATMUL_Q4_BLOCK] __attribute__((aligned(64)));
+    int8_t own[Q4_X_ROWS_MAX][MATMUL_Q4_BLOCK] __attribute__((aligned(64)));
     __m512 facc[MR_MAX][NP_MAX];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < np; j++)
             facc[i][j] = _mm512_setzero_ps();
     for (int c = 0; c < lay->blocks; c++) {
-        XBlock xb;
-        x_block(&xb, own, t, xr, r, c, mr);
+        Q4XBlock xb;
+        q4_x_block(&xb, own, t, xr, r, c, mr);
         __m512i acc[MR_MAX][NP_MAX]; /* from -Z: the nibbles' offset taken off up front */
         for (int i = 0; i < mr; i++) {
             __m512i minus_z = _mm512_set1_epi32(-xb.z[i]);

@@ -1,7 +1,7 @@
 /* matmul_q4_format — the data of Q4 and Q4M products (see matmul.h): weights packed as
  * nibbles with one F16 scale (and for Q4M one F16 minimum) per output and block of 32
  * inputs, and rows of x quantised to int8 per block of 32 for the kernels (matmul_q4.c,
- * matmul_q4_amx.c). Runs where Q4 products can (AVX512_VNNI).
+ * matmul_q4_amx.c, matmul_q4_avx2.c).
  *
  * A block whose grid is known (matmul_weights_pack_grids: w = q * d + m for integers q)
  * keeps its q, the nearest integer to (w - m) / d, exact for values decoded from such a
@@ -55,8 +55,9 @@ static void put_nibbles(void *buf, const Q4Layout *lay, const uint8_t q[MATMUL_Q
             block[k / 8 * LINE_BYTES + b] = (uint8_t)(q[k + b] | q[k + 4 + b] << 4);
 }
 
-/* q4_pack only runs where Q4 products can (AVX512_VNNI): its loops may use AVX-512 too,
- * whatever the build's -march (they were half of a 5.9B model's load time as scalar code). */
+/* Where the CPU has AVX512F/BW/VL (and PAGEDSERVE_NO_AVX512_F is not set), packing uses
+ * AVX-512, whatever the build's -march (as scalar code it was half of a 5.9B model's load
+ * time); elsewhere the portable rules below, which give the same bytes. */
 #define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
 
 /* Lanes [0, n) of a block's two halves of 16. */
@@ -130,7 +131,7 @@ static PACK_TARGET int pack_block(void *buf, const Q4Layout *lay, const float *w
 
 /* Whether a block's grid (d, m) can be held as it is: Q4M any finite one F16 holds, Q4
  * only an F16 d with m = -8 d. */
-static PACK_TARGET int grid_fits(const Q4Layout *lay, float d, float m)
+static int grid_fits(const Q4Layout *lay, float d, float m)
 {
     if (!(fabsf(d) < F16_OVERFLOW))
         return 0;
@@ -160,6 +161,69 @@ static PACK_TARGET int pack_block_grid(void *buf, const Q4Layout *lay, const flo
     return 0;
 }
 
+/* The same two rules without AVX-512 (where Q4 products run on AVX2), scalar: the same
+ * operations on each value, so the same bytes. */
+static int block_values(const float *w, int n, uint8_t q[MATMUL_Q4_BLOCK])
+{
+    memset(q, 8, MATMUL_Q4_BLOCK);
+    for (int k = 0; k < n; k++)
+        if (!isfinite(w[k]))
+            return -2;
+    return 0;
+}
+
+/* q in 0..15 as the AVX-512 code clamps a truncation (NaN, never met, to 0 likewise). */
+static int q_clamped(float t)
+{
+    return !(t >= 0.0f) ? 0 : t > 15.0f ? 15 : (int)t;
+}
+
+static void store_block(void *buf, const Q4Layout *lay, int o, int c, const uint8_t q[MATMUL_Q4_BLOCK],
+                        uint16_t dh, uint16_t mh)
+{
+    put_nibbles(buf, lay, q, o, c);
+    *scale_at(buf, lay, o, c) = dh;
+    if (lay->mins_offset)
+        *half_at(buf, lay, lay->mins_offset, o, c) = mh;
+}
+
+static int pack_block_portable(void *buf, const Q4Layout *lay, const float *w, int n, int o, int c)
+{
+    uint8_t q[MATMUL_Q4_BLOCK];
+    if (block_values(w, n, q) != 0)
+        return -2;
+    float amax = 0.0f, m = 0.0f;
+    for (int k = 0; k < n; k++)
+        if (fabsf(w[k]) > amax)
+            amax = fabsf(w[k]), m = w[k];
+    float d = m / -8.0f;
+    if (!(fabsf(d) < F16_OVERFLOW))
+        return -2;
+    uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    float min = -8.0f * _cvtsh_ss(dh);
+    if (lay->mins_offset && !(fabsf(min) < F16_OVERFLOW))
+        return -2;
+    float id = _cvtsh_ss(dh) != 0.0f ? 1.0f / d : 0.0f;
+    for (int k = 0; k < n; k++) {
+        float t = w[k] * id;
+        q[k] = (uint8_t)q_clamped(t + 8.5f); /* |t| <= 8: the truncation is in range */
+    }
+    store_block(buf, lay, o, c, q, dh, _cvtss_sh(min, _MM_FROUND_TO_NEAREST_INT));
+    return 0;
+}
+
+static int pack_block_grid_portable(void *buf, const Q4Layout *lay, const float *w, int n, int o, int c,
+                                    float d, float m)
+{
+    uint8_t q[MATMUL_Q4_BLOCK];
+    if (block_values(w, n, q) != 0)
+        return -2;
+    for (int k = 0; k < n; k++)
+        q[k] = d != 0.0f ? (uint8_t)q_clamped(floorf((w[k] - m) / d + 0.5f)) : 0;
+    store_block(buf, lay, o, c, q, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT), _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT));
+    return 0;
+}
+
 /* What no row writes: the last panel whole (nibbles 8, scales and minimums 0, so that pad
  * outputs multiply as 0), and every panel's bytes past its halves (to whole lines). The
  * rows write all the rest (pad inputs of a real output's last block as 8, pack_block), so
@@ -177,8 +241,8 @@ void q4_pack_prepare(void *buf, int in, int out, MatmulType type)
     }
 }
 
-int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
-                 int o0, int o1)
+int q4_pack_rows_on(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
+                    int o0, int o1, int avx512)
 {
     Q4Layout lay = matmul_q4_layout(in, out, type);
     for (int o = o0; o < o1; o++)
@@ -186,12 +250,24 @@ int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out,
             int k0 = c * MATMUL_Q4_BLOCK, n = in - k0 < MATMUL_Q4_BLOCK ? in - k0 : MATMUL_Q4_BLOCK;
             const float *row = w + (size_t)o * in + k0;
             const float *g = grids ? grids + 2 * ((size_t)o * lay.blocks + c) : NULL;
-            int rc = g && grid_fits(&lay, g[0], g[1]) ? pack_block_grid(buf, &lay, row, n, o, c, g[0], g[1])
-                                                      : pack_block(buf, &lay, row, n, o, c);
+            int rc;
+            if (g && grid_fits(&lay, g[0], g[1]))
+                rc = avx512 ? pack_block_grid(buf, &lay, row, n, o, c, g[0], g[1])
+                            : pack_block_grid_portable(buf, &lay, row, n, o, c, g[0], g[1]);
+            else
+                rc = avx512 ? pack_block(buf, &lay, row, n, o, c) : pack_block_portable(buf, &lay, row, n, o, c);
             if (rc != 0)
                 return -2;
         }
     return 0;
+}
+
+int q4_pack_rows(void *buf, const float *w, const float *grids, int in, int out, MatmulType type,
+                 int o0, int o1)
+{
+    int avx512 = matmul_avx512_supported() && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+    return q4_pack_rows_on(buf, w, grids, in, out, type, o0, o1, avx512);
 }
 
 void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type)

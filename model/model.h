@@ -41,11 +41,10 @@ typedef struct {
 } ModelConfig;
 
 /* How the weight matrices are held in memory. AUTO holds a file stored mostly in 4 bits or
- * fewer (Q4_0, Q4_1, Q4_K_M, Q3_K, Q2_K ...) as Q4 where the CPU has AVX512_VNNI (its
- * blocks kept, as below); otherwise it keeps each matrix stored F16 in the file F16
- * (exact, half the memory and half the bytes each decode step reads) and turns everything
- * else (F32, BF16, Q8_0, Q5_K, Q4_0 without VNNI) into F32, matrix by matrix (a fused group
- * is F16 only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
+ * fewer (Q4_0, Q4_1, Q4_K_M, Q3_K, Q2_K ...) as Q4 (its blocks kept, as below); otherwise
+ * it keeps each matrix stored F16 in the file F16 (exact, half the memory and half the
+ * bytes each decode step reads) and turns everything else (F32, BF16, Q8_0, Q5_K, Q6_K)
+ * into F32, matrix by matrix (a fused group is F16 only if all its parts are). F16 also rounds F32/BF16/quantised matrices to F16: lossy
  * (about 3 significant digits), for speed; a weight F16 cannot hold (|w| >= 65520) fails
  * the load. BF16 holds every matrix as BF16 (exact for a BF16 file, F32 ones rounded to 8
  * significant bits) and rounds each product's input rows to BF16 too, so that AVX512_BF16
@@ -63,8 +62,8 @@ typedef struct {
  * parts at 5 bits, an F16 minimum per block too; in a file mostly of 4 bits or fewer, a
  * matrix with a part stored in 5-8 bits as int8) and quantises each
  * product's input rows to int8 per block of 32: decode of a big model, which reads every
- * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); loading fails on
- * a CPU without AVX512_VNNI.
+ * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); on AVX512_VNNI
+ * its own kernel, on other AVX2 CPUs VPMADDUBSW (the same results).
  * Vectors (norms) and the embedding table are always F32. */
 typedef enum {
     MODEL_WEIGHTS_AUTO = 0, MODEL_WEIGHTS_F32, MODEL_WEIGHTS_F16, MODEL_WEIGHTS_BF16,
@@ -81,7 +80,7 @@ const char *model_matrix_type_name(const ModelConfig *c);
  * "avx512_vnni" or "avx2" (int8: the AVX2 kernel where the CPU lacks AVX512_VNNI or
  * PAGEDSERVE_NO_AVX512_VNNI is set),
  * "amx_bf16+avx512_bf16" or "avx512_bf16" (BF16; AMX where the CPU has AMX-BF16),
- * "amx_int8+avx512_vnni" or "avx512_vnni" (Q4, as int8 on VNNI), else
+ * "amx_int8+avx512_vnni", "avx512_vnni" or "avx2" (Q4, as int8), else
  * "avx512" or "avx2" (F32 and F16: the AVX-512 kernel where the CPU has AVX512F and
  * PAGEDSERVE_NO_AVX512_F is not set; same results either way). */
 const char *model_kernel_name(const ModelConfig *c);

@@ -369,9 +369,7 @@ static MatmulType pack_type_for(const Loader *ld, int n, const char *const names
 #define BF16_UNSUPPORTED "--weight-type bf16 needs a CPU with AVX512_BF16 (AMD Zen 4, Intel " \
                          "Cooper Lake, Sapphire Rapids or newer), which this one lacks: use f16 or f32"
 #define INT8_UNSUPPORTED "--weight-type int8 needs a CPU with AVX2, which this one lacks: use f16 or f32"
-#define Q4_UNSUPPORTED "--weight-type q4 needs a CPU with AVX512_VNNI (Intel Xeons from Cascade " \
-                       "Lake, Ice Lake and Tiger Lake cores, AMD Zen 4 and newer), which this one " \
-                       "lacks: use int8"
+#define Q4_UNSUPPORTED "--weight-type q4 needs a CPU with AVX2, which this one lacks: use f16 or f32"
 
 /* What a CPU lacking the instructions for products of this type is told. */
 static const char *unsupported_text(MatmulType type) {
@@ -567,9 +565,9 @@ static void config_count_matrices(ModelConfig *c, const Loader *ld) {
     c->packed_matrices_q4 = ld->n_packed_q4;
 }
 
-/* What AUTO means for this file: q4 for a file stored mostly in 4 bits or fewer where the
- * CPU runs q4's products (the file's blocks kept, as a peer serving it would compute), AUTO's
- * own per-matrix rule otherwise. */
+/* What AUTO means for this file: q4 for a file stored mostly in 4 bits or fewer (the file's
+ * blocks kept, as a peer serving it would compute) where the CPU runs q4's products (any
+ * with AVX2), AUTO's own per-matrix rule otherwise. */
 static ModelWeightType resolved_want(const GgufFile *f, ModelWeightType want) {
     if (want == MODEL_WEIGHTS_AUTO && file_mostly_4_bits(f) && matmul_type_supported(MATMUL_Q4))
         return MODEL_WEIGHTS_Q4;

@@ -170,7 +170,7 @@ static void log_weight_hint(const ModelConfig *m, double weight_mib)
         return;
     server_log(LOG_INFO, "weights are quantised (%s) on disk and held as F32 here (%.1f MiB): "
                "--weight-type int8 holds the matrices at one byte a weight instead of four, "
-               "q4 (CPUs with AVX512_VNNI) at 4.5-5 bits, and both decode faster",
+               "q4 at 4.5-5 bits, and both decode faster",
                ggml_type_name(m->weight_type), weight_mib);
 }
 

@@ -217,7 +217,7 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
 }
 
 /* "; --weight-type int8 holds these weights in X, --weight-type q4 in Y" for the types
- * not asked that are smaller (q4 only where the CPU runs it: model_plan refuses it else). */
+ * not asked that are smaller (where the CPU runs them: model_plan refuses them else). */
 static void smaller_types_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
 {
     static const ModelWeightType types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };

@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --seed S           sampling seed (1)\n"
             "  --top-k K --top-p P --min-p P --repeat-penalty R\n"
             "  --kv-dtype f16|f32|q8 KV cache element type (f16)\n"
-            "  --weight-type auto|f32|f16|bf16|int8|q4 weight matrices in memory (auto: 4-bit files q4 on AVX512_VNNI, F16 files F16, else F32)\n"
+            "  --weight-type auto|f32|f16|bf16|int8|q4 weight matrices in memory (auto: 4-bit files q4, F16 files F16, else F32)\n"
             "  --block-size N     tokens per KV block (16)\n"
             "  --chunk N          prefill rows per forward pass (256)\n"
             "  --ignore-eos       keep going past end-of-sequence\n"

@@ -4,9 +4,9 @@
  * product against a double-precision reference that quantises x per block of 32 by the
  * documented rule, over every row-block shape, partial blocks and panels, strides, beta,
  * thread counts, special inputs, and x quantised by matmul() or by the kernel itself; the
- * AMX kernel against the VNNI one, bit for bit; packing in row ranges writing every byte.
- * On a CPU without AVX512_VNNI (or with PAGEDSERVE_NO_AVX512_VNNI set) packing must refuse
- * (-3) and the rest is skipped, saying so. */
+ * AMX and AVX2 kernels against the VNNI one, bit for bit; packing in row ranges writing
+ * every byte, and on AVX-512 and portable code alike. (Every AVX2 CPU runs Q4 products; on
+ * one without, packing must refuse (-3) and the rest is skipped, saying so.) */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -38,7 +38,7 @@ static int skip_unless_supported(void)
 {
     if (matmul_q4_supported())
         return 0;
-    printf("SKIPPED: this CPU (or PAGEDSERVE_NO_AVX512_VNNI) has no AVX512_VNNI, which Q4 products need\n");
+    printf("SKIPPED: this CPU has no AVX2, which Q4 products need\n");
     return 1;
 }
 
@@ -554,31 +554,27 @@ static void test_kernel_quantises_x_itself(void **state)
         assert_int_equal(matmul_weights_pack_grids(&m, w, grids, IN, OUT, (MatmulType)type), 0);
         matmul(y_whole, OUT, x, IN, &m, ROWS, 0.0f);
         MatmulTask t = { y_own, x, m.panels, OUT, IN, ROWS, IN, OUT, 0.0f, (MatmulType)type, NULL, NULL };
-        matmul_kernel_q4_run(&t, 0, (OUT + 15) / 16);
+        (matmul_i8_vnni() ? matmul_kernel_q4_run : matmul_kernel_q4_avx2_run)(&t, 0, (OUT + 15) / 16);
         assert_memory_equal(y_own, y_whole, sizeof y_whole);
         matmul_weights_free(&m);
     }
 }
 
-/* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
- * tiles with the same bits as the VNNI kernel: both kernels on the same quantised rows,
- * every row-group shape (16 + 16, a tail split in two, one block), 1 and 2 panels a
- * group (40 outputs: a pair, then a partial panel alone), shares from panel 0 and from
- * panel 1, partial blocks, beta 0 and not. */
-static void test_amx_kernel_matches_vnni(void **state)
+typedef void Kernel(const MatmulTask *t, int p0, int p1);
+
+/* Kernel `got` gives the same bits as `want` on the same quantised rows of x (and, with
+ * got_quantises, with got quantising x itself): Q4 and Q4M, inputs of whole and partial
+ * blocks, 1 and 2 panels a group and partial panels (outputs 16, 27, 40, 50), shares from
+ * panel 0 and from panel 1 and ending a panel early, y's rows wider than out, beta 0 and
+ * not, every count in rows_list; output 0's blocks all nibbles 15 (one 0) against rows of
+ * x at +127 and -127, the largest sums a block's int16 lanes take. */
+static void check_kernels_agree(Kernel *want, Kernel *got, const char *name, const int *rows_list,
+                                int n_rows, int got_quantises)
 {
-    (void)state;
-    if (skip_unless_supported())
-        return;
-    if (!matmul_i8_amx()) {
-        printf("SKIPPED: no AMX-INT8 here (or PAGEDSERVE_NO_AMX): Q4 products run on VNNI alone\n");
-        return;
-    }
     static const int ins[] = {32, 100, 768, 2050};
     static const int outs[] = {16, 27, 40, 50};
-    static const int rows_list[] = {16, 17, 31, 32, 33, 40};
     enum { ROWS = 40, IN = 2050, OUT = 50 };
-    static float x[ROWS * IN], w[OUT * IN], y_vnni[ROWS * OUT], y_amx[ROWS * OUT];
+    static float x[ROWS * IN], w[OUT * IN], y_want[ROWS * (OUT + 3)], y_got[ROWS * (OUT + 3)];
     static float grids[OUT * ((IN + 31) / 32) * 2];
     static int8_t q[ROWS * (IN + 31) / 32 * 32];
     static float sx[ROWS * ((IN + 31) / 32)];
@@ -595,27 +591,121 @@ static void test_amx_kernel_matches_vnni(void **state)
             MatmulWeights m;
             if (type == MATMUL_Q4M)
                 grid_weights(w, grids, in, out);
+            for (int k = 0; k < in; k++) /* Q4: d = 1 by the rule, q 0 then 15s; Q4M: q 15 */
+                w[k] = type == MATMUL_Q4M ? 15.0f * grids[2 * (k / 32)] + grids[2 * (k / 32) + 1]
+                     : k % 32 ? 7.0f : -8.0f;
+            for (int k = 0; k < in; k++)
+                x[k] = 1.0f, x[in + k] = -1.0f;
             assert_int_equal(matmul_weights_pack_grids(&m, w, type == MATMUL_Q4M ? grids : NULL, in, out, type), 0);
             for (int r = 0; r < ROWS; r++)
                 q4_row_quantise(q + (size_t)r * blocks * 32, sx + r * blocks, zsum + r * blocks, x + (size_t)r * in, in);
             for (int i = 0; i < ROWS * blocks; i++)
                 xsum[i] = q4_block_x_sum(sx[i], zsum[i]);
             I8Rows xr = { q, (size_t)blocks * 32, sx, zsum, blocks, 0, type == MATMUL_Q4M ? xsum : NULL };
-            for (int c = 0; c < 6; c++)
-                for (int v = 0; v < 4; v++) {
-                    int rows = rows_list[c], beta_on = v % 2, p0 = v / 2; /* share [p0, panels) */
-                    for (int i = 0; i < rows * out; i++)
-                        y_vnni[i] = y_amx[i] = (float)(i % 7) - 3.0f;
-                    MatmulTask t = { y_vnni, x, m.panels, out, in, rows, in, out, beta_on ? 0.5f : 0.0f,
+            for (int c = 0; c < n_rows; c++)
+                for (int v = 0; v < (got_quantises ? 8 : 4); v++) {
+                    int rows = rows_list[c], beta_on = v % 2, p0 = v / 2 % 2; /* share [p0, p1) */
+                    int panels = (out + 15) / 16, p1 = panels - (v % 3 == 2 && panels - p0 > 1);
+                    int ldy = out + (v % 3 == 1 ? 3 : 0);
+                    for (int i = 0; i < rows * ldy; i++)
+                        y_want[i] = y_got[i] = (float)(i % 7) - 3.0f;
+                    MatmulTask t = { y_want, x, m.panels, ldy, in, rows, in, out, beta_on ? 0.5f : 0.0f,
                                      type, &xr, NULL };
-                    matmul_kernel_q4_run(&t, p0, (out + 15) / 16);
-                    t.y = y_amx;
-                    matmul_kernel_q4_amx_run(&t, p0, (out + 15) / 16);
-                    if (memcmp(y_vnni, y_amx, sizeof(float) * rows * out) != 0)
-                        fail_msg("type %d in %d out %d rows %d beta %d from panel %d: AMX differs from VNNI",
-                                 type, in, out, rows, beta_on, p0);
+                    want(&t, p0, p1);
+                    t.y = y_got;
+                    t.xq = v >= 4 ? NULL : &xr;
+                    got(&t, p0, p1);
+                    if (memcmp(y_want, y_got, sizeof(float) * rows * ldy) != 0)
+                        fail_msg("type %d in %d out %d rows %d beta %d from panel %d%s: %s differs", type, in,
+                                 out, rows, beta_on, p0, v >= 4 ? " quantising x itself" : "", name);
                 }
             matmul_weights_free(&m);
+        }
+}
+
+/* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
+ * tiles with the same bits as the VNNI kernel: every row-group shape (16 + 16, a tail
+ * split in two, one block). */
+static void test_amx_kernel_matches_vnni(void **state)
+{
+    (void)state;
+    if (!matmul_i8_amx()) {
+        printf("SKIPPED: no AMX-INT8 here (or PAGEDSERVE_NO_AMX): Q4 products run on VNNI alone\n");
+        return;
+    }
+    static const int rows_list[] = {16, 17, 31, 32, 33, 40};
+    check_kernels_agree(matmul_kernel_q4_run, matmul_kernel_q4_amx_run, "AMX", rows_list, 6, 0);
+}
+
+/* Where the CPU has AVX512_VNNI, the AVX2 kernel (what CPUs without it run) gives its bits:
+ * every register block (4 rows, 3, 2 x 2 panels, 1 x 4) and their tails, x quantised
+ * beforehand or block by block in the kernel. */
+static void test_avx2_kernel_matches_vnni(void **state)
+{
+    (void)state;
+    if (!matmul_i8_vnni()) {
+        printf("SKIPPED: no AVX512_VNNI here (or PAGEDSERVE_NO_AVX512_VNNI): the AVX2 kernel is checked "
+               "against the reference alone\n");
+        return;
+    }
+    static const int rows_list[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 17};
+    check_kernels_agree(matmul_kernel_q4_run, matmul_kernel_q4_avx2_run, "AVX2", rows_list, 10, 1);
+}
+
+/* Packing on AVX-512 and on portable code writes the same bytes: by the rule (random rows,
+ * blocks of zeros, -0, ties of |w| with either sign first, scales that are F16 subnormals
+ * or round to 0, scales near F16's largest, partial blocks) and on grids (Q4_1-like, a zero
+ * d, values off their grids or past them); a weight not finite, or a Q4M minimum past F16
+ * (8 d >= 65520), refuses both. */
+static void test_pack_same_bytes_portable(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl")) {
+        printf("SKIPPED: no AVX-512 here: portable packing only\n");
+        return;
+    }
+    enum { IN = 100, OUT = 37, BLOCKS = 4 };
+    static float w[OUT * IN], grids[OUT * BLOCKS * 2];
+    grid_weights(w, grids, IN, OUT);
+    for (int k = 0; k < IN; k++) {
+        w[0 * IN + k] = k < 32 ? 0.0f : k < 64 ? -0.0f : rand_uniform();
+        w[1 * IN + k] = k % 32 == 3 ? 0.5f : k % 32 == 9 ? -0.5f : rand_uniform() * 0.4f; /* tie: + first */
+        w[2 * IN + k] = k % 32 == 3 ? -0.5f : k % 32 == 9 ? 0.5f : rand_uniform() * 0.4f; /* tie: - first */
+        w[3 * IN + k] = rand_uniform() * 1e-4f; /* scales F16 subnormals: 1 / d large */
+        w[4 * IN + k] = rand_uniform() * 1e-9f; /* scales F16 rounds to 0 */
+        w[5 * IN + k] = rand_uniform() * 6.0e4f; /* Q4M minimums (8 d) near F16's largest */
+        w[6 * IN + k] = rand_uniform() * 3e-38f;
+        w[9 * IN + k] = rand_uniform(); /* off its grids: (w - m) / d rounds */
+        w[10 * IN + k] = rand_uniform() * 64.0f; /* past its grids: q clamps */
+    }
+    grids[2 * (7 * BLOCKS + 1)] = 0.0f; /* d 0: the block is m alone */
+    for (int type = MATMUL_Q4; type <= MATMUL_Q4M; type++)
+        for (int with_grids = 0; with_grids < 2; with_grids++) {
+            size_t bytes = matmul_weights_bytes(IN, OUT, (MatmulType)type);
+            uint8_t *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+            q4_pack_prepare(a, IN, OUT, (MatmulType)type);
+            q4_pack_prepare(b, IN, OUT, (MatmulType)type);
+            const float *g = with_grids ? grids : NULL;
+            assert_int_equal(q4_pack_rows_on(a, w, g, IN, OUT, (MatmulType)type, 0, OUT, 1), 0);
+            assert_int_equal(q4_pack_rows_on(b, w, g, IN, OUT, (MatmulType)type, 0, OUT, 0), 0);
+            if (memcmp(a, b, bytes) != 0)
+                fail_msg("type %d, grids %d: portable packing differs from AVX-512's", type, with_grids);
+            float was = w[8 * IN + 40];
+            w[8 * IN + 40] = NAN;
+            assert_int_equal(q4_pack_rows_on(a, w, g, IN, OUT, (MatmulType)type, 8, 9, 1), -2);
+            assert_int_equal(q4_pack_rows_on(b, w, g, IN, OUT, (MatmulType)type, 8, 9, 0), -2);
+            w[8 * IN + 40] = was;
+            if (type == MATMUL_Q4M && !with_grids) { /* m = -8 F16(d) past F16 */
+                float big[IN];
+                for (int k = 0; k < IN; k++)
+                    big[k] = rand_uniform() * 4.0e5f;
+                big[7] = 3.0e5f;
+                assert_int_equal(q4_pack_rows_on(a, big, NULL, IN, 1, MATMUL_Q4M, 0, 1, 1), -2);
+                assert_int_equal(q4_pack_rows_on(b, big, NULL, IN, 1, MATMUL_Q4M, 0, 1, 0), -2);
+            }
+            free(a);
+            free(b);
         }
 }
 
@@ -631,6 +721,8 @@ int main(void)
         cmocka_unit_test(test_special_inputs),
         cmocka_unit_test(test_kernel_quantises_x_itself),
         cmocka_unit_test(test_amx_kernel_matches_vnni),
+        cmocka_unit_test(test_avx2_kernel_matches_vnni),
+        cmocka_unit_test(test_pack_same_bytes_portable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

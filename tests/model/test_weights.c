@@ -487,9 +487,14 @@ static void test_auto_mixed_file(void **state) {
     load_ok(&s, check_f16_mixed);
 }
 
+/* What int8 and Q4 products run on here (their kernels go alike). */
+static const char *int8_kernels(void) {
+    return matmul_i8_amx() ? "amx_int8+avx512_vnni" : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
+}
+
 /* Forced types: F32 file as F16 rounds each weight to the nearest half, as BF16 (where the
  * CPU has AVX512_BF16) to the nearest BF16, as int8 to the nearest of 255 levels of its
- * row's largest value (on either int8 kernel), as Q4 (where the CPU has AVX512_VNNI) to
+ * row's largest value (on either int8 kernel), as Q4 (on either Q4 kernel) to
  * within one step of 16 of its 32-weight block (d = max|w| / 8; the clamp at +7 d can
  * cost a whole step); F16 file as F32 keeps it, Q4_0 file as Q4 too. */
 static void test_forced_weight_types(void **state) {
@@ -514,7 +519,7 @@ static void test_forced_weight_types(void **state) {
             continue;
         }
         if (cases[k].want == MODEL_WEIGHTS_Q4 && !matmul_q4_supported()) {
-            print_message("SKIPPED --weight-type q4 load: this CPU has no AVX512_VNNI\n");
+            print_message("SKIPPED --weight-type q4 load: this CPU has no AVX2\n");
             continue;
         }
         Spec s = default_spec();
@@ -530,10 +535,8 @@ static void test_forced_weight_types(void **state) {
         assert_string_equal(model_matrix_type_name(&c), cases[k].held);
         const char *kernel = !cases[k].kernel ? (matmul_avx512_supported() ? "avx512" : "avx2")
                            : !strcmp(cases[k].kernel, "bf16") ? (matmul_bf16_amx() ? "amx_bf16+avx512_bf16" : "avx512_bf16")
-                           : !strcmp(cases[k].kernel, "q4") ? (matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni")
-                           : strcmp(cases[k].kernel, "int8") ? cases[k].kernel
-                           : matmul_i8_amx()  ? "amx_int8+avx512_vnni"
-                           : matmul_i8_vnni() ? "avx512_vnni" : "avx2";
+                           : strcmp(cases[k].kernel, "int8") && strcmp(cases[k].kernel, "q4") ? cases[k].kernel
+                           : int8_kernels();
         assert_string_equal(model_kernel_name(&c), kernel);
         assert_int_equal(bytes, expected_bytes(&c, &w));
         float *file_down = tensor_f32(f, "blk.1.ffn_down.weight");
@@ -601,7 +604,7 @@ static void test_plan_matches_load(void **state) {
             for (size_t m = 0; m < 4; m++)
                 largest = layer[m] > largest ? layer[m] : largest;
             assert_true(plan.load_peak_bytes > plan.weight_bytes);
-            bool as_q4 = wants[k] == MODEL_WEIGHTS_Q4 || (wants[k] == MODEL_WEIGHTS_AUTO && matmul_q4_supported());
+            bool as_q4 = wants[k] == MODEL_WEIGHTS_Q4 || wants[k] == MODEL_WEIGHTS_AUTO;
             if (as_q4 && s.type == GGML_TYPE_Q4_0)
                 largest += largest / 16; /* and its blocks' grids: 2 floats a 32 */
             assert_true(plan.load_peak_bytes <= plan.weight_bytes + largest * sizeof(float));
@@ -644,7 +647,7 @@ static void test_bf16_needs_cpu_support(void **state) {
 static void test_q4_packs_as_q4_0(void **state) {
     (void)state;
     if (!matmul_q4_supported()) {
-        print_message("SKIPPED q4 against Q4_0: this CPU has no AVX512_VNNI\n");
+        print_message("SKIPPED q4 against Q4_0: this CPU has no AVX2\n");
         return;
     }
     Spec s = default_spec();
@@ -776,7 +779,7 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
 static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     (void)state;
     if (!matmul_q4_supported()) {
-        print_message("SKIPPED q4 of a mixed 4-bit file: this CPU has no AVX512_VNNI\n");
+        print_message("SKIPPED q4 of a mixed 4-bit file: this CPU has no AVX2\n");
         return;
     }
     Spec s = default_spec();
@@ -795,7 +798,7 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     const ModelConfig c = l.c;
     const TransformerWeights w = l.w;
     assert_string_equal(model_matrix_type_name(&c), "q4+int8");
-    assert_string_equal(model_kernel_name(&c), matmul_i8_amx() ? "amx_int8+avx512_vnni" : "avx512_vnni");
+    assert_string_equal(model_kernel_name(&c), int8_kernels());
     assert_int_equal(w.layers[0].wqkv.type, MATMUL_I8);
     assert_int_equal(w.layers[1].w_down.type, MATMUL_Q4M);
     assert_int_equal(w.output.type, MATMUL_Q4M);
@@ -820,7 +823,7 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
 static void test_q4_keeps_4bit_blocks(void **state) {
     (void)state;
     if (!matmul_q4_supported()) {
-        print_message("SKIPPED q4 of 4-bit files: this CPU has no AVX512_VNNI\n");
+        print_message("SKIPPED q4 of 4-bit files: this CPU has no AVX2\n");
         return;
     }
     check_4bit_file(GGML_TYPE_Q4_K, GGML_TYPE_Q4_1, false);
@@ -844,10 +847,9 @@ static void assert_same_weights(const ModelConfig *c, const TransformerWeights *
     assert_memory_equal(w->token_embd, v->token_embd, sizeof(float) * (size_t)c->dim * c->vocab_size);
 }
 
-/* auto holds a file stored mostly in 4 bits or fewer as q4 where the CPU runs it, byte for
- * byte what asking for q4 gives (its blocks kept, what its quantiser kept wider as int8),
- * and widens it to F32 where the CPU has no AVX512_VNNI (decided once a process: make
- * test-portable checks that side); a file of wider types (q8_0) stays F32 either way. */
+/* auto holds a file stored mostly in 4 bits or fewer as q4, byte for byte what asking for
+ * q4 gives (its blocks kept, what its quantiser kept wider as int8); a file of wider types
+ * (q8_0) stays F32. */
 static void test_auto_holds_4bit_files_as_q4(void **state) {
     (void)state;
     Spec s = default_spec();
@@ -857,15 +859,11 @@ static void test_auto_holds_4bit_files_as_q4(void **state) {
     s.type_override_q = GGML_TYPE_Q6_K;
     Loaded a, q;
     load_as(&a, &s, MODEL_WEIGHTS_AUTO);
-    if (matmul_q4_supported()) {
-        load_q4(&q, &s);
-        assert_string_equal(model_matrix_type_name(&a.c), "q4+int8");
-        assert_memory_equal(&a.c, &q.c, sizeof a.c);
-        assert_same_weights(&a.c, &a.w, &q.w);
-        loaded_free(&q);
-    } else { /* make test-portable's PAGEDSERVE_NO_AVX512_VNNI run */
-        assert_string_equal(model_matrix_type_name(&a.c), "f32");
-    }
+    load_q4(&q, &s);
+    assert_string_equal(model_matrix_type_name(&a.c), "q4+int8");
+    assert_memory_equal(&a.c, &q.c, sizeof a.c);
+    assert_same_weights(&a.c, &a.w, &q.w);
+    loaded_free(&q);
     loaded_free(&a);
     s.type = GGML_TYPE_Q8_0;
     s.type_override_q = 0;
@@ -912,30 +910,6 @@ static void test_load_same_bytes_any_threads(void **state) {
             free(data);
         }
     model_threads_set(1);
-}
-
-/* matmul_q4_supported() is decided once per process: where the CPU has AVX512_VNNI this
- * runs under make test-portable (PAGEDSERVE_NO_AVX512_VNNI set from the start). */
-static void test_q4_needs_cpu_support(void **state) {
-    (void)state;
-    if (matmul_q4_supported()) {
-        print_message("SKIPPED q4 refusal: this process runs Q4 (make test-portable checks it)\n");
-        return;
-    }
-    Spec s = default_spec();
-    void *data;
-    GgufFile *f = make_model(&s, &data);
-    ModelConfig c;
-    TransformerWeights w;
-    ModelPlan plan;
-    size_t bytes;
-    char err[512] = "", plan_err[512] = "";
-    assert_int_equal(weights_load_as(f, MODEL_WEIGHTS_Q4, &c, &w, &bytes, err, sizeof err), -1);
-    assert_int_equal(weights_plan(f, MODEL_WEIGHTS_Q4, &plan, plan_err, sizeof plan_err), -1);
-    gguf_close(f);
-    free(data);
-    assert_non_null(strstr(err, "--weight-type q4 needs a CPU with AVX512_VNNI"));
-    assert_string_equal(plan_err, err);
 }
 
 static void check_defaults(const GgufFile *f, const ModelConfig *c, const TransformerWeights *w,
@@ -1113,7 +1087,6 @@ int main(void) {
         cmocka_unit_test(test_f16_file_stays_f16),
         cmocka_unit_test(test_auto_mixed_file),
         cmocka_unit_test(test_forced_weight_types),
-        cmocka_unit_test(test_q4_needs_cpu_support),
         cmocka_unit_test(test_q4_packs_as_q4_0),
         cmocka_unit_test(test_load_same_bytes_any_threads),
         cmocka_unit_test(test_plan_matches_load),
