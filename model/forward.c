@@ -344,6 +344,8 @@ static int transformer_layer(ModelRunner *r, const KvView *kv, int layer,
     /* Attention block: x += Wo · attention(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) */
     rows_run(r, w->attn_norm, rows, c->dim, norm_rows);
     matmul(r->qkv, qkv_stride, r->xb, c->dim, &w->wqkv, rows, 0.0f);
+    if (w->wv.panels) /* V held apart: its columns after Q's and K's */
+        matmul(r->qkv + w->wqkv.out, qkv_stride, r->xb, c->dim, &w->wv, rows, 0.0f);
     rows_run(r, NULL, rows, (c->n_heads + c->n_kv_heads) * c->head_dim, rope_rows);
     rows = attention_layer(r, kv, layer, seqs, n_seqs, rows, layer == c->n_layers - 1);
     if (rows == 0)

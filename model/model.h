@@ -33,7 +33,8 @@ typedef struct {
     float rope_pos_scale; /* 1 / llama.rope.scaling.factor for "linear" scaling, else 1 */
     float rms_eps;
     uint32_t weight_type; /* GgmlType most of the file's matrices had on disk */
-    int packed_matrices;     /* weight matrices held for the products (fused ones count once) */
+    int packed_matrices;     /* weight matrices held for the products (fused ones count once;
+                              * a V held apart counts by itself) */
     int packed_matrices_f16;  /* how many of them are F16 in memory */
     int packed_matrices_bf16; /* how many BF16 */
     int packed_matrices_i8;   /* how many int8 */
@@ -60,7 +61,8 @@ typedef struct {
  * row, an F16 scale each), keeping the blocks of 4-bit tensors as stored (Q4_0 and Q4_1
  * exactly, Q4_K to F16's rounding of its sub-block scales; a matrix with Q4_1 or Q4_K
  * parts at 5 bits, an F16 minimum per block too; in a file mostly of 4 bits or fewer, a
- * matrix with a part stored in 5-8 bits as int8) and quantises each
+ * matrix mostly of parts stored wider (5-8 bits, F16, F32) as int8, and a V stored
+ * so, apart from Q and K, as int8) and quantises each
  * product's input rows to int8 per block of 32: decode of a big model, which reads every
  * weight each step, runs ~1.8x as fast as int8; lossy (16 levels a block); on AVX512_VNNI
  * its own kernel, on other AVX2 CPUs VPMADDUBSW (the same results).

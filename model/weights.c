@@ -339,8 +339,8 @@ static bool mostly_stored_wider(const Loader *ld, int n, const char *const names
 
 /* Under q4: int8 for a matrix mostly of parts stored in more than 4 bits in a file mostly
  * of 4 bits or fewer (what its quantiser kept wider keeps 8: a Q4_K_M file's Q6_K ffn_down
- * and output; not its fused q/k/v, whose Q6_K v is a third or less of the rows and whose
- * q and k Q4M holds exactly); else Q4M when a part is stored with minimums (q4_1, q4_K:
+ * and output; not its fused q/k/v, whose Q6_K v is a third or less of the rows: there
+ * v_held_apart takes V out); else Q4M when a part is stored with minimums (q4_1, q4_K:
  * it then holds them as they are), Q4 otherwise. */
 static MatmulType q4_pack_type(const Loader *ld, int n, const char *const names[]) {
     if (mostly_stored_wider(ld, n, names) && file_mostly_4_bits(ld->f))
@@ -465,8 +465,17 @@ static int load_stacked(Loader *ld, MatmulWeights *dst, const char *what, int in
     return pack_staged(ld, rows, grids, in, (int)total, type, dst, what);
 }
 
+/* Whether V is held apart from Q and K: under q4, when the three would be Q4 together but
+ * V alone, stored wider in a 4-bit file (a Q4_K_M file's Q6_K attn_v in some layers; any
+ * type over 4 bits), int8: one more product a layer holds V at 255 levels a row rather
+ * than re-quantising it to 16 a block. */
+static bool v_held_apart(const Loader *ld, const char *const qkv_names[3]) {
+    return ld->want == MODEL_WEIGHTS_Q4 && matmul_type_q4(pack_type_for(ld, 3, qkv_names)) &&
+           pack_type_for(ld, 1, &qkv_names[2]) == MATMUL_I8;
+}
+
 static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw) {
-    char q[96], k[96], v[96], o[96], gate[96], up[96], down[96], name[96], what[4][32];
+    char q[96], k[96], v[96], o[96], gate[96], up[96], down[96], name[96], what[5][32];
     int dim = c->dim, q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
     int ffn = c->ffn_dim;
 #define NAME(buf, suffix) (snprintf(buf, sizeof buf, "blk.%d." suffix, l), buf)
@@ -479,12 +488,15 @@ static int load_layer(Loader *ld, const ModelConfig *c, int l, LayerWeights *lw)
     const char *const gate_up_names[] = { NAME(gate, "ffn_gate.weight"), NAME(up, "ffn_up.weight") };
     const char *const down_names[] = { NAME(down, "ffn_down.weight") };
 #undef NAME
-    snprintf(what[0], sizeof what[0], "blk.%d attn_q/k/v", l);
+    bool apart = v_held_apart(ld, qkv_names);
+    snprintf(what[0], sizeof what[0], apart ? "blk.%d attn_q/k" : "blk.%d attn_q/k/v", l);
     snprintf(what[1], sizeof what[1], "blk.%d attn_output", l);
     snprintf(what[2], sizeof what[2], "blk.%d ffn_gate/up", l);
     snprintf(what[3], sizeof what[3], "blk.%d ffn_down", l);
-    if (load_stacked(ld, &lw->wqkv, what[0], dim, 3, qkv_names,
+    snprintf(what[4], sizeof what[4], "blk.%d attn_v", l);
+    if (load_stacked(ld, &lw->wqkv, what[0], dim, apart ? 2 : 3, qkv_names,
                      (const int[]){ q_rows, kv_rows, kv_rows }) < 0 ||
+        (apart && load_stacked(ld, &lw->wv, what[4], dim, 1, &qkv_names[2], (const int[]){ kv_rows }) < 0) ||
         load_stacked(ld, &lw->wo, what[1], q_rows, 1, o_names, (const int[]){ dim }) < 0 ||
         load_stacked(ld, &lw->w_gate_up, what[2], dim, 2, gate_up_names,
                      (const int[]){ ffn, ffn }) < 0 ||
@@ -633,6 +645,7 @@ void weights_free(TransformerWeights *w, const ModelConfig *config) {
             LayerWeights *lw = &w->layers[l];
             free(lw->attn_norm);
             matmul_weights_free(&lw->wqkv);
+            matmul_weights_free(&lw->wv);
             matmul_weights_free(&lw->wo);
             free(lw->ffn_norm);
             matmul_weights_free(&lw->w_gate_up);

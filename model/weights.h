@@ -3,8 +3,9 @@
  * Matrices are read as row-major F32 [out][in] (a GGUF matrix with ne = {in, out}) and
  * packed once into the product kernel's panels (model/matmul.h), F32 or F16, so a
  * product over R rows is one call: Y[R][out] = X[R][in] * W^T. Matrices that read the same
- * input are fused at load time so each is one product: Q, K and V rows stacked in wqkv;
- * gate and up rows stacked in w_gate_up. Vectors and the embedding table stay plain.
+ * input are fused at load time so each is one product: Q, K and V rows stacked in wqkv
+ * (under q4, V held apart in wv when its 4-bit file stored it wider); gate and up rows
+ * stacked in w_gate_up. Vectors and the embedding table stay plain.
  */
 #ifndef PAGEDSERVE_MODEL_WEIGHTS_H
 #define PAGEDSERVE_MODEL_WEIGHTS_H
@@ -16,7 +17,10 @@
 
 typedef struct {
     float *attn_norm;        /* [dim] */
-    MatmulWeights wqkv;      /* [(n_heads + 2*n_kv_heads) * head_dim][dim]: Q, K, V rows */
+    MatmulWeights wqkv;      /* [(n_heads + 2*n_kv_heads) * head_dim][dim]: Q, K, V rows; or
+                              * Q and K rows alone when wv holds V */
+    MatmulWeights wv;        /* [n_kv_heads * head_dim][dim], or none (panels NULL): V rows
+                              * held apart in another type (q4: a V its file kept wider) */
     MatmulWeights wo;        /* [dim][n_heads * head_dim] */
     float *ffn_norm;         /* [dim] */
     MatmulWeights w_gate_up; /* [2 * ffn_dim][dim]: gate rows, then up rows */

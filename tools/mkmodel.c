@@ -22,6 +22,7 @@ typedef struct {
     const char *out;
     int dim, layers, heads, kv_heads, ffn, vocab, ctx;
     uint32_t type;
+    uint32_t v_type; /* attn_v's */
     uint64_t seed;
     const char *vocab_from;
     bool tied;
@@ -41,6 +42,8 @@ static void usage(FILE *fp) {
         "  --vocab N             generated vocabulary size, >= %d (default 32000)\n"
         "  --ctx N               context length (default 2048)\n"
         "  --type T              matrix type: f32, f16, bf16, q8_0, q4_0, q4_1 (default f32)\n"
+        "  --v-type T            attn_v's type (default: --type), as a Q4_K_M file keeps some\n"
+        "                        attn_v wider\n"
         "  --seed N              random seed (default 1)\n"
         "  --vocab-from PATH     copy the tokenizer.ggml.* keys of this GGUF (sets --vocab)\n"
         "  --tied                no output.weight: the output shares token_embd\n"
@@ -62,7 +65,7 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
     return 0;
 }
 
-static int parse_type(const char *s, uint32_t *out) {
+static int parse_type(const char *flag, const char *s, uint32_t *out) {
     static const struct { const char *name; uint32_t type; } types[] = {
         {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
         {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
@@ -72,12 +75,12 @@ static int parse_type(const char *s, uint32_t *out) {
             *out = types[i].type;
             return 0;
         }
-    fprintf(stderr, "mkmodel: --type must be f32, f16, bf16, q8_0, q4_0 or q4_1, got '%s'\n", s);
+    fprintf(stderr, "mkmodel: %s must be f32, f16, bf16, q8_0, q4_0 or q4_1, got '%s'\n", flag, s);
     return -1;
 }
 
 enum { OPT_DIM = 256, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_CTX,
-       OPT_TYPE, OPT_SEED, OPT_VOCAB_FROM, OPT_TIED, OPT_DEMO };
+       OPT_TYPE, OPT_V_TYPE, OPT_SEED, OPT_VOCAB_FROM, OPT_TIED, OPT_DEMO };
 
 static const struct option long_options[] = {
     {"out", required_argument, NULL, 'o'},       {"dim", required_argument, NULL, OPT_DIM},
@@ -85,6 +88,7 @@ static const struct option long_options[] = {
     {"kv-heads", required_argument, NULL, OPT_KV_HEADS}, {"ffn", required_argument, NULL, OPT_FFN},
     {"vocab", required_argument, NULL, OPT_VOCAB}, {"ctx", required_argument, NULL, OPT_CTX},
     {"type", required_argument, NULL, OPT_TYPE}, {"seed", required_argument, NULL, OPT_SEED},
+    {"v-type", required_argument, NULL, OPT_V_TYPE},
     {"vocab-from", required_argument, NULL, OPT_VOCAB_FROM},
     {"tied", no_argument, NULL, OPT_TIED},       {"demo", no_argument, NULL, OPT_DEMO},
     {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
@@ -93,7 +97,7 @@ static const struct option long_options[] = {
 /* Returns 0 to go on, 1 when --help was shown, -1 on a bad flag. */
 static int parse_flags(int argc, char **argv, Options *o) {
     *o = (Options){.dim = 768, .layers = 12, .heads = 12, .kv_heads = -1, .ffn = 2048,
-                   .vocab = 32000, .ctx = 2048, .type = GGML_TYPE_F32, .seed = 1};
+                   .vocab = 32000, .ctx = 2048, .type = GGML_TYPE_F32, .v_type = UINT32_MAX, .seed = 1};
     for (int i = 1; i < argc; i++)  /* the preset first, so explicit flags override it */
         if (strcmp(argv[i], "--demo") == 0) {
             o->dim = 64, o->layers = 2, o->heads = 4, o->kv_heads = 2, o->ffn = 128;
@@ -115,7 +119,8 @@ static int parse_flags(int argc, char **argv, Options *o) {
             o->vocab_given = true;
             break;
         case OPT_CTX: rc = parse_int("--ctx", optarg, 1, 1 << 24, &o->ctx); break;
-        case OPT_TYPE: rc = parse_type(optarg, &o->type); break;
+        case OPT_TYPE: rc = parse_type("--type", optarg, &o->type); break;
+        case OPT_V_TYPE: rc = parse_type("--v-type", optarg, &o->v_type); break;
         case OPT_SEED:
             rc = parse_int("--seed", optarg, 0, 2147483647, &seed);
             o->seed = (uint64_t)seed;
@@ -140,6 +145,8 @@ static int parse_flags(int argc, char **argv, Options *o) {
     }
     if (o->kv_heads < 0)
         o->kv_heads = o->heads;
+    if (o->v_type == UINT32_MAX)
+        o->v_type = o->type;
     return 0;
 }
 
@@ -161,10 +168,15 @@ static int check_options(const Options *o) {
                 "pairs)\n", o->dim / o->heads);
         return -1;
     }
-    uint64_t blk = ggml_type_block_elems(o->type);
+    uint64_t blk = ggml_type_block_elems(o->type), v_blk = ggml_type_block_elems(o->v_type);
     if (o->dim % blk != 0 || o->ffn % blk != 0) {
         fprintf(stderr, "mkmodel: --type %s needs --dim and --ffn to be multiples of %llu\n",
                 ggml_type_name(o->type), (unsigned long long)blk);
+        return -1;
+    }
+    if (o->dim % v_blk != 0) {
+        fprintf(stderr, "mkmodel: --v-type %s needs --dim to be a multiple of %llu\n",
+                ggml_type_name(o->v_type), (unsigned long long)v_blk);
         return -1;
     }
     return 0;
@@ -229,7 +241,7 @@ static int add_tensors(Maker *m, const Options *o) {
         if (add_norm(m, NAME("attn_norm.weight"), o->dim) < 0 ||
             add_matrix(m, NAME("attn_q.weight"), o->dim, q, o->type) < 0 ||
             add_matrix(m, NAME("attn_k.weight"), o->dim, kv, o->type) < 0 ||
-            add_matrix(m, NAME("attn_v.weight"), o->dim, kv, o->type) < 0 ||
+            add_matrix(m, NAME("attn_v.weight"), o->dim, kv, o->v_type) < 0 ||
             add_matrix(m, NAME("attn_output.weight"), q, o->dim, o->type) < 0 ||
             add_norm(m, NAME("ffn_norm.weight"), o->dim) < 0 ||
             add_matrix(m, NAME("ffn_gate.weight"), o->dim, o->ffn, o->type) < 0 ||

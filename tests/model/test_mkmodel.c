@@ -286,6 +286,13 @@ static void test_seed_tied_type(void **state) {
     assert_int_equal(cfg.weight_type, GGML_TYPE_Q4_0);
     weights_free(&w, &cfg);
     gguf_close(f);
+    /* --v-type: every attn_v in its own type, the rest in --type's */
+    assert_int_equal(run_mkmodel("--demo", "--type", "q4_0", "--v-type", "q8_0", "-o", a, NULL), 0);
+    f = open_or_fail(a);
+    assert_int_equal(gguf_find_tensor(f, "blk.0.attn_v.weight")->type, GGML_TYPE_Q8_0);
+    assert_int_equal(gguf_find_tensor(f, "blk.1.attn_v.weight")->type, GGML_TYPE_Q8_0);
+    assert_int_equal(gguf_find_tensor(f, "blk.1.attn_k.weight")->type, GGML_TYPE_Q4_0);
+    gguf_close(f);
 }
 
 static void test_vocab_from(void **state) {
@@ -336,6 +343,9 @@ static void test_bad_flags(void **state) {
     assert_int_not_equal(run_mkmodel("-o", out, "--nonsense", NULL), 0);
     assert_int_not_equal(run_mkmodel("-o", out, "--demo", "stray", NULL), 0);
     assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--type", "q5_1", NULL), 0);
+    assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--v-type", "q5_1", NULL), 0);
+    assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--dim", "80", "--heads", "4", "--kv-heads",
+                                     "2", "--v-type", "q4_0", NULL), 0); /* 80: not whole blocks */
     assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--heads", "3", NULL), 0);
     assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--kv-heads", "3", NULL), 0);
     assert_int_not_equal(run_mkmodel("-o", out, "--demo", "--vocab", "100", NULL), 0);

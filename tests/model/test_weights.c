@@ -31,6 +31,7 @@ typedef struct {
     int rope_dim;             /* 0: key absent */
     bool kv_key;              /* write llama.attention.head_count_kv */
     uint32_t type_override_q; /* if nonzero: type of every attn_q (mixed-type files) */
+    uint32_t type_override_v; /* likewise for every attn_v */
     const char *rope_scaling; /* llama.rope.scaling.type, or NULL */
     float rope_factor;        /* llama.rope.scaling.factor, written when nonzero or with a type */
     const float *rope_freqs;  /* rope_freqs.weight values, n_rope_freqs of them, or NULL */
@@ -157,7 +158,7 @@ static GgufFile *make_model_sized(const Spec *s, void **data, size_t *size_out) 
         add(w, s, N("attn_norm.weight"), dim, 0, 0);
         add(w, s, N("attn_q.weight"), dim, q, s->type_override_q ? s->type_override_q : s->type);
         add(w, s, N("attn_k.weight"), dim, kv, s->type);
-        add(w, s, N("attn_v.weight"), dim, kv, s->type);
+        add(w, s, N("attn_v.weight"), dim, kv, s->type_override_v ? s->type_override_v : s->type);
         add(w, s, N("attn_output.weight"), q, dim, s->type);
         add(w, s, N("ffn_norm.weight"), dim, 0, 0);
         add(w, s, N("ffn_gate.weight"), dim, (uint64_t)s->ffn, s->type);
@@ -260,7 +261,9 @@ static void check_against_file(const GgufFile *f, const ModelConfig *c,
         expect_rows(lw->attn_norm, f, N("attn_norm.weight"), dim);
         expect_rows(wqkv, f, N("attn_q.weight"), q * dim);
         expect_rows(wqkv + q * dim, f, N("attn_k.weight"), kv * dim);
-        expect_rows(wqkv + (q + kv) * dim, f, N("attn_v.weight"), kv * dim);
+        float *v = lw->wv.panels ? unpacked(&lw->wv) : NULL;
+        expect_rows(v ? v : wqkv + (q + kv) * dim, f, N("attn_v.weight"), kv * dim);
+        free(v);
         expect_rows(wo, f, N("attn_output.weight"), dim * q);
         expect_rows(lw->ffn_norm, f, N("ffn_norm.weight"), dim);
         expect_rows(gate_up, f, N("ffn_gate.weight"), ffn * dim);
@@ -295,8 +298,9 @@ static size_t expected_bytes(const ModelConfig *c, const TransformerWeights *w) 
     size_t bytes = PACKED(w->output, dim, c->vocab_size);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *lw = &w->layers[l];
-        bytes += PACKED(lw->wqkv, dim, q + 2 * kv) + PACKED(lw->wo, q, dim) +
-                 PACKED(lw->w_gate_up, dim, 2 * ffn) + PACKED(lw->w_down, ffn, dim);
+        bytes += PACKED(lw->wqkv, dim, lw->wv.panels ? q + kv : q + 2 * kv) + PACKED(lw->wo, q, dim) +
+                 PACKED(lw->w_gate_up, dim, 2 * ffn) + PACKED(lw->w_down, ffn, dim) +
+                 (lw->wv.panels ? PACKED(lw->wv, dim, kv) : 0);
     }
 #undef PACKED
 #undef Q4_PACKED
@@ -769,6 +773,24 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     loaded_free(&l);
 }
 
+/* The file tensor's rows, held as the first rows of an int8 matrix: each within half a
+ * step of its 255 levels of the row's largest |value|. */
+static void expect_int8_rows(const GgufFile *f, const char *name, const MatmulWeights *m) {
+    const GgufTensor *t = gguf_find_tensor(f, name);
+    size_t in = (size_t)t->ne[0], out = (size_t)t->ne[1];
+    assert_int_equal(m->type, MATMUL_I8);
+    float *file = tensor_f32(f, name), *held = unpacked(m);
+    for (size_t o = 0; o < out; o++) {
+        float row_max = 0.0f;
+        for (size_t k = 0; k < in; k++)
+            row_max = fmaxf(row_max, fabsf(file[o * in + k]));
+        for (size_t k = 0; k < in; k++)
+            assert_true(fabsf(held[o * in + k] - file[o * in + k]) <= row_max / 254.0f * 1.0001f);
+    }
+    free(file);
+    free(held);
+}
+
 /* q4 of a file stored mostly in 4 bits keeps at int8 a matrix mostly of what its
  * quantiser stored wider (a Q4_K_M file's Q6_K ffn_down and output): here a q4_K file
  * whose attn_q are q6_K, half the fused q/k/v rows (4 heads, 2 KV heads): that matrix is
@@ -802,22 +824,71 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
     assert_int_equal(w.layers[0].wqkv.type, MATMUL_I8);
     assert_int_equal(w.layers[1].w_down.type, MATMUL_Q4M);
     assert_int_equal(w.output.type, MATMUL_Q4M);
-    float *file = tensor_f32(l.f, "blk.1.attn_q.weight"), *held = unpacked(&w.layers[1].wqkv);
-    for (int o = 0; o < c.dim; o++) {
-        float row_max = 0.0f;
-        for (int k = 0; k < c.dim; k++)
-            row_max = fmaxf(row_max, fabsf(file[o * c.dim + k]));
-        for (int k = 0; k < c.dim; k++)
-            assert_true(fabsf(held[o * c.dim + k] - file[o * c.dim + k]) <= row_max / 254.0f * 1.0001f);
-    }
-    free(file);
-    free(held);
+    expect_int8_rows(l.f, "blk.1.attn_q.weight", &w.layers[1].wqkv);
     loaded_free(&l);
     s = default_spec();
     s.type = GGML_TYPE_Q8_0;
     load_q4(&l, &s);
     assert_string_equal(model_matrix_type_name(&l.c), "q4");
     loaded_free(&l);
+}
+
+/* A fused q/k/v whose attn_v the file stores wider (a Q4_K_M file's Q6_K attn_v) keeps V
+ * apart as int8, each row within half a step of its 255 levels of the file's values, and
+ * Q and K together as Q4M, exact to F16's rounding of the Q4_K sub-block scales; plan ==
+ * load; "q4+int8". A V of 4 bits stays fused (wv none). */
+static void test_q4_holds_wider_v_apart(void **state) {
+    (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED q4 of a wider attn_v: this CPU has no AVX2\n");
+        return;
+    }
+    Spec s = default_spec();
+    s.dim = 256;
+    s.ffn = 512;
+    s.type = GGML_TYPE_Q4_K;
+    s.type_override_v = GGML_TYPE_Q6_K;
+    Loaded l;
+    load_q4(&l, &s);
+    const ModelConfig c = l.c;
+    size_t q = (size_t)c.n_heads * c.head_dim, kv = (size_t)c.n_kv_heads * c.head_dim;
+    assert_string_equal(model_matrix_type_name(&c), "q4+int8");
+    assert_int_equal(c.packed_matrices, 1 + 5 * c.n_layers);
+    for (int layer = 0; layer < c.n_layers; layer++) {
+        const LayerWeights *lw = &l.w.layers[layer];
+        assert_int_equal(lw->wqkv.type, MATMUL_Q4M);
+        assert_int_equal(lw->wqkv.out, (int)(q + kv));
+        assert_int_equal(lw->wv.type, MATMUL_I8);
+        assert_int_equal(lw->wv.out, (int)kv);
+    }
+    expect_int8_rows(l.f, "blk.1.attn_v.weight", &l.w.layers[1].wv);
+    float *file = tensor_f32(l.f, "blk.1.attn_k.weight"), *held = unpacked(&l.w.layers[1].wqkv);
+    const float k_bound = 0x1p-11f * 63.0f * (15.0f * 0x1p-10f + 0x1p-11f);
+    for (size_t i = 0; i < kv * (size_t)c.dim; i++)
+        assert_true(fabsf(held[q * c.dim + i] - file[i]) <= k_bound);
+    free(file);
+    free(held);
+    loaded_free(&l);
+    /* Only q4 holds V apart: int8 and f32 keep the three fused */
+    const ModelWeightType others[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_F32 };
+    for (int i = 0; i < 2; i++) {
+        load_as(&l, &s, others[i]);
+        assert_null(l.w.layers[0].wv.panels);
+        assert_int_equal(l.w.layers[0].wqkv.out, (int)(q + 2 * kv));
+        loaded_free(&l);
+    }
+    /* Neither a V of 4 bits nor a wider V in a file mostly of wider types (q8_0) */
+    const uint32_t file_types[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q8_0 };
+    const uint32_t v_types[] = { 0, GGML_TYPE_Q6_K };
+    for (int i = 0; i < 2; i++) {
+        s.type = file_types[i];
+        s.type_override_v = v_types[i];
+        load_q4(&l, &s);
+        assert_null(l.w.layers[0].wv.panels);
+        assert_int_equal(l.w.layers[0].wqkv.out, (int)(q + 2 * kv));
+        assert_string_equal(model_matrix_type_name(&l.c), "q4");
+        loaded_free(&l);
+    }
 }
 
 static void test_q4_keeps_4bit_blocks(void **state) {
@@ -832,41 +903,57 @@ static void test_q4_keeps_4bit_blocks(void **state) {
     check_4bit_file(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, true);
 }
 
-/* The bytes every packed matrix of w and v hold, and their embedding tables, are equal. */
+/* The bytes every packed matrix of w and v hold (a V held apart too), and their embedding
+ * tables, are equal. */
 static void assert_same_weights(const ModelConfig *c, const TransformerWeights *w, const TransformerWeights *v) {
-    const MatmulWeights *a[5], *b[5];
+    const MatmulWeights *a[6], *b[6];
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *x = &w->layers[l], *y = &v->layers[l];
         a[0] = &x->wqkv, a[1] = &x->wo, a[2] = &x->w_gate_up, a[3] = &x->w_down, a[4] = &w->output;
         b[0] = &y->wqkv, b[1] = &y->wo, b[2] = &y->w_gate_up, b[3] = &y->w_down, b[4] = &v->output;
-        for (int m = 0; m < 5; m++) {
+        a[5] = &x->wv, b[5] = &y->wv;
+        for (int m = 0; m < 6; m++) {
             assert_int_equal(a[m]->type, b[m]->type);
-            assert_memory_equal(a[m]->panels, b[m]->panels, matmul_weights_bytes(a[m]->in, a[m]->out, a[m]->type));
+            assert_int_equal(a[m]->out, b[m]->out);
+            assert_true((a[m]->panels == NULL) == (b[m]->panels == NULL));
+            if (a[m]->panels)
+                assert_memory_equal(a[m]->panels, b[m]->panels,
+                                    matmul_weights_bytes(a[m]->in, a[m]->out, a[m]->type));
         }
     }
     assert_memory_equal(w->token_embd, v->token_embd, sizeof(float) * (size_t)c->dim * c->vocab_size);
 }
 
 /* auto holds a file stored mostly in 4 bits or fewer as q4, byte for byte what asking for
- * q4 gives (its blocks kept, what its quantiser kept wider as int8); a file of wider types
- * (q8_0) stays F32. */
+ * q4 gives (its blocks kept, what its quantiser kept wider as int8: a wider attn_q makes
+ * the fused matrix int8, a wider attn_v alone is held apart); a file of wider types (q8_0)
+ * stays F32. */
 static void test_auto_holds_4bit_files_as_q4(void **state) {
     (void)state;
+    if (!matmul_q4_supported()) {
+        print_message("SKIPPED auto of 4-bit files: this CPU has no AVX2, auto keeps F32\n");
+        return;
+    }
     Spec s = default_spec();
     s.dim = 256;
     s.ffn = 512;
     s.type = GGML_TYPE_Q4_K;
-    s.type_override_q = GGML_TYPE_Q6_K;
-    Loaded a, q;
-    load_as(&a, &s, MODEL_WEIGHTS_AUTO);
-    load_q4(&q, &s);
-    assert_string_equal(model_matrix_type_name(&a.c), "q4+int8");
-    assert_memory_equal(&a.c, &q.c, sizeof a.c);
-    assert_same_weights(&a.c, &a.w, &q.w);
-    loaded_free(&q);
-    loaded_free(&a);
+    for (int wider_v = 0; wider_v < 2; wider_v++) {
+        s.type_override_q = wider_v ? 0 : GGML_TYPE_Q6_K;
+        s.type_override_v = wider_v ? GGML_TYPE_Q6_K : 0;
+        Loaded a, q;
+        load_as(&a, &s, MODEL_WEIGHTS_AUTO);
+        load_q4(&q, &s);
+        assert_string_equal(model_matrix_type_name(&a.c), "q4+int8");
+        assert_true((a.w.layers[0].wv.panels != NULL) == wider_v);
+        assert_memory_equal(&a.c, &q.c, sizeof a.c);
+        assert_same_weights(&a.c, &a.w, &q.w);
+        loaded_free(&q);
+        loaded_free(&a);
+    }
+    Loaded a;
     s.type = GGML_TYPE_Q8_0;
-    s.type_override_q = 0;
+    s.type_override_q = s.type_override_v = 0;
     load_as(&a, &s, MODEL_WEIGHTS_AUTO);
     assert_string_equal(model_matrix_type_name(&a.c), "f32");
     loaded_free(&a);
@@ -1092,6 +1179,7 @@ int main(void) {
         cmocka_unit_test(test_plan_matches_load),
         cmocka_unit_test(test_q4_keeps_4bit_blocks),
         cmocka_unit_test(test_q4_keeps_wider_tensors_of_4bit_files),
+        cmocka_unit_test(test_q4_holds_wider_v_apart),
         cmocka_unit_test(test_auto_holds_4bit_files_as_q4),
         cmocka_unit_test(test_bf16_needs_cpu_support),
         cmocka_unit_test(test_defaults),
