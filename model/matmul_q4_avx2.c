@@ -14,8 +14,8 @@
  *
  * A 64-byte line of a panel is two ymm: outputs 0-7 and 8-15, each 4 bytes of nibbles
  * (low: one input quad, high: the next). Register block: 4 rows x 1 panel (8 int16 sums),
- * 2 rows x 2 panels, 1 row x 4, as matmul_i8_avx2.c; the F32 sums, touched once a block,
- * on the stack.
+ * 2 rows x 2 panels, 1 row x 4, as matmul_i8_avx2.c; a line's nibbles split once, each
+ * row's x quads broadcast once a line; the F32 sums, touched once a block, on the stack.
  */
 #include "model/matmul_kernel.h"
 
@@ -78,16 +78,24 @@ INLINE void run_block(const MatmulTask *t, const Q4Layout *lay, int r, int p, in
             for (int v = 0; v < 2 * np; v++)
                 acc[i][v] = _mm256_setzero_si256();
         const uint8_t *block = panels + (size_t)c * LINES_PER_BLOCK * LINE_BYTES;
-        for (int l = 0; l < LINES_PER_BLOCK; l++)
-            for (int v = 0; v < 2 * np; v++) { /* x broadcast from L1 each time: 16 ymm are few */
+        for (int l = 0; l < LINES_PER_BLOCK; l++) {
+            __m256i lo[2 * NP_MAX], hi[2 * NP_MAX];
+            for (int v = 0; v < 2 * np; v++) {
                 __m256i w = _mm256_loadu_si256((const __m256i *)(block + (size_t)(v / 2) * lay->panel_bytes +
                                                                  l * LINE_BYTES + 32 * (v % 2)));
-                __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                for (int i = 0; i < mr; i++)
-                    acc[i][v] = _mm256_add_epi16(acc[i][v],
-                                                 _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_quad(xb.q[i], 8 * l)),
-                                                                  _mm256_maddubs_epi16(hi, x_quad(xb.q[i], 8 * l + 4))));
+                lo[v] = _mm256_and_si256(w, low4), hi[v] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
             }
+            for (int i = 0; i < mr; i++) {
+                __m256i xl = x_quad(xb.q[i], 8 * l), xh = x_quad(xb.q[i], 8 * l + 4);
+                for (int v = 0; v < 2 * np; v++) {
+                    acc[i][v] = _mm256_add_epi16(acc[i][v], _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], xl),
+                                                                             _mm256_maddubs_epi16(hi[v], xh)));
+                    /* Pin the sum to a register here: otherwise GCC re-associates a
+                     * block's adds into a tree and spills its 64 products (~1.25x slower) */
+                    __asm__("" : "+x"(acc[i][v]));
+                }
+            }
+        }
         for (int v = 0; v < 2 * np; v++) {
             const uint8_t *panel = panels + (size_t)(v / 2) * lay->panel_bytes;
             __m256 d = block_halves(panel, lay, lay->scales_offset, c, v % 2), shift = d;
