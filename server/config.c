@@ -49,7 +49,7 @@ static const Flag flags[] = {
      "format of /v1/chat/completions prompts: auto (recognise the file's template), none, "
      API_CHAT_FORMAT_NAMES},
     {"weight-type", 0, FLAG_SPECIAL, 0, 0, 0, "auto|f32|f16|bf16|int8|q4", "auto",
-     "weight matrices in memory: auto holds 4-bit files (Q4_0, Q4_K_M ...) as q4, F16 files F16, else F32; f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy); q4 holds 4.5 bits a weight (Q4_0's rule; Q4_0, Q4_1 and Q4_K tensors keep their blocks, the last two at 5 bits; a 4-bit file's matrices stored wider become int8), the fastest decode of big models (lossy)"},
+     "weight matrices in memory: auto holds 4-bit files (Q4_0, Q4_K_M ...) as q4, F16 files F16, else F32 (a quantised file too big for memory as F32: int8, else q4); f16 halves F32 ones (lossy); bf16 also rounds product inputs, ~2x faster compute-bound products (lossy; needs AVX512_BF16); int8 quantises weights and inputs, ~1.6x faster than bf16 on AVX512_VNNI, ~1.6-1.9x faster than f32 on AVX2 alone (lossy); q4 holds 4.5 bits a weight (Q4_0's rule; Q4_0, Q4_1 and Q4_K tensors keep their blocks, the last two at 5 bits; a 4-bit file's matrices stored wider become int8), the fastest decode of big models (lossy)"},
     {"kv-cache-mb", 0, FLAG_SPECIAL, 0, 1, 1 << 20, "MIB", "256",
      "memory for the paged KV cache, allocated once"},
     {"kv-dtype", 0, FLAG_SPECIAL, 0, 0, 0, "f16|f32|q8", "f16",

@@ -307,11 +307,15 @@ static void log_memory(LogLevel level, const ModelPlan *plan, const ServerConfig
     server_log_event(level, "memory", f, "%s", msg);
 }
 
-/* Refuses (logged) a model and KV cache that would not fit, before allocating them. */
-static int server_check_memory(const ServerConfig *c)
+/* Refuses (logged) a model and KV cache that would not fit, before allocating them; sets
+ * s->weight_type to what the load is to hold (auto's smaller type when its own would not
+ * fit). */
+static int server_check_memory(Server *s)
 {
+    const ServerConfig *c = s->cfg;
     char msg[1024];
-    ModelPlan plan;
+    ModelPlan plan, smaller;
+    s->weight_type = c->weight_type;
     if (model_plan(c->model_path, c->weight_type, &plan, msg, sizeof msg) != 0) {
         server_log(LOG_ERROR, "cannot load model: %s", msg);
         return -1;
@@ -320,6 +324,12 @@ static int server_check_memory(const ServerConfig *c)
     server_memory_read("", &mem);
     if (server_memory_check(c, &plan, &mem, msg, sizeof msg) == 0) {
         log_memory(LOG_INFO, &plan, c, &mem, msg);
+        return 0;
+    }
+    ModelWeightType fit = server_memory_auto_fit(c, &plan, &mem, &smaller, msg, sizeof msg);
+    if (fit != MODEL_WEIGHTS_AUTO) {
+        s->weight_type = fit;
+        log_memory(LOG_WARN, &smaller, c, &mem, msg);
         return 0;
     }
     if (!c->no_memory_check) {
@@ -335,11 +345,11 @@ static int server_check_memory(const ServerConfig *c)
 static int server_open(Server *s)
 {
     char err[1024];
-    if (server_check_memory(s->cfg) != 0)
+    if (server_check_memory(s) != 0)
         return -1;
     double t0 = server_now();
     model_threads_set(s->cfg->threads); /* the load decodes and packs on them too */
-    if (model_load_as(s->cfg->model_path, s->cfg->weight_type, &s->model, err, sizeof err) != 0) {
+    if (model_load_as(s->cfg->model_path, s->weight_type, &s->model, err, sizeof err) != 0) {
         server_log(LOG_ERROR, "cannot load model: %s", err);
         return -1;
     }

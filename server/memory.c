@@ -236,18 +236,26 @@ static void smaller_types_hint(const ServerConfig *c, const ModelPlan *plan, cha
     }
 }
 
+/* Where m->available comes from, for the log. */
+static const char *room_where(const ServerMemory *m, char *buf, size_t cap)
+{
+    char limit_s[32], used_s[32];
+    if (m->cgroup_limit && m->available == cgroup_room(m))
+        snprintf(buf, cap, "the cgroup's memory limit %s, %s of it in use",
+                 size_text(m->cgroup_limit, limit_s, sizeof limit_s), size_text(m->cgroup_used, used_s, sizeof used_s));
+    else
+        snprintf(buf, cap, "MemAvailable");
+    return buf;
+}
+
 int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const ServerMemory *m,
                         char *msg, size_t msg_len)
 {
     size_t need = server_memory_need(plan, &c->engine);
-    char need_s[32], avail_s[32], w_s[32], kv_s[32], rest_s[32], limit_s[32], used_s[32], where[128];
+    char need_s[32], avail_s[32], w_s[32], kv_s[32], rest_s[32], where[128];
     size_text(need, need_s, sizeof need_s);
     size_text(m->available, avail_s, sizeof avail_s);
-    if (m->cgroup_limit && m->available == cgroup_room(m))
-        snprintf(where, sizeof where, "the cgroup's memory limit %s, %s of it in use",
-                 size_text(m->cgroup_limit, limit_s, sizeof limit_s), size_text(m->cgroup_used, used_s, sizeof used_s));
-    else
-        snprintf(where, sizeof where, "MemAvailable");
+    room_where(m, where, sizeof where);
     if (!m->known || need <= m->available) {
         snprintf(msg, msg_len, "memory: %s needed, %s available (%s)", need_s,
                  m->known ? avail_s : "unknown", m->known ? where : "nothing readable");
@@ -265,4 +273,31 @@ int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const Serv
              size_text(need - plan->weight_bytes - c->engine.kv_cache_bytes, rest_s, sizeof rest_s),
              avail_s, where, hint);
     return -1;
+}
+
+ModelWeightType server_memory_auto_fit(const ServerConfig *c, const ModelPlan *plan,
+                                       const ServerMemory *m, ModelPlan *smaller,
+                                       char *msg, size_t msg_len)
+{
+    static const ModelWeightType types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
+    static const char *const names[] = { "int8", "q4" };
+    const ModelConfig *mc = &plan->config;
+    if (c->weight_type != MODEL_WEIGHTS_AUTO || ggml_type_block_elems(mc->weight_type) <= 1 || !m->known)
+        return MODEL_WEIGHTS_AUTO;
+    for (int i = 0; i < 2; i++) {
+        char err[256], need_s[32], wide_s[32], avail_s[32], where[128];
+        size_t need;
+        if (model_plan(c->model_path, types[i], smaller, err, sizeof err) != 0 ||
+            smaller->weight_bytes >= plan->weight_bytes ||
+            (need = server_memory_need(smaller, &c->engine)) > m->available)
+            continue;
+        snprintf(msg, msg_len,
+                 "memory: --weight-type auto holds this %s file's matrices as %s, %s needed (as %s: "
+                 "%s, more than the %s available: %s)",
+                 ggml_type_name(mc->weight_type), names[i], size_text(need, need_s, sizeof need_s),
+                 model_matrix_type_name(mc), size_text(server_memory_need(plan, &c->engine), wide_s, sizeof wide_s),
+                 size_text(m->available, avail_s, sizeof avail_s), room_where(m, where, sizeof where));
+        return types[i];
+    }
+    return MODEL_WEIGHTS_AUTO;
 }

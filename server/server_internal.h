@@ -122,6 +122,8 @@ struct Server {
     struct MHD_Daemon *mhd;
     int port;                    /* bound port */
 
+    ModelWeightType weight_type; /* the matrices' type as loaded: cfg's, or auto's smaller one
+                                  * when its own would not fit (server_memory_auto_fit) */
     Model *model;
     Engine *engine;
     ApiVocab vocab;

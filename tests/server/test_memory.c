@@ -261,6 +261,82 @@ static void test_check_int8_hint(void **state)
     }
 }
 
+/* Writes a q8_0 model of mkmodel's flags to path (a file of the test's own). */
+static void make_q8_model(const char *path, const char *const *flags)
+{
+    const char *mk[24];
+    int n = 0;
+    mk[n++] = bin_path("mkmodel");
+    for (int i = 0; flags[i] && n < 18; i++)
+        mk[n++] = flags[i];
+    const char *tail[] = {"--type", "q8_0", "-o", path, NULL};
+    for (int i = 0; tail[i]; i++)
+        mk[n++] = tail[i];
+    mk[n] = NULL;
+    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+}
+
+/* Under auto, a quantised file widened past the room is held in the first smaller type
+ * that fits: int8 with room for exactly int8's need, q4 (where the CPU runs it) with a
+ * byte less, nothing with less than q4's; never for a type asked for, an F32 file, or
+ * memory nothing said about. */
+static void test_auto_fit(void **state)
+{
+    (void)state;
+    char model[64], msg[1024];
+    snprintf(model, sizeof model, "/tmp/pagedserve-mem-fit-%d.gguf", (int)getpid());
+    make_q8_model(model, (const char *const[]){"--demo", NULL});
+    ServerConfig c = config_for(model, MODEL_WEIGHTS_AUTO, 16);
+    ModelPlan plan, int8, q4, got;
+    int planned = model_plan(model, MODEL_WEIGHTS_AUTO, &plan, msg, sizeof msg) == 0 &&
+                  model_plan(model, MODEL_WEIGHTS_INT8, &int8, msg, sizeof msg) == 0;
+    int q4_runs = model_plan(model, MODEL_WEIGHTS_Q4, &q4, msg, sizeof msg) == 0;
+    size_t need_int8 = planned ? server_memory_need(&int8, &c.engine) : 0;
+    ServerMemory m = {.meminfo_available = need_int8, .available = need_int8, .known = true};
+    ModelWeightType fit = planned ? server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg) : MODEL_WEIGHTS_AUTO;
+    char said[1024];
+    snprintf(said, sizeof said, "%s", msg);
+    m.available = m.meminfo_available = need_int8 - 1;
+    ModelWeightType fit_less = planned ? server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg) : MODEL_WEIGHTS_AUTO;
+    size_t got_bytes = got.weight_bytes;
+    size_t need_q4 = q4_runs ? server_memory_need(&q4, &c.engine) : 0;
+    m.available = m.meminfo_available = q4_runs ? need_q4 - 1 : need_int8 - 1;
+    ModelWeightType fit_none = planned ? server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg) : MODEL_WEIGHTS_INT8;
+    m.available = m.meminfo_available = need_int8;
+    c.weight_type = MODEL_WEIGHTS_F32; /* asked: refused as it is, not changed */
+    ModelWeightType fit_asked = server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg);
+    c.weight_type = MODEL_WEIGHTS_AUTO;
+    m.known = false;
+    ModelWeightType fit_unknown = server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg);
+    unlink(model);
+    assert_true(planned);
+    assert_true(server_memory_need(&plan, &c.engine) > need_int8);
+    assert_int_equal(fit, MODEL_WEIGHTS_INT8);
+    assert_non_null(strstr(said, "auto holds this q8_0 file's matrices as int8"));
+    assert_non_null(strstr(said, "(as f32: "));
+    assert_non_null(strstr(said, "available: MemAvailable)"));
+    if (q4_runs) {
+        assert_true(need_q4 < need_int8);
+        assert_int_equal(fit_less, MODEL_WEIGHTS_Q4);
+        assert_int_equal(got_bytes, q4.weight_bytes);
+    } else {
+        assert_int_equal(fit_less, MODEL_WEIGHTS_AUTO);
+    }
+    assert_int_equal(fit_none, MODEL_WEIGHTS_AUTO);
+    assert_int_equal(fit_asked, MODEL_WEIGHTS_AUTO);
+    assert_int_equal(fit_unknown, MODEL_WEIGHTS_AUTO);
+    /* an F32 file is not re-quantised unasked */
+    const char *f32 = test_random_model();
+    assert_non_null(f32);
+    c = config_for(f32, MODEL_WEIGHTS_AUTO, 16);
+    assert_int_equal(model_plan(f32, MODEL_WEIGHTS_AUTO, &plan, msg, sizeof msg), 0);
+    assert_int_equal(model_plan(f32, MODEL_WEIGHTS_INT8, &int8, msg, sizeof msg), 0);
+    need_int8 = server_memory_need(&int8, &c.engine);
+    m = (ServerMemory){.meminfo_available = need_int8, .available = need_int8, .known = true};
+    assert_true(server_memory_need(&plan, &c.engine) > need_int8);
+    assert_int_equal(server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg), MODEL_WEIGHTS_AUTO);
+}
+
 /* ---- the binary ------------------------------------------------------------------------ */
 
 /* A KV cache of 1 TiB: refused before anything is allocated, exit 1, the event logged. */
@@ -307,10 +383,10 @@ static void cgroup_sweep(const char *parent)
     closedir(d);
 }
 
-/* A memory cgroup of its own with a 256 MiB limit (v2 under the root, or v1's memory
+/* A memory cgroup of its own with a limit of limit_mib (v2 under the root, or v1's memory
  * hierarchy), or 0 when this machine does not let the test make one (not root, no memory
  * controller): then the cgroup test says it was skipped. */
-static int cgroup_make(char *dir, size_t cap)
+static int cgroup_make(char *dir, size_t cap, unsigned limit_mib)
 {
     struct stat st;
     int v2 = stat("/sys/fs/cgroup/cgroup.controllers", &st) == 0;
@@ -322,7 +398,7 @@ static int cgroup_make(char *dir, size_t cap)
     char file[600];
     snprintf(file, sizeof file, "%s/%s", dir, v2 ? "memory.max" : "memory.limit_in_bytes");
     FILE *f = fopen(file, "w");
-    int ok = f && fprintf(f, "%llu\n", (unsigned long long)(256 * MiB)) > 0;
+    int ok = f && fprintf(f, "%llu\n", (unsigned long long)(limit_mib * MiB)) > 0;
     if (f)
         ok = (fclose(f) == 0) && ok;
     if (!ok)
@@ -339,7 +415,7 @@ static void test_real_cgroup_limit(void **state)
 {
     (void)state;
     char dir[512];
-    if (!cgroup_make(dir, sizeof dir)) {
+    if (!cgroup_make(dir, sizeof dir, 256)) {
         print_message("SKIPPED real cgroup limit: cannot create a memory cgroup here "
                       "(needs root and a writable memory controller)\n");
         skip();
@@ -365,6 +441,84 @@ static void test_real_cgroup_limit(void **state)
     free(err_let);
 }
 
+/* Moves this process into the cgroup whose cgroup.procs is at procs. */
+static int cgroup_move_self(const char *procs)
+{
+    FILE *f = fopen(procs, "w");
+    if (!f)
+        return -1;
+    int ok = fprintf(f, "%d\n", (int)getpid()) > 0;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* This process's memory cgroup's cgroup.procs (v2: the unified line, v1: the memory one). */
+static int cgroup_own_procs(char *out, size_t cap)
+{
+    struct stat st;
+    int v2 = stat("/sys/fs/cgroup/cgroup.controllers", &st) == 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[512];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *path = strrchr(line, ':'), *ctl = strchr(line, ':');
+        if (!path || !ctl)
+            continue;
+        *path++ = '\0';
+        path[strcspn(path, "\n")] = '\0';
+        ctl++;
+        if (v2 ? *ctl == '\0' : strcmp(ctl, "memory") == 0)
+            found = snprintf(out, cap, "%s%s%s/cgroup.procs", v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory",
+                             strcmp(path, "/") == 0 ? "" : path, "") > 0;
+    }
+    if (f)
+        fclose(f);
+    return found ? 0 : -1;
+}
+
+static ServerProc fit_srv;
+
+/* In a cgroup limited to 512 MiB, a 134M-parameter Q8_0 file under auto (as F32, 682 MiB
+ * with its engine; as int8, 369) starts, held as int8 with the warning saying why, and
+ * answers. The server is started from inside the cgroup (this process joins it for the
+ * fork, then returns to its own). */
+static void test_real_cgroup_auto_fit(void **state)
+{
+    (void)state;
+    char dir[512], procs[600], own[600], model[64], body[160];
+    if (cgroup_own_procs(own, sizeof own) != 0 || !cgroup_make(dir, sizeof dir, 512)) {
+        print_message("SKIPPED auto's smaller weights in a real cgroup: cannot create a memory "
+                      "cgroup here (needs root and a writable memory controller)\n");
+        skip();
+    }
+    snprintf(model, sizeof model, "/tmp/pagedserve-mem-q8-134m-%d.gguf", (int)getpid());
+    make_q8_model(model, (const char *const[]){"--dim", "768", "--layers", "12", "--heads", "12",
+                                                "--ffn", "2048", NULL});
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
+    snprintf(body, sizeof body, "{\"model\":\"pagedserve-mem-q8-134m-%d\",\"prompt\":\"hello\","
+             "\"max_tokens\":4}", (int)getpid());
+    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
+    int joined = cgroup_move_self(procs) == 0;
+    int started = joined && server_proc_start(&fit_srv, args, 60.0) == 0;
+    int back = cgroup_move_self(own) == 0;
+    char *log = started ? server_proc_log(&fit_srv) : NULL;
+    int status = 0;
+    json_t *r = started ? post_json(fit_srv.port, "/v1/completions", body, &status) : NULL;
+    int stopped = started ? server_proc_stop(&fit_srv, 30.0) : -1;
+    int removed = rmdir(dir);
+    unlink(model);
+    assert_true(joined && back);
+    assert_true(started);
+    assert_non_null(strstr(log, "auto holds this q8_0 file's matrices as int8"));
+    assert_non_null(strstr(log, "the cgroup's memory limit 512 MiB"));
+    assert_non_null(strstr(log, "\"weight_matrices\":\"int8\""));
+    assert_int_equal(status, 200);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "usage"), "completion_tokens")), 4);
+    assert_int_equal(stopped, 0);
+    assert_int_equal(removed, 0);
+    json_decref(r);
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -375,8 +529,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cgroup_v1, root_setup, root_teardown),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_int8_hint),
+        cmocka_unit_test(test_auto_fit),
         cmocka_unit_test(test_refuses_what_no_machine_has),
         cmocka_unit_test(test_real_cgroup_limit),
+        cmocka_unit_test(test_real_cgroup_auto_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
