@@ -109,7 +109,7 @@ static const Flag flags[] = {
     {"threads", 0, FLAG_INT, FIELD(threads), 1, 1024, "N", "number of cores",
      "compute threads of the forward pass and of loading the model (the compute pool)"},
     {"no-memory-check", 0, FLAG_BOOL, FIELD(no_memory_check), 0, 0, NULL, "off",
-     "load even when the model and KV cache look larger than the memory available"},
+     "load even when the model and KV cache look larger than the memory available, as planned (auto does not shrink weights to fit)"},
     {"log-level", 0, FLAG_SPECIAL, 0, 0, 0, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", 0, FLAG_SPECIAL, 0, 0, 0, "json|text", "json",
      "stderr lines as JSON objects (for log collectors) or as plain text"},

@@ -303,6 +303,7 @@ static void log_memory(LogLevel level, const ModelPlan *plan, const ServerConfig
         json_object_set_new(f, "needed_mib", json_integer((json_int_t)(server_memory_need(plan, &c->engine) >> 20)));
         json_object_set_new(f, "available_mib", mem->known ? json_integer((json_int_t)(mem->available >> 20)) : json_null());
         json_object_set_new(f, "cgroup_limit_mib", mem->cgroup_limit ? json_integer((json_int_t)(mem->cgroup_limit >> 20)) : json_null());
+        json_object_set_new(f, "weight_matrices", json_string(model_matrix_type_name(&plan->config)));
     }
     server_log_event(level, "memory", f, "%s", msg);
 }
@@ -326,7 +327,9 @@ static int server_check_memory(Server *s)
         log_memory(LOG_INFO, &plan, c, &mem, msg);
         return 0;
     }
-    ModelWeightType fit = server_memory_auto_fit(c, &plan, &mem, &smaller, msg, sizeof msg);
+    /* --no-memory-check loads what auto holds with room to spare, as it did before auto fit */
+    ModelWeightType fit = c->no_memory_check ? MODEL_WEIGHTS_AUTO
+                        : server_memory_auto_fit(c, &plan, &mem, &smaller, msg, sizeof msg);
     if (fit != MODEL_WEIGHTS_AUTO) {
         s->weight_type = fit;
         log_memory(LOG_WARN, &smaller, c, &mem, msg);

@@ -216,12 +216,17 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
     return (serving > plan->load_peak_bytes ? serving : plan->load_peak_bytes) + MEM_PROCESS_BASE;
 }
 
+/* The smaller weight types a quantised file widened to F32 may be held in instead, densest
+ * last: what the hint names and what auto falls back to. */
+static const ModelWeightType smaller_types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
+static const char *const smaller_names[] = { "int8", "q4" };
+
 /* "; --weight-type int8 holds these weights in X, --weight-type q4 in Y" for the types
  * not asked that are smaller (where the CPU runs them: model_plan refuses them else). */
 static void smaller_types_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
 {
-    static const ModelWeightType types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
-    static const char *const names[] = { "int8", "q4" };
+    const ModelWeightType *types = smaller_types;
+    const char *const *names = smaller_names;
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i < 2 && used < cap; i++) {
@@ -279,25 +284,24 @@ ModelWeightType server_memory_auto_fit(const ServerConfig *c, const ModelPlan *p
                                        const ServerMemory *m, ModelPlan *smaller,
                                        char *msg, size_t msg_len)
 {
-    static const ModelWeightType types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
-    static const char *const names[] = { "int8", "q4" };
     const ModelConfig *mc = &plan->config;
     if (c->weight_type != MODEL_WEIGHTS_AUTO || ggml_type_block_elems(mc->weight_type) <= 1 || !m->known)
         return MODEL_WEIGHTS_AUTO;
     for (int i = 0; i < 2; i++) {
         char err[256], need_s[32], wide_s[32], avail_s[32], where[128];
-        size_t need;
-        if (model_plan(c->model_path, types[i], smaller, err, sizeof err) != 0 ||
-            smaller->weight_bytes >= plan->weight_bytes ||
-            (need = server_memory_need(smaller, &c->engine)) > m->available)
+        if (model_plan(c->model_path, smaller_types[i], smaller, err, sizeof err) != 0 ||
+            smaller->weight_bytes >= plan->weight_bytes)
+            continue;
+        size_t need = server_memory_need(smaller, &c->engine);
+        if (need > m->available)
             continue;
         snprintf(msg, msg_len,
                  "memory: --weight-type auto holds this %s file's matrices as %s, %s needed (as %s: "
                  "%s, more than the %s available: %s)",
-                 ggml_type_name(mc->weight_type), names[i], size_text(need, need_s, sizeof need_s),
+                 ggml_type_name(mc->weight_type), smaller_names[i], size_text(need, need_s, sizeof need_s),
                  model_matrix_type_name(mc), size_text(server_memory_need(plan, &c->engine), wide_s, sizeof wide_s),
                  size_text(m->available, avail_s, sizeof avail_s), room_where(m, where, sizeof where));
-        return types[i];
+        return smaller_types[i];
     }
     return MODEL_WEIGHTS_AUTO;
 }

@@ -132,11 +132,12 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine);
  * that came from, the int8 weights' size when smaller, and the flags that change it. */
 int server_memory_check(const ServerConfig *c, const ModelPlan *plan, const ServerMemory *m,
                         char *msg, size_t msg_len);
-/* When --weight-type auto widens a quantised file (plan) past what m has room for: the
- * first of int8 and q4 (where the CPU runs it) that holds its matrices in fewer bytes and
- * fits, with its plan in smaller and the log's line in msg; MODEL_WEIGHTS_AUTO when none
- * does, when the type was asked for, or when nothing was readable. Only quantised files:
- * an F32, F16 or BF16 file is not re-quantised unasked. */
+/* When --weight-type auto widens a quantised file (plan) past what m has room for (beside
+ * the KV cache and buffers asked): the first of int8 and q4 (where the CPU runs it) that
+ * holds its matrices in fewer bytes and fits, with its plan in smaller and the log's line
+ * in msg; MODEL_WEIGHTS_AUTO (msg untouched) when none does, when the type was asked for,
+ * or when nothing was readable. Only quantised files: an F32, F16 or BF16 file is not
+ * re-quantised unasked. */
 ModelWeightType server_memory_auto_fit(const ServerConfig *c, const ModelPlan *plan,
                                        const ServerMemory *m, ModelPlan *smaller,
                                        char *msg, size_t msg_len);

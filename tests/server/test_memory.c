@@ -301,7 +301,9 @@ static void test_auto_fit(void **state)
     size_t got_bytes = got.weight_bytes;
     size_t need_q4 = q4_runs ? server_memory_need(&q4, &c.engine) : 0;
     m.available = m.meminfo_available = q4_runs ? need_q4 - 1 : need_int8 - 1;
-    ModelWeightType fit_none = planned ? server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg) : MODEL_WEIGHTS_INT8;
+    snprintf(msg, sizeof msg, "untouched");
+    ModelWeightType fit_none = planned ? server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg) : MODEL_WEIGHTS_AUTO;
+    int none_said_nothing = strcmp(msg, "untouched") == 0;
     m.available = m.meminfo_available = need_int8;
     c.weight_type = MODEL_WEIGHTS_F32; /* asked: refused as it is, not changed */
     ModelWeightType fit_asked = server_memory_auto_fit(&c, &plan, &m, &got, msg, sizeof msg);
@@ -323,6 +325,7 @@ static void test_auto_fit(void **state)
         assert_int_equal(fit_less, MODEL_WEIGHTS_AUTO);
     }
     assert_int_equal(fit_none, MODEL_WEIGHTS_AUTO);
+    assert_true(none_said_nothing); /* the caller logs the check's refusal from msg */
     assert_int_equal(fit_asked, MODEL_WEIGHTS_AUTO);
     assert_int_equal(fit_unknown, MODEL_WEIGHTS_AUTO);
     /* an F32 file is not re-quantised unasked */
@@ -441,72 +444,43 @@ static void test_real_cgroup_limit(void **state)
     free(err_let);
 }
 
-/* Moves this process into the cgroup whose cgroup.procs is at procs. */
-static int cgroup_move_self(const char *procs)
-{
-    FILE *f = fopen(procs, "w");
-    if (!f)
-        return -1;
-    int ok = fprintf(f, "%d\n", (int)getpid()) > 0;
-    return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-/* This process's memory cgroup's cgroup.procs (v2: the unified line, v1: the memory one). */
-static int cgroup_own_procs(char *out, size_t cap)
-{
-    struct stat st;
-    int v2 = stat("/sys/fs/cgroup/cgroup.controllers", &st) == 0;
-    FILE *f = fopen("/proc/self/cgroup", "r");
-    char line[512];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f)) {
-        char *path = strrchr(line, ':'), *ctl = strchr(line, ':');
-        if (!path || !ctl)
-            continue;
-        *path++ = '\0';
-        path[strcspn(path, "\n")] = '\0';
-        ctl++;
-        if (v2 ? *ctl == '\0' : strcmp(ctl, "memory") == 0)
-            found = snprintf(out, cap, "%s%s%s/cgroup.procs", v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory",
-                             strcmp(path, "/") == 0 ? "" : path, "") > 0;
-    }
-    if (f)
-        fclose(f);
-    return found ? 0 : -1;
-}
-
 static ServerProc fit_srv;
 
 /* In a cgroup limited to 512 MiB, a 134M-parameter Q8_0 file under auto (as F32, 682 MiB
  * with its engine; as int8, 369) starts, held as int8 with the warning saying why, and
- * answers. The server is started from inside the cgroup (this process joins it for the
- * fork, then returns to its own). */
+ * answers; with --no-memory-check auto stays F32 (and the kernel kills it, or its
+ * allocation fails, as test_real_cgroup_limit's). The server joins the cgroup itself,
+ * before exec. */
 static void test_real_cgroup_auto_fit(void **state)
 {
     (void)state;
-    char dir[512], procs[600], own[600], model[64], body[160];
-    if (cgroup_own_procs(own, sizeof own) != 0 || !cgroup_make(dir, sizeof dir, 512)) {
+    char dir[512], procs[600], model[64], body[160];
+    snprintf(model, sizeof model, "/tmp/pagedserve-mem-q8-134m-%d.gguf", (int)getpid());
+    make_q8_model(model, (const char *const[]){"--dim", "768", "--layers", "12", "--heads", "12",
+                                                "--ffn", "2048", NULL});
+    if (!cgroup_make(dir, sizeof dir, 512)) {
+        unlink(model);
         print_message("SKIPPED auto's smaller weights in a real cgroup: cannot create a memory "
                       "cgroup here (needs root and a writable memory controller)\n");
         skip();
     }
-    snprintf(model, sizeof model, "/tmp/pagedserve-mem-q8-134m-%d.gguf", (int)getpid());
-    make_q8_model(model, (const char *const[]){"--dim", "768", "--layers", "12", "--heads", "12",
-                                                "--ffn", "2048", NULL});
     snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
     snprintf(body, sizeof body, "{\"model\":\"pagedserve-mem-q8-134m-%d\",\"prompt\":\"hello\","
              "\"max_tokens\":4}", (int)getpid());
     const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
-    int joined = cgroup_move_self(procs) == 0;
-    int started = joined && server_proc_start(&fit_srv, args, 60.0) == 0;
-    int back = cgroup_move_self(own) == 0;
+    int started = server_proc_start_in(&fit_srv, args, procs, 60.0) == 0;
     char *log = started ? server_proc_log(&fit_srv) : NULL;
     int status = 0;
     json_t *r = started ? post_json(fit_srv.port, "/v1/completions", body, &status) : NULL;
     int stopped = started ? server_proc_stop(&fit_srv, 30.0) : -1;
+    char script[1536], *err_let = NULL;
+    snprintf(script, sizeof script, "echo $$ > %s && exec \"$0\" \"$@\"", procs);
+    const char *let[] = {"/bin/sh", "-c", script, bin_path("pagedserve"), "-m", model, "--port", "0",
+                         "--threads", "1", "--kv-cache-mb", "16", "--no-memory-check", NULL};
+    int rc_let = proc_run(let, NULL, &err_let, 60.0);
     int removed = rmdir(dir);
     unlink(model);
-    assert_true(joined && back);
+    print_message("with --no-memory-check: exit %d\n", rc_let);
     assert_true(started);
     assert_non_null(strstr(log, "auto holds this q8_0 file's matrices as int8"));
     assert_non_null(strstr(log, "the cgroup's memory limit 512 MiB"));
@@ -515,8 +489,13 @@ static void test_real_cgroup_auto_fit(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "usage"), "completion_tokens")), 4);
     assert_int_equal(stopped, 0);
     assert_int_equal(removed, 0);
+    /* asked to start anyway, auto holds what it would with room: F32 (too much here) */
+    assert_non_null(strstr(err_let, "--no-memory-check: loading"));
+    assert_null(strstr(err_let, "auto holds"));
+    assert_true(rc_let == 137 || rc_let == 1);
     json_decref(r);
     free(log);
+    free(err_let);
 }
 
 int main(void)

@@ -93,6 +93,18 @@ static int reap_until(pid_t pid, int pidfd, double deadline)
     }
 }
 
+/* Moves the calling process into the cgroup whose cgroup.procs is at path. */
+static bool join_cgroup(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char pid[24];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    bool ok = write(fd, pid, (size_t)len) == len;
+    return close(fd) == 0 && ok;
+}
+
 static int pidfd_open_compat(pid_t pid)
 {
 #ifdef SYS_pidfd_open
@@ -104,8 +116,9 @@ static int pidfd_open_compat(pid_t pid)
 }
 
 /* fork + exec argv with stdout/stderr to the given fds (-1: inherit); the child dies with
- * the parent. */
-static pid_t spawn(const char *const *argv, int out_fd, int err_fd)
+ * the parent. With cgroup_procs, the child joins that cgroup (its cgroup.procs file) before
+ * exec, and exits 126 if it cannot. */
+static pid_t spawn(const char *const *argv, int out_fd, int err_fd, const char *cgroup_procs)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -118,6 +131,10 @@ static pid_t spawn(const char *const *argv, int out_fd, int err_fd)
         dup2(out_fd, STDOUT_FILENO);
     if (err_fd >= 0)
         dup2(err_fd, STDERR_FILENO);
+    if (cgroup_procs && !join_cgroup(cgroup_procs)) {
+        fprintf(stderr, "cannot join the cgroup of %s: %s\n", cgroup_procs, strerror(errno));
+        _exit(126);
+    }
     execv(argv[0], (char *const *)argv);
     fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -229,6 +246,12 @@ static void finish(ServerProc *sp)
 
 int server_proc_start(ServerProc *sp, const char *const *args, double timeout_s)
 {
+    return server_proc_start_in(sp, args, NULL, timeout_s);
+}
+
+int server_proc_start_in(ServerProc *sp, const char *const *args, const char *cgroup_procs,
+                         double timeout_s)
+{
     memset(sp, 0, sizeof *sp);
     sp->err_fd = sp->pidfd = -1;
     sp->exit_code = -1;
@@ -255,7 +278,7 @@ int server_proc_start(ServerProc *sp, const char *const *args, double timeout_s)
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0)
         return -1;
-    sp->pid = spawn(argv, -1, pipe_fds[1]);
+    sp->pid = spawn(argv, -1, pipe_fds[1], cgroup_procs);
     close(pipe_fds[1]);
     if (sp->pid < 0) {
         close(pipe_fds[0]);
@@ -386,7 +409,7 @@ int proc_run(const char *const *argv, char **out, char **err, double timeout_s)
         close(po[1]);
         return -1;
     }
-    pid_t pid = spawn(argv, po[1], pe[1]);
+    pid_t pid = spawn(argv, po[1], pe[1], NULL);
     close(po[1]);
     close(pe[1]);
     if (pid < 0) {

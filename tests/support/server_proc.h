@@ -39,6 +39,10 @@ typedef struct ServerProc {
  * added). 0 when ready; -1 when it failed to start (its log is printed, the process is
  * reaped, sp->exit_code says how it ended). */
 int server_proc_start(ServerProc *sp, const char *const *args, double timeout_s);
+/* The same, the server started inside the cgroup whose cgroup.procs file is given (the
+ * child joins it before exec; the test process stays where it is). */
+int server_proc_start_in(ServerProc *sp, const char *const *args, const char *cgroup_procs,
+                         double timeout_s);
 /* SIGTERM, wait up to timeout_s, then SIGKILL; reap and free (the log too: an exit code
  * other than 0 prints it first). Returns the exit code (see exit_code); calling it again
  * returns the same. Every started ServerProc ends with this call. */
