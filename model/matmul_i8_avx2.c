@@ -83,8 +83,12 @@ run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay, 
             }
             for (int v = 0; v < 2 * np; v++) {
                 __m256i wv = _mm256_loadu_si256(w + 2 * (size_t)k + (size_t)(v / 2) * panel_vecs + v % 2);
-                for (int i = 0; i < mr; i++)
+                for (int i = 0; i < mr; i++) {
                     acc[i][v] = _mm256_add_epi32(acc[i][v], quad_dot(wv, xv[i], ones));
+                    /* in a register: without this GCC stores two sums an input quad
+                     * (gate_up, 256 rows: 5-9% slower) */
+                    __asm__("" : "+v"(acc[i][v]));
+                }
             }
         }
         for (int i = 0; i < mr; i++) {
