@@ -220,23 +220,23 @@ size_t server_memory_need(const ModelPlan *plan, const EngineConfig *engine)
  * last: what the hint names and what auto falls back to. */
 static const ModelWeightType smaller_types[] = { MODEL_WEIGHTS_INT8, MODEL_WEIGHTS_Q4 };
 static const char *const smaller_names[] = { "int8", "q4" };
+#define N_SMALLER (int)(sizeof smaller_types / sizeof smaller_types[0])
 
 /* "; --weight-type int8 holds these weights in X, --weight-type q4 in Y" for the types
  * not asked that are smaller (where the CPU runs them: model_plan refuses them else). */
 static void smaller_types_hint(const ServerConfig *c, const ModelPlan *plan, char *buf, size_t cap)
 {
-    const ModelWeightType *types = smaller_types;
-    const char *const *names = smaller_names;
     size_t used = 0;
     buf[0] = '\0';
-    for (int i = 0; i < 2 && used < cap; i++) {
+    for (int i = 0; i < N_SMALLER && used < cap; i++) {
         ModelPlan smaller;
         char err[256], size[32];
-        if (c->weight_type == types[i] || model_plan(c->model_path, types[i], &smaller, err, sizeof err) != 0 ||
+        if (c->weight_type == smaller_types[i] ||
+            model_plan(c->model_path, smaller_types[i], &smaller, err, sizeof err) != 0 ||
             smaller.weight_bytes >= plan->weight_bytes)
             continue;
         used += (size_t)snprintf(buf + used, cap - used, used ? ", --weight-type %s in %s"
-                                 : "; --weight-type %s holds these weights in %s", names[i],
+                                 : "; --weight-type %s holds these weights in %s", smaller_names[i],
                                  size_text(smaller.weight_bytes, size, sizeof size));
     }
 }
@@ -287,7 +287,7 @@ ModelWeightType server_memory_auto_fit(const ServerConfig *c, const ModelPlan *p
     const ModelConfig *mc = &plan->config;
     if (c->weight_type != MODEL_WEIGHTS_AUTO || ggml_type_block_elems(mc->weight_type) <= 1 || !m->known)
         return MODEL_WEIGHTS_AUTO;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < N_SMALLER; i++) {
         char err[256], need_s[32], wide_s[32], avail_s[32], where[128];
         if (model_plan(c->model_path, smaller_types[i], smaller, err, sizeof err) != 0 ||
             smaller->weight_bytes >= plan->weight_bytes)
