@@ -208,29 +208,34 @@ static void test_quantised_weights_hint(void **state)
 
 /* A Q4_0 file served as it comes (--weight-type auto) is held as q4: the start-up log
  * names q4 and its kernel (AVX2 without AVX512_VNNI: make test-portable), and greedy
- * completions (plain and streamed) equal generate's with --weight-type q4. */
+ * completions (plain and streamed) equal generate's with --weight-type q4. The same with
+ * its attn_v stored in Q8_0 (as a Q4_K_M file keeps some wider): V held apart as int8,
+ * "q4+int8". */
 static void test_q4_file_served_as_q4(void **state)
 {
     (void)state;
     static ServerProc sp;
-    char model[64];
-    snprintf(model, sizeof model, "/tmp/pagedserve-q4-%d.gguf", (int)getpid());
-    const char *mk[] = {bin_path("mkmodel"), "--demo", "--type", "q4_0", "-o", model, NULL};
-    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
     const char *no_vnni = getenv("PAGEDSERVE_NO_AVX512_VNNI");
     int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && !(no_vnni && *no_vnni && strcmp(no_vnni, "0"));
-    const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
-    assert_int_equal(server_proc_start(&sp, args, 30.0), 0);
-    char *log = server_proc_log(&sp);
-    assert_non_null(strstr(log, "matrices q4"));
-    assert_non_null(strstr(log, vnni ? "avx512_vnni kernels" : "avx2 kernels"));
-    free(log);
-    char *id = served_model_id(sp.port);
-    check_greedy_equals_generate_as(sp.port, model, id, "q4", "Once upon a time", 12);
-    free(id);
-    assert_int_equal(server_proc_stop(&sp, 20.0), 0);
-    unlink(model);
+    for (int wider_v = 0; wider_v < 2; wider_v++) {
+        char model[64];
+        snprintf(model, sizeof model, "/tmp/pagedserve-q4-%d.gguf", (int)getpid());
+        const char *mk[] = {bin_path("mkmodel"), "--demo", "--type", "q4_0", "-o", model,
+                            wider_v ? "--v-type" : NULL, "q8_0", NULL};
+        assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+        const char *args[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16", NULL};
+        assert_int_equal(server_proc_start(&sp, args, 30.0), 0);
+        char *log = server_proc_log(&sp);
+        assert_non_null(strstr(log, wider_v ? "matrices q4+int8," : "matrices q4,"));
+        assert_non_null(strstr(log, vnni ? "avx512_vnni kernels" : "avx2 kernels"));
+        free(log);
+        char *id = served_model_id(sp.port);
+        check_greedy_equals_generate_as(sp.port, model, id, "q4", "Once upon a time", 12);
+        free(id);
+        assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+        unlink(model);
+    }
 }
 
 /* POST a completion body: 400 invalid_request_error whose error.<field> is want. */
