@@ -714,6 +714,20 @@ static void loaded_free(Loaded *l) {
     free(l->data);
 }
 
+/* The 4-bit tests' model: dim and FFN whole Q4_K super-blocks (256 weights), all matrices
+ * in type. */
+static Spec spec_256(uint32_t type) {
+    Spec s = default_spec();
+    s.dim = 256;
+    s.ffn = 512;
+    s.type = type;
+    return s;
+}
+
+/* How far q4 may hold a q4_K weight from the file's value: F16's rounding of a sub-block's
+ * d * sc and dmin * m, each up to 63 times the block's F16 d and dmin (see check_4bit_file). */
+static const float Q4K_HELD_BOUND = 0x1p-11f * 63.0f * (15.0f * 0x1p-10f + 0x1p-11f);
+
 /* A file of 4-bit tensors loaded as q4 keeps their blocks: q4_1 matrices (every attn_q)
  * exactly, q4_K ones within F16's rounding of each sub-block's d * sc and dmin * m (both up
  * to 63 times the block's F16 d and dmin: 2^-11 of 63 * (15 * 2^-10 + 2^-11) at most); a
@@ -722,10 +736,7 @@ static void loaded_free(Loaded *l) {
  * q4_K block would be re-quantised to Q4_0's rule, wrong by up to half a step (d * sc / 2,
  * some 2^-6 here): far past the bound. */
 static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
-    Spec s = default_spec();
-    s.dim = 256;
-    s.ffn = 512;
-    s.type = type;
+    Spec s = spec_256(type);
     s.type_override_q = q_type;
     s.tied = tied;
     Loaded l;
@@ -746,7 +757,6 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
     assert_int_equal(w.layers[1].w_down.type, type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M);
     assert_int_equal(w.output.type, type == GGML_TYPE_Q4_0 ? MATMUL_Q4 : MATMUL_Q4M);
     size_t dim = (size_t)c.dim, kv = (size_t)c.n_kv_heads * c.head_dim;
-    const float k_bound = 0x1p-11f * 63.0f * (15.0f * 0x1p-10f + 0x1p-11f);
     struct { const MatmulWeights *m; size_t row0; const char *name; uint32_t type; } parts[] = {
         { &w.layers[0].wqkv, 0, "blk.0.attn_q.weight", q_type },
         { &w.layers[0].wqkv, dim, "blk.0.attn_v.weight", type }, /* after q (dim rows) and k */
@@ -761,7 +771,7 @@ static void check_4bit_file(uint32_t type, uint32_t q_type, bool tied) {
         const float *got = packed + parts[p].row0 * (size_t)parts[p].m->in;
         for (size_t i = 0; i < t->n_elements; i++) {
             float err_i = fabsf(got[i] - file[i]);
-            if (parts[p].type == GGML_TYPE_Q4_K ? !(err_i <= k_bound) : !(got[i] == file[i]))
+            if (parts[p].type == GGML_TYPE_Q4_K ? !(err_i <= Q4K_HELD_BOUND) : !(got[i] == file[i]))
                 fail_msg("%s[%zu]: held %.9g, file %.9g", parts[p].name, i, got[i], file[i]);
             inexact += err_i != 0.0f;
         }
@@ -804,10 +814,7 @@ static void test_q4_keeps_wider_tensors_of_4bit_files(void **state) {
         print_message("SKIPPED q4 of a mixed 4-bit file: this CPU has no AVX2\n");
         return;
     }
-    Spec s = default_spec();
-    s.dim = 256;
-    s.ffn = 512;
-    s.type = GGML_TYPE_Q4_K;
+    Spec s = spec_256(GGML_TYPE_Q4_K);
     s.type_override_q = GGML_TYPE_Q6_K;
     s.kv_heads = 4;
     Loaded l;
@@ -843,10 +850,7 @@ static void test_q4_holds_wider_v_apart(void **state) {
         print_message("SKIPPED q4 of a wider attn_v: this CPU has no AVX2\n");
         return;
     }
-    Spec s = default_spec();
-    s.dim = 256;
-    s.ffn = 512;
-    s.type = GGML_TYPE_Q4_K;
+    Spec s = spec_256(GGML_TYPE_Q4_K);
     s.type_override_v = GGML_TYPE_Q6_K;
     Loaded l;
     load_q4(&l, &s);
@@ -863,9 +867,8 @@ static void test_q4_holds_wider_v_apart(void **state) {
     }
     expect_int8_rows(l.f, "blk.1.attn_v.weight", &l.w.layers[1].wv);
     float *file = tensor_f32(l.f, "blk.1.attn_k.weight"), *held = unpacked(&l.w.layers[1].wqkv);
-    const float k_bound = 0x1p-11f * 63.0f * (15.0f * 0x1p-10f + 0x1p-11f);
     for (size_t i = 0; i < kv * (size_t)c.dim; i++)
-        assert_true(fabsf(held[q * c.dim + i] - file[i]) <= k_bound);
+        assert_true(fabsf(held[q * c.dim + i] - file[i]) <= Q4K_HELD_BOUND);
     free(file);
     free(held);
     loaded_free(&l);
@@ -934,10 +937,7 @@ static void test_auto_holds_4bit_files_as_q4(void **state) {
         print_message("SKIPPED auto of 4-bit files: this CPU has no AVX2, auto keeps F32\n");
         return;
     }
-    Spec s = default_spec();
-    s.dim = 256;
-    s.ffn = 512;
-    s.type = GGML_TYPE_Q4_K;
+    Spec s = spec_256(GGML_TYPE_Q4_K);
     for (int wider_v = 0; wider_v < 2; wider_v++) {
         s.type_override_q = wider_v ? 0 : GGML_TYPE_Q6_K;
         s.type_override_v = wider_v ? GGML_TYPE_Q6_K : 0;

@@ -226,16 +226,29 @@ static void test_check(void **state)
     assert_non_null(strstr(msg, "unknown"));
 }
 
+/* Writes a q8_0 model of mkmodel's flags to path (a file of the test's own). */
+static void make_q8_model(const char *path, const char *const *flags)
+{
+    const char *mk[24];
+    int n = 0;
+    mk[n++] = bin_path("mkmodel");
+    for (int i = 0; flags[i] && n < 18; i++)
+        mk[n++] = flags[i];
+    const char *tail[] = {"--type", "q8_0", "-o", path, NULL};
+    for (int i = 0; tail[i]; i++)
+        mk[n++] = tail[i];
+    mk[n] = NULL;
+    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+}
+
 /* A file widened to F32 is told what int8 would hold, and q4 where the CPU runs it;
  * asked for int8 already, only q4. */
 static void test_check_int8_hint(void **state)
 {
     (void)state;
-    char model[64], bin[1024], msg[1024];
+    char model[64], msg[1024];
     snprintf(model, sizeof model, "/tmp/pagedserve-mem-q8-%d.gguf", (int)getpid());
-    snprintf(bin, sizeof bin, "%s/mkmodel", test_bin_dir());
-    const char *mk[] = {bin, "--demo", "--type", "q8_0", "-o", model, NULL};
-    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
+    make_q8_model(model, (const char *const[]){"--demo", NULL});
     ServerConfig c = config_for(model, MODEL_WEIGHTS_AUTO, 16);
     ServerMemory m = {.meminfo_available = 1, .available = 1, .known = true};
     ModelPlan plan, int8, q4;
@@ -259,21 +272,6 @@ static void test_check_int8_hint(void **state)
     } else {
         assert_null(strstr(msg, "q4"));
     }
-}
-
-/* Writes a q8_0 model of mkmodel's flags to path (a file of the test's own). */
-static void make_q8_model(const char *path, const char *const *flags)
-{
-    const char *mk[24];
-    int n = 0;
-    mk[n++] = bin_path("mkmodel");
-    for (int i = 0; flags[i] && n < 18; i++)
-        mk[n++] = flags[i];
-    const char *tail[] = {"--type", "q8_0", "-o", path, NULL};
-    for (int i = 0; tail[i]; i++)
-        mk[n++] = tail[i];
-    mk[n] = NULL;
-    assert_int_equal(proc_run(mk, NULL, NULL, 60.0), 0);
 }
 
 /* Under auto, a quantised file widened past the room is held in the first smaller type
