@@ -88,10 +88,26 @@ static void engine_free_parts(Engine *e)
     sampler_free(e->sampler);
     free(e->scratch_logits);
     engine_json_table_free(e);
+    free(e->eog_ids);
     free(e->detok_buf);
     free(e->sched);
     free(e->batch);
     free(e);
+}
+
+/* The end-of-generation ids, listed once: min_tokens masks them at every draw. */
+static int engine_eog_list_build(Engine *e)
+{
+    for (int32_t id = 0; id < e->ops.n_vocab; id++)
+        e->n_eog += engine_is_eog(e, id);
+    e->eog_ids = malloc((size_t)(e->n_eog > 0 ? e->n_eog : 1) * sizeof *e->eog_ids);
+    if (!e->eog_ids)
+        return -1;
+    int32_t k = 0;
+    for (int32_t id = 0; id < e->ops.n_vocab && k < e->n_eog; id++)
+        if (engine_is_eog(e, id))
+            e->eog_ids[k++] = id;
+    return 0;
 }
 
 static int engine_alloc_parts(Engine *e, char *err, size_t err_len)
@@ -119,7 +135,7 @@ static int engine_alloc_parts(Engine *e, char *err, size_t err_len)
     e->sched = calloc((size_t)e->cap_sched, sizeof *e->sched);
     e->batch = calloc((size_t)e->cap_sched, sizeof *e->batch);
     if (!e->sampler || !e->scratch_logits || !e->detok_buf || !e->sched || !e->batch ||
-        engine_json_table_build(e) != 0) {
+        engine_json_table_build(e) != 0 || engine_eog_list_build(e) != 0) {
         engine_set_err(err, err_len, "out of memory creating the engine");
         return -1;
     }

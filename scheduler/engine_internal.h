@@ -39,6 +39,8 @@ typedef struct Seq {
     bool running;          /* in e->running (else in e->waiting) */
     bool preempted;        /* waiting because it was preempted (not new) */
     bool stop_matched;     /* a stop string ended it: nothing more is output */
+    int32_t stop_string;   /* the stop string (index) or stop token (id) that ended it, */
+    int32_t stop_token;    /* for the FINISH event; -1 when none did */
     JsonSchemaState json;  /* req->json_object: the output so far, walked through req->json_schema */
     int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
     double waiting_since;  /* while waiting: since when its client has had nothing from it
@@ -55,8 +57,12 @@ struct Request {
     SamplerParams sampling;
     uint64_t seed;
     bool ignore_eos;
-    char **stop;           /* n_stop non-empty strings */
+    char **stop;           /* n_stop strings, as given ("" never matches) */
     int32_t n_stop;
+    int32_t *stop_tokens;  /* n_stop_tokens ids (owned) */
+    int32_t n_stop_tokens;
+    int32_t min_tokens;
+    bool include_stop;
     int32_t logprobs;
     bool prompt_logprobs;
     JsonSchema *json_schema; /* the request's json_object: a copy of the caller's schema, or
@@ -114,6 +120,8 @@ struct Engine {
     int32_t *token_off;     /* n_vocab offsets into token_bytes */
     int32_t *token_len;     /* n_vocab lengths; -1: the token adds no text */
     struct JsonMaskCache *json_masks; /* engine_json.c's, made at the first json_object draw */
+    int32_t *eog_ids;       /* every end-of-generation token (min_tokens masks them) */
+    int32_t n_eog;
     char *detok_buf;        /* detok_cap + ENGINE_DETOK_SLACK bytes */
     size_t detok_cap;       /* what one detok call may write, NUL included */
 
@@ -206,6 +214,11 @@ int32_t prefix_attach(Engine *e, Seq *s, int32_t n_blocks); /* returns blocks at
 
 /* engine_output.c: after the forward pass */
 bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS id */
+/* engine_output.c: whether s is past min_tokens (may end by EOS, stop token or string);
+ * a stop string in s's held text, its index and where the output ends (before it, or
+ * after it with include_stop). */
+bool seq_may_stop(const Seq *s);
+bool seq_stop_find(const Seq *s, int *which, size_t *end);
 void engine_process_outputs(Engine *e, const float *logits);
 
 /* engine_json.c: json_object output */

@@ -81,24 +81,70 @@ bool engine_is_eog(const Engine *e, int32_t token)
     return token == e->ops.eos_id;
 }
 
+/* Whether s may end by EOS, a stop token or a stop string: past min_tokens (vLLM's rule,
+ * counting the token just drawn). */
+bool seq_may_stop(const Seq *s)
+{
+    return s->n_generated > s->req->min_tokens;
+}
+
+/* A stop string in s's held text: true, its index in *which, and in *end where the output
+ * ends (before the match, or after it with include_stop). */
+bool seq_stop_find(const Seq *s, int *which, size_t *end)
+{
+    const Request *r = s->req;
+    ssize_t hit = stop_find(s->out.buf, s->out.len, r->stop, r->n_stop, which);
+    if (hit < 0)
+        return false;
+    *end = (size_t)hit + (r->include_stop ? strlen(r->stop[*which]) : 0);
+    return true;
+}
+
 /* Decode `token`'s text into the held text and emit what is safe to show. Returns true
- * when a stop string matched (the match and all after it are dropped). */
+ * when a stop string matched (all after it is dropped). */
 static bool output_text(Engine *e, Seq *s, EngineEvent *ev)
 {
     const Request *r = s->req;
     int n = e->ops.detok(e->ops.ctx, &s->detok, ev->token, e->detok_buf, e->detok_cap);
     if (n > 0 && stop_text_append(&s->out, e->detok_buf, (size_t)n) != 0)
         n = 0; /* cannot happen: the held text's capacity counts one token's text */
-    ssize_t hit = stop_find(s->out.buf, s->out.len, r->stop, r->n_stop);
-    size_t release = hit >= 0 ? (size_t)hit
-                              : stop_safe_len(s->out.buf, s->out.len, r->stop, r->n_stop);
+    int which;
+    size_t release;
+    bool hit = seq_may_stop(s) && seq_stop_find(s, &which, &release);
+    if (!hit)
+        release = stop_safe_len(s->out.buf, s->out.len, r->stop, r->n_stop);
     ev->text = engine_strndup(s->out.buf, release);
     stop_text_consume(&s->out, release);
-    if (hit < 0)
+    if (!hit)
         return false;
     s->out.len = 0;
     s->stop_matched = true;
+    s->stop_string = which;
     return true;
+}
+
+static bool is_stop_token(const Request *r, int32_t token)
+{
+    for (int32_t i = 0; i < r->n_stop_tokens; i++)
+        if (r->stop_tokens[i] == token)
+            return true;
+    return false;
+}
+
+/* Before min_tokens, the tokens that would end s are not drawn. */
+static bool seq_masks_ends(const Engine *e, const Seq *s)
+{
+    const Request *r = s->req;
+    return s->n_generated < r->min_tokens &&
+           (r->n_stop_tokens > 0 || (!r->ignore_eos && e->n_eog > 0));
+}
+
+static void mask_ends(const Engine *e, const Request *r, float *logits)
+{
+    for (int32_t i = 0; i < r->n_stop_tokens; i++)
+        logits[r->stop_tokens[i]] = -INFINITY;
+    for (int32_t i = 0; i < e->n_eog && !r->ignore_eos; i++)
+        logits[e->eog_ids[i]] = -INFINITY;
 }
 
 /* Sample s's next token from its raw logits row and apply every stop condition. */
@@ -106,10 +152,13 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
 {
     Request *r = s->req;
     int32_t token;
-    if (sampler_is_plain_greedy(&r->sampling) && !r->json_schema) { /* row unmodified: no copy */
+    bool mask = seq_masks_ends(e, s);
+    if (sampler_is_plain_greedy(&r->sampling) && !r->json_schema && !mask) { /* row as is */
         token = sampler_argmax(raw, e->ops.n_vocab);
     } else {
         memcpy(e->scratch_logits, raw, (size_t)e->ops.n_vocab * sizeof *raw);
+        if (mask)
+            mask_ends(e, r, e->scratch_logits);
         if (r->json_schema && engine_json_mask(e, s, e->scratch_logits) == 0) {
             seq_finish(e, s, FINISH_LENGTH, NULL); /* no token continues the JSON: a dead end */
             return;
@@ -121,15 +170,26 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
     e->generation_tokens++;
-    if (!r->ignore_eos && engine_is_eog(e, token)) {
+    bool may_stop = seq_may_stop(s);
+    if (may_stop && !r->ignore_eos && engine_is_eog(e, token)) {
         seq_finish(e, s, FINISH_STOP, NULL);
         return;
+    }
+    if (may_stop && is_stop_token(r, token)) {
+        s->stop_token = token;
+        if (!r->include_stop) {
+            seq_finish(e, s, FINISH_STOP, NULL);
+            return;
+        }
     }
     EngineEvent *ev = event_new(e, r, EVENT_TOKEN, s->choice);
     ev->token = token;
     if (r->logprobs >= 0)
         fill_logprobs(e, r, ev, raw);
-    if (output_text(e, s, ev) || json_done)
+    if (output_text(e, s, ev)) {
+        s->stop_token = -1; /* the stop string cut the text: it is the reason */
+        seq_finish(e, s, FINISH_STOP, NULL);
+    } else if (json_done || s->stop_token >= 0)
         seq_finish(e, s, FINISH_STOP, NULL);
     else if (s->n_generated >= r->max_tokens || s->n_tokens >= e->ops.ctx_len)
         seq_finish(e, s, FINISH_LENGTH, NULL);

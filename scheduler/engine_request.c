@@ -45,6 +45,7 @@ void request_free(Request *r)
     for (int32_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
+    free(r->stop_tokens);
     free(r->seqs);
     free(r);
 }
@@ -94,6 +95,7 @@ Seq *seq_create(Engine *e, Request *r, int32_t choice)
     s->n_tokens = r->n_prompt;
     s->req = r;
     s->choice = choice;
+    s->stop_string = s->stop_token = -1;
     s->waiting_since = r->submitted_at;
     block_table_init(&s->table);
     rng_seed(&s->rng, choice_seed(r->seed, choice));
@@ -138,6 +140,8 @@ void engine_emit_finish(Engine *e, Request *r, int32_t choice, FinishReason why,
     ev->token = -1;
     ev->text = engine_strndup(text, text_len);
     ev->finish = why;
+    ev->stop_string = s ? s->stop_string : -1;
+    ev->stop_token = s ? s->stop_token : -1;
     ev->prompt_tokens = r->n_prompt;
     ev->completion_tokens = s ? s->n_generated : 0;
     ev->cached_tokens = r->cached_tokens;
@@ -149,8 +153,8 @@ void engine_emit_finish(Engine *e, Request *r, int32_t choice, FinishReason why,
 }
 
 /* The text a choice still holds when it ends: the held-back text, plus an incomplete
- * character flushed as U+FFFD, cut at a stop string should one now be complete. After a
- * stop-string match nothing more belongs to the output. */
+ * character flushed as U+FFFD, cut at a stop string should one now be complete (and
+ * may: past min_tokens). After a stop-string match nothing more belongs to the output. */
 static void seq_final_text(Engine *e, Seq *s)
 {
     if (s->stop_matched)
@@ -159,10 +163,12 @@ static void seq_final_text(Engine *e, Seq *s)
     int n = e->ops.detok_flush(e->ops.ctx, &s->detok, tail, sizeof tail);
     if (n > 0 && stop_text_append(&s->out, tail, (size_t)n) != 0)
         n = 0; /* cannot happen: the capacity counts a flushed character */
-    const Request *r = s->req;
-    ssize_t hit = stop_find(s->out.buf, s->out.len, r->stop, r->n_stop);
-    if (hit >= 0)
-        s->out.len = (size_t)hit;
+    if (!seq_may_stop(s))
+        return;
+    int which;
+    size_t end;
+    if (seq_stop_find(s, &which, &end))
+        s->out.len = end;
 }
 
 void seq_finish(Engine *e, Seq *s, FinishReason why, const char *error)

@@ -73,6 +73,21 @@ static int check_request(const Engine *e, const EngineRequest *q, char *err, siz
             return -1;
         }
     }
+    if (q->n_stop_tokens < 0 || (q->n_stop_tokens > 0 && !q->stop_tokens)) {
+        engine_set_err(err, err_len, "bad stop token list");
+        return -1;
+    }
+    for (int32_t i = 0; i < q->n_stop_tokens; i++) {
+        if (q->stop_tokens[i] < 0 || q->stop_tokens[i] >= e->ops.n_vocab) {
+            engine_set_err(err, err_len, "stop token %d is outside the vocabulary (%d)",
+                           q->stop_tokens[i], e->ops.n_vocab);
+            return -1;
+        }
+    }
+    if (q->min_tokens < 0) {
+        engine_set_err(err, err_len, "min_tokens = %d is negative", q->min_tokens);
+        return -1;
+    }
     if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) ||
         !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0)) {
         engine_set_err(err, err_len,
@@ -118,6 +133,8 @@ static Request *request_copy(const EngineRequest *q)
     r->sampling.n_logit_bias = 0;
     r->seed = q->seed;
     r->ignore_eos = q->ignore_eos;
+    r->min_tokens = q->min_tokens;
+    r->include_stop = q->include_stop;
     r->logprobs = q->logprobs;
     r->prompt_logprobs = q->prompt_logprobs;
     r->cache_salt = q->cache_salt;
@@ -125,20 +142,23 @@ static Request *request_copy(const EngineRequest *q)
     r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);
     r->seqs = calloc((size_t)q->n, sizeof *r->seqs);
     r->stop = calloc((size_t)(q->n_stop > 0 ? q->n_stop : 1), sizeof *r->stop);
-    if (!r->prompt || !r->seqs || !r->stop) {
+    r->stop_tokens = malloc((size_t)(q->n_stop_tokens > 0 ? q->n_stop_tokens : 1) *
+                            sizeof *r->stop_tokens);
+    if (!r->prompt || !r->seqs || !r->stop || !r->stop_tokens) {
         request_free(r);
         return NULL;
     }
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
+    if (q->n_stop_tokens > 0)
+        memcpy(r->stop_tokens, q->stop_tokens, (size_t)q->n_stop_tokens * sizeof *r->stop_tokens);
+    r->n_stop_tokens = q->n_stop_tokens;
     if (q->json_object)
         r->json_schema = q->json_schema ? json_schema_copy(q->json_schema) : json_schema_any_object();
     if (copy_logit_bias(r, &q->sampling) != 0 || (q->json_object && !r->json_schema)) {
         request_free(r);
         return NULL;
     }
-    for (int32_t i = 0; i < q->n_stop; i++) {
-        if (q->stop[i][0] == '\0')
-            continue; /* an empty stop string would match before any text: ignored */
+    for (int32_t i = 0; i < q->n_stop; i++) { /* "" kept, so indexes stay the caller's */
         r->stop[r->n_stop] = strdup(q->stop[i]);
         if (!r->stop[r->n_stop]) {
             request_free(r);

@@ -93,8 +93,14 @@ typedef struct {
     SamplerParams sampling;
     uint64_t seed;           /* choice i uses an RNG seeded from (seed, i) */
     bool ignore_eos;
-    const char *const *stop; /* n_stop strings, copied; matched on the output text */
+    const char *const *stop; /* n_stop strings, copied; matched on the output text ("" never) */
     int32_t n_stop;
+    const int32_t *stop_tokens; /* n_stop_tokens ids, copied: drawing one ends the choice */
+    int32_t n_stop_tokens;
+    int32_t min_tokens;      /* >= 0: nothing ends a choice before it has this many tokens
+                              * but max_tokens and the context (vLLM's min_tokens) */
+    bool include_stop;       /* the stop string or stop token that ends a choice stays in its
+                              * text (vLLM's include_stop_str_in_output) */
     int32_t logprobs;        /* top-N logprobs per generated token; -1 = none */
     bool prompt_logprobs;    /* logprobs of each prompt token (echo + logprobs) */
     bool json_object;        /* the output must be a JSON object: only tokens that keep it a
@@ -128,6 +134,9 @@ typedef struct {
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
     FinishReason finish;       /* FINISH */
+    int32_t stop_string;       /* FINISH_STOP by a stop string: its index in
+                                * EngineRequest.stop; else -1 */
+    int32_t stop_token;        /* FINISH_STOP by a stop token: its id; else -1 */
     int32_t prompt_tokens;     /* FINISH: usage */
     int32_t completion_tokens; /* FINISH: this choice's generated tokens */
     int32_t cached_tokens;     /* FINISH: prompt tokens served from the prefix cache */
@@ -222,16 +231,23 @@ int engine_step(Engine *e);
  * - PROMPT: logprob of prompt token i given tokens [0, i), with the top `logprobs` (0 when
  *   logprobs is -1) alternatives. Token 0 has no context: its logprob is NAN and n_top 0.
  *   text is the token's text decoded as the start of a text (leading space stripped).
- * - TOKEN: every sampled token except an end-of-generation token (EOS when !ignore_eos),
- *   which ends the choice without a TOKEN event (it still counts in completion_tokens).
+ * - TOKEN: every sampled token except an end-of-generation token (EOS when !ignore_eos)
+ *   or a stop token (unless include_stop), which end the choice without a TOKEN event
+ *   (they still count in completion_tokens).
  *   text is what became safe to show; the concatenation of a choice's TOKEN texts and its
  *   FINISH text is its whole output text.
  * - FINISH: text holds whatever was still held back (a possible stop-string start, or an
- *   incomplete character flushed as U+FFFD); "" when a stop string matched (the match and
- *   everything after it are dropped). usage: prompt_tokens = n_prompt,
+ *   incomplete character flushed as U+FFFD); when a stop string matched, what was held
+ *   before it ("" mostly; the match itself too with include_stop) and never anything after
+ *   it. usage: prompt_tokens = n_prompt,
  *   completion_tokens = tokens sampled for this choice, cached_tokens = prompt tokens
  *   found in the prefix cache at the request's first admission.
  * Penalties (repetition, presence, frequency) look at the choice's generated tokens only.
+ * min_tokens: the first min_tokens tokens of a choice are drawn with the end-of-generation
+ *   tokens (unless ignore_eos) and the stop tokens masked out, and stop strings are
+ *   looked for from the token after them on (vLLM's rule): a match may begin in the text
+ *   held back before it (a stop string's start), never in text already released. The
+ *   closing of a json_object still ends the choice.
  * Choice i samples with rng_seed(seed ^ i * 0x9E3779B97F4A7C15): choice 0 draws exactly
  * what a single-choice request with the same seed draws.
  * Limits: engine_submit refuses n > max_seqs (a request's n choices run at once, so it is

@@ -38,7 +38,7 @@ void stop_text_consume(StopText *t, size_t n)
     t->len -= n;
 }
 
-ssize_t stop_find(const char *text, size_t len, char *const *stops, int n_stops)
+ssize_t stop_find(const char *text, size_t len, char *const *stops, int n_stops, int *which)
 {
     ssize_t best = -1;
     for (int i = 0; i < n_stops; i++) {
@@ -50,8 +50,11 @@ ssize_t stop_find(const char *text, size_t len, char *const *stops, int n_stops)
         if (limit > len)
             limit = len;
         const char *hit = memmem(text, limit, stops[i], slen);
-        if (hit)
+        if (hit) {
             best = hit - text;
+            if (which)
+                *which = i;
+        }
     }
     return best;
 }

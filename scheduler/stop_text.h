@@ -25,8 +25,9 @@ int stop_text_append(StopText *t, const char *s, size_t n);
 /* Drops the first n bytes (released or cut). */
 void stop_text_consume(StopText *t, size_t n);
 
-/* Where the earliest occurrence of any stop string starts in text, or -1. */
-ssize_t stop_find(const char *text, size_t len, char *const *stops, int n_stops);
+/* Where the earliest occurrence of any stop string starts in text, or -1; which (unless
+ * NULL) gets that string's index (the first listed of those starting there). */
+ssize_t stop_find(const char *text, size_t len, char *const *stops, int n_stops, int *which);
 /* How many leading bytes of text may be released: all up to the first character boundary
  * from which the rest of text is a proper prefix of some stop string (len if none). */
 size_t stop_safe_len(const char *text, size_t len, char *const *stops, int n_stops);

@@ -4,7 +4,8 @@
  * length byte plus bytes.
  *
  * Part 1, the two functions against naive references on arbitrary bytes:
- *   stop_find      = the earliest start of any stop string in the text (-1: none);
+ *   stop_find      = the earliest start of any stop string in the text (-1: none), and
+ *                    the first listed string starting there;
  *   stop_safe_len  = the first character boundary (a byte that is not 10xxxxxx) from which
  *                    the rest of the text is a proper prefix of some stop string, else len.
  * Part 2, the engine's use of them (scheduler/engine_output.c's output_text and
@@ -27,12 +28,12 @@
 #define MAX_STOPS 6
 #define MAX_PIECE 48
 
-static ssize_t naive_find(const char *text, size_t len, char *const *stops, int n) {
+static ssize_t naive_find(const char *text, size_t len, char *const *stops, int n, int *which) {
     for (size_t at = 0; at < len; at++)
         for (int i = 0; i < n; i++) {
             size_t sl = strlen(stops[i]);
             if (sl > 0 && sl <= len - at && memcmp(text + at, stops[i], sl) == 0)
-                return (ssize_t)at;
+                return *which = i, (ssize_t)at;
         }
     return -1;
 }
@@ -49,8 +50,11 @@ static size_t naive_safe_len(const char *text, size_t len, char *const *stops, i
 }
 
 static void check_functions(const char *text, size_t len, char *const *stops, int n) {
-    ssize_t got = stop_find(text, len, stops, n), want = naive_find(text, len, stops, n);
+    int got_which = -1, want_which = -1;
+    ssize_t got = stop_find(text, len, stops, n, &got_which);
+    ssize_t want = naive_find(text, len, stops, n, &want_which);
     FZ_CHECK(got == want, "stop_find = %zd, naive = %zd (len %zu, %d stops)", got, want, len, n);
+    FZ_CHECK(got_which == want_which, "stop_find's string %d, naive %d", got_which, want_which);
     size_t safe = stop_safe_len(text, len, stops, n);
     size_t want_safe = naive_safe_len(text, len, stops, n);
     FZ_CHECK(safe == want_safe, "stop_safe_len = %zu, naive = %zu", safe, want_safe);
@@ -80,7 +84,7 @@ static void check_stream(char **stops, int n_stops, char **pieces, const size_t 
         FZ_CHECK(stop_text_append(&held, pieces[i], piece_len[i]) == 0,
                  "held text (%zu of %zu bytes) has no room for a %zu-byte piece", held.len,
                  held.cap, piece_len[i]);
-        ssize_t hit = stop_find(held.buf, held.len, stops, n_stops);
+        ssize_t hit = stop_find(held.buf, held.len, stops, n_stops, NULL);
         size_t release = hit >= 0 ? (size_t)hit : stop_safe_len(held.buf, held.len, stops,
                                                                   n_stops);
         FZ_CHECK(release <= held.len, "release %zu > held %zu", release, held.len);
@@ -106,7 +110,7 @@ static void check_stream(char **stops, int n_stops, char **pieces, const size_t 
             FZ_CHECK(stop_text_append(&held, "\xef\xbf\xbd", 3) == 0, "no room for the flush");
         }
         want_end = naive_find(whole, whole_len, stops, n_stops);
-        ssize_t hit = stop_find(held.buf, held.len, stops, n_stops);
+        ssize_t hit = stop_find(held.buf, held.len, stops, n_stops, NULL);
         size_t keep = hit >= 0 ? (size_t)hit : held.len;
         memcpy(out + out_len, held.buf, keep);
         out_len += keep;

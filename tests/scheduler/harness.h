@@ -31,6 +31,7 @@ typedef struct {
     int finished;               /* FINISH events seen (must end at 1) */
     int after_finish;           /* events seen after the FINISH (must stay 0) */
     FinishReason reason;
+    int32_t stop_string, stop_token; /* the FINISH's */
     int32_t prompt_tokens, completion_tokens, cached_tokens;
     double queue_time;
     char error[256];
@@ -122,6 +123,8 @@ static inline void h_record(Harness *h, const EngineEvent *ev)
     } else {
         c->finished++;
         c->reason = ev->finish;
+        c->stop_string = ev->stop_string;
+        c->stop_token = ev->stop_token;
         c->prompt_tokens = ev->prompt_tokens;
         c->completion_tokens = ev->completion_tokens;
         c->cached_tokens = ev->cached_tokens;

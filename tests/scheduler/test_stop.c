@@ -16,14 +16,23 @@ static void test_find(void **state)
 {
     (void)state;
     char *stops[] = {"world", "lo w", "xyz"};
-    assert_int_equal(stop_find("hello world", 11, stops, 3), 3); /* "lo w" starts first */
-    assert_int_equal(stop_find("hello world", 11, stops, 1), 6);
-    assert_int_equal(stop_find("hello", 5, stops, 3), -1);
-    assert_int_equal(stop_find("", 0, stops, 3), -1);
+    int which = -1;
+    assert_int_equal(stop_find("hello world", 11, stops, 3, &which), 3); /* "lo w" first */
+    assert_int_equal(which, 1);
+    assert_int_equal(stop_find("hello world", 11, stops, 1, &which), 6);
+    assert_int_equal(which, 0);
+    which = -1;
+    assert_int_equal(stop_find("hello", 5, stops, 3, &which), -1);
+    assert_int_equal(which, -1); /* untouched */
+    assert_int_equal(stop_find("", 0, stops, 3, NULL), -1);
     char *same_start[] = {"abc", "ab"};
-    assert_int_equal(stop_find("xxabc", 5, same_start, 2), 2);
+    assert_int_equal(stop_find("xxabc", 5, same_start, 2, &which), 2);
+    assert_int_equal(which, 0); /* the first listed of those starting there */
+    char *later_first[] = {"bc", "abc"};
+    assert_int_equal(stop_find("xxabc", 5, later_first, 2, &which), 2);
+    assert_int_equal(which, 1);
     char *empty[] = {""};
-    assert_int_equal(stop_find("abc", 3, empty, 1), -1); /* never matches */
+    assert_int_equal(stop_find("abc", 3, empty, 1, NULL), -1); /* never matches */
 }
 
 static void test_safe_len(void **state)
@@ -264,6 +273,175 @@ static void test_stop_strings_copied(void **state)
     assert_string_equal(c->text, "bc");
 }
 
+/* ---- stop tokens, include_stop, min_tokens ----------------------------------------------- */
+
+/* Output after the prompt {tag, 1} ("a") under q's stop fields, run to the end. */
+static HChoice *run_request(Fixture *x, EngineRequest *q, int32_t tag)
+{
+    static int32_t prompt[2];
+    prompt[0] = tag;
+    prompt[1] = 1;
+    q->prompt = prompt;
+    q->n_prompt = 2;
+    uint64_t id = h_submit(x->e, q);
+    h_run(&x->h, x->e, &x->f, 200);
+    HChoice *c = &h_req(&x->h, id)->ch[0];
+    assert_int_equal(c->finished, 1);
+    assert_int_equal(c->after_finish, 0);
+    return c;
+}
+
+static void test_stop_string_reported(void **state)
+{
+    Fixture *x = *state;
+    const char *stops[] = {"zz", "", "de"};
+    HChoice *c = run_stops(x, stops, 3, 20);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->stop_string, 2); /* the caller's index, "" counted */
+    assert_int_equal(c->stop_token, -1);
+    c = run_stops(x, stops, 3, 3);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->stop_string, -1);
+    assert_int_equal(c->stop_token, -1);
+}
+
+static void test_stop_token(void **state)
+{
+    Fixture *x = *state;
+    static const int32_t d[] = {20, 4}; /* "t" never comes; "d" does */
+    EngineRequest q = h_request(NULL, 0, 20);
+    q.stop_tokens = d;
+    q.n_stop_tokens = 2;
+    HChoice *c = run_request(x, &q, 53);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->stop_token, 4);
+    assert_int_equal(c->stop_string, -1);
+    assert_string_equal(c->text, "bc");
+    assert_int_equal(c->n_tokens, 2);          /* no TOKEN event for it, as for EOS ... */
+    assert_int_equal(c->completion_tokens, 3); /* ... but it counts */
+
+    q.include_stop = true;
+    c = run_request(x, &q, 54);
+    assert_int_equal(c->stop_token, 4);
+    assert_string_equal(c->text, "bcd");
+    assert_int_equal(c->n_tokens, 3);
+    assert_int_equal(c->tokens[2], 4);
+    assert_int_equal(c->completion_tokens, 3);
+}
+
+static void test_include_stop_string(void **state)
+{
+    Fixture *x = *state;
+    const char *stops[] = {"de"};
+    EngineRequest q = h_request(NULL, 0, 20);
+    q.stop = stops;
+    q.n_stop = 1;
+    q.include_stop = true;
+    HChoice *c = run_request(x, &q, 55);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->stop_string, 0);
+    assert_string_equal(c->text, "bcde"); /* up to the match's end, nothing after */
+    assert_int_equal(c->completion_tokens, 4);
+
+    x->f.succ[1] = 42; /* "hello world" after "a": a match inside one token */
+    const char *inside[] = {"o w"};
+    q.stop = inside;
+    c = run_request(x, &q, 56);
+    assert_string_equal(c->text, "hello w");
+    /* a stop string beside a stop token in the same text: the string is the reason */
+    static const int32_t hello[] = {42};
+    q.stop_tokens = hello;
+    q.n_stop_tokens = 1;
+    c = run_request(x, &q, 57);
+    assert_int_equal(c->stop_string, 0);
+    assert_int_equal(c->stop_token, -1);
+    assert_string_equal(c->text, "hello w");
+}
+
+/* min_tokens: no stop string is looked for in the first min_tokens tokens' text. */
+static void test_min_tokens_stop_strings(void **state)
+{
+    Fixture *x = *state;
+    const char *stops[] = {"c"};
+    EngineRequest q = h_request(NULL, 0, 6);
+    q.stop = stops;
+    q.n_stop = 1;
+    q.min_tokens = 2; /* "c" is the 2nd token: too early, and it never comes again */
+    HChoice *c = run_request(x, &q, 58);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_string_equal(c->text, "bcdefg");
+    q.min_tokens = 1; /* the 2nd token may end it */
+    c = run_request(x, &q, 59);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "b");
+    /* a match may begin in text held back before min_tokens: "c" (2nd) is held as the start
+     * of "cd", and "d" (3rd, past min_tokens) completes it */
+    const char *cd[] = {"cd"};
+    q.stop = cd;
+    q.min_tokens = 2;
+    c = run_request(x, &q, 60);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "b");
+    assert_int_equal(c->completion_tokens, 3);
+    /* min_tokens = max_tokens: a stop string complete only at the end is no stop */
+    q.max_tokens = 3;
+    q.min_tokens = 3;
+    c = run_request(x, &q, 61);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_string_equal(c->text, "bcd");
+}
+
+/* min_tokens: EOS and the stop tokens are not drawn before it, greedy or sampled. */
+static void test_min_tokens_masks_ends(void **state)
+{
+    Fixture *x = *state;
+    x->f.succ[3] = x->f.eos_id; /* a b c EOS */
+    EngineRequest q = h_request(NULL, 0, 12);
+    HChoice *c = run_request(x, &q, 62);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "bc");
+    for (int sampled = 0; sampled < 2; sampled++) {
+        for (int k = 0; k < 6; k++) {
+            q = h_request(NULL, 0, 12);
+            q.sampling.temperature = sampled ? 1.0f : 0.0f;
+            q.seed = (uint64_t)k;
+            q.min_tokens = 5;
+            static const int32_t stop_ids[] = {5, 6, 7}; /* e f g */
+            q.stop_tokens = stop_ids;
+            q.n_stop_tokens = 3;
+            c = run_request(x, &q, (int32_t)(27 + sampled * 6 + k));
+            assert_true(c->completion_tokens >= 6);
+            assert_true(c->n_tokens >= 5);
+            for (int i = 0; i < 5; i++)
+                assert_true(c->tokens[i] != x->f.eos_id && (c->tokens[i] < 5 || c->tokens[i] > 7));
+        }
+    }
+    /* ignore_eos: EOS is an ordinary token, drawn freely (here: greedily, 3rd) */
+    q = h_request(NULL, 0, 5);
+    q.ignore_eos = true;
+    q.min_tokens = 5;
+    c = run_request(x, &q, 39);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->tokens[2], x->f.eos_id);
+}
+
+static void test_stop_fields_checked(void **state)
+{
+    Fixture *x = *state;
+    static int32_t prompt[2] = {43, 1};
+    static const int32_t outside[] = {3, 64};
+    EngineRequest q = h_request(prompt, 2, 4);
+    q.stop_tokens = outside;
+    q.n_stop_tokens = 2;
+    char err[128] = "";
+    assert_int_equal(engine_submit(x->e, &q, NULL, err, sizeof err), 0);
+    assert_non_null(strstr(err, "stop token 64"));
+    q.n_stop_tokens = 1;
+    q.min_tokens = -1;
+    assert_int_equal(engine_submit(x->e, &q, NULL, err, sizeof err), 0);
+    assert_non_null(strstr(err, "min_tokens"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +458,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_multibyte_character, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_choices, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_strings_copied, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_string_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_token, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_include_stop_string, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_min_tokens_stop_strings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_min_tokens_masks_ends, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_fields_checked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
