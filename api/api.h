@@ -239,6 +239,11 @@ typedef struct {
     bool has_seed;
     char **stop;            /* n_stop owned strings (non-empty) */
     int32_t n_stop;
+    int32_t *stop_token_ids; /* n_stop_token_ids ids (owned; checked against the
+                             * vocabulary by api_request_tokenize) */
+    int32_t n_stop_token_ids;
+    int32_t min_tokens;     /* 0 when absent; at most max_tokens when that was given */
+    bool include_stop;      /* include_stop_str_in_output */
     int32_t logprobs;       /* -1 = null/absent, else 0 .. max_logprobs */
     bool echo;
     char *suffix;           /* fill-in-the-middle: the text after the insertion, when a

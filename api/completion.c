@@ -27,6 +27,7 @@ typedef struct {
     int32_t n_tokens;  /* TOKEN events seen */
     int32_t completion_tokens, cached_tokens;
     FinishReason finish;
+    int32_t stop_string, stop_token; /* what stopped it (EngineEvent's), -1: nothing did */
     bool finished;
     bool started;      /* streamed: the echo chunk went out */
     bool has_token;
@@ -78,6 +79,8 @@ ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
         api_completion_free(c);
         return NULL;
     }
+    for (int32_t i = 0; i < c->n_choices; i++)
+        c->choices[i].stop_string = c->choices[i].stop_token = -1;
     for (int32_t p = 0; p < r->n_prompts; p++) {
         const ApiPrompt *pr = &r->prompts[p];
         c->prompts[p].echo_chars = pr->text ? api_utf8_chars(pr->text, strlen(pr->text)) : 0;
@@ -341,6 +344,21 @@ static json_t *chat_message(const ApiCompletion *c, json_t *text, json_t *reason
     return m;
 }
 
+/* vLLM's stop_reason beside finish_reason: the stop string or stop token id that ended
+ * the choice, null when something else did (EOS, max_tokens, the JSON object closing). */
+static json_t *stop_reason_json(const ApiCompletion *c, const Choice *ch) {
+    if (ch->stop_string >= 0 && ch->stop_string < c->req->n_stop)
+        return json_string(c->req->stop[ch->stop_string]);
+    if (ch->stop_token >= 0) return json_integer(ch->stop_token);
+    return json_null();
+}
+
+/* finish_reason, and stop_reason once there is one. */
+static void set_finish(const ApiCompletion *c, json_t *o, const char *reason, int32_t index) {
+    json_object_set_new(o, "finish_reason", reason ? json_string(reason) : json_null());
+    if (reason) json_object_set_new(o, "stop_reason", stop_reason_json(c, &c->choices[index]));
+}
+
 /* reasoning: NULL, or (chat with req->reasoning) the reasoning part beside text. */
 static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, json_t *reasoning,
                            json_t *logprobs, FinishReason fin, bool role) {
@@ -350,8 +368,7 @@ static json_t *choice_json(const ApiCompletion *c, int32_t index, json_t *text, 
                              chat_message(c, text, reasoning, role));
     json_object_set_new(ch, "index", json_integer(index));
     json_object_set_new(ch, "logprobs", logprobs ? logprobs : json_null());
-    const char *reason = api_finish_reason_str(fin);
-    json_object_set_new(ch, "finish_reason", reason ? json_string(reason) : json_null());
+    set_finish(c, ch, api_finish_reason_str(fin), index);
     return ch;
 }
 
@@ -396,7 +413,7 @@ static json_t *tool_choice_json(const ApiCompletion *c, int32_t index, const Cho
     json_object_set_new(o, c->req->stream ? "delta" : "message", m);
     json_object_set_new(o, "index", json_integer(index));
     json_object_set_new(o, "logprobs", json_null());
-    json_object_set_new(o, "finish_reason", reason ? json_string(reason) : json_null());
+    set_finish(c, o, reason, index);
     return o;
 }
 
@@ -662,6 +679,8 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     size_t len = strlen(text);
     ch->finished = true;
     ch->finish = ev->finish;
+    ch->stop_string = ev->stop_string;
+    ch->stop_token = ev->stop_token;
     ch->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : ch->n_tokens;
     ch->cached_tokens = ev->cached_tokens;
     ch->chars += api_utf8_chars(text, len);

@@ -35,6 +35,7 @@ void api_request_free(ApiRequest *r) {
     free(r->prompts);
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->stop_token_ids);
     free(r->cache_salt);
     free(r->suffix);
     free((LogitBias *)r->sampling.logit_bias); /* owned here, see ApiRequest */
@@ -159,7 +160,8 @@ static const char *const known_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo",
     "ignore_eos", "user", "stream", "stream_options", "cache_salt", "best_of", "suffix",
-    "logit_bias", "response_format", "safety_identifier", "prompt_cache_key", NULL,
+    "logit_bias", "response_format", "safety_identifier", "prompt_cache_key",
+    "stop_token_ids", "min_tokens", "include_stop_str_in_output", NULL,
 };
 
 /* Chat Completions: messages instead of prompt, logprobs a boolean with top_logprobs. */
@@ -168,7 +170,8 @@ static const char *const chat_known_fields[] = {
     "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logprobs", "top_logprobs", "ignore_eos", "user", "stream",
     "stream_options", "cache_salt", "logit_bias", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "safety_identifier", "prompt_cache_key", NULL,
+    "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "stop_token_ids",
+    "min_tokens", "include_stop_str_in_output", NULL,
 };
 
 /* Unknown fields are a 400; chat also takes the fields it does not implement at their
@@ -402,6 +405,54 @@ static int read_stop(const json_t *root, const ApiLimits *lim, ApiRequest *r, Ap
     return 0;
 }
 
+/* vLLM's stop fields beside stop: stop_token_ids (ids checked against the vocabulary by
+ * api_request_tokenize), min_tokens (at most max_tokens when that was given) and
+ * include_stop_str_in_output. */
+#define API_MAX_STOP_TOKEN_IDS 64
+
+static int read_stop_token_ids(const json_t *root, ApiRequest *r, ApiError *e) {
+    const json_t *v = json_object_get(root, "stop_token_ids");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v)) return bad(e, "stop_token_ids", "an array of token ids", v);
+    size_t n = json_array_size(v);
+    if (n > API_MAX_STOP_TOKEN_IDS) {
+        api_error_set(e, 400, "stop_token_ids", "invalid_value",
+                      "'stop_token_ids' may hold at most %d ids, got %zu",
+                      API_MAX_STOP_TOKEN_IDS, n);
+        return -1;
+    }
+    r->stop_token_ids = malloc((n > 0 ? n : 1) * sizeof *r->stop_token_ids);
+    if (!r->stop_token_ids) {
+        api_error_set(e, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_int_t id;
+        if (as_integer(json_array_get(v, i), &id) != 0 || id < 0 || id > INT32_MAX) {
+            api_error_set(e, 400, "stop_token_ids", "invalid_value",
+                          "'stop_token_ids' must hold token ids (integers >= 0); element %zu "
+                          "is not one", i);
+            return -1;
+        }
+        r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
+    }
+    return 0;
+}
+
+static int read_stop_extras(const json_t *root, ApiRequest *r, ApiError *e) {
+    if (read_stop_token_ids(root, r, e) != 0 ||
+        read_int(root, "min_tokens", 0, INT32_MAX, &r->min_tokens, e) != 0 ||
+        read_bool(root, "include_stop_str_in_output", &r->include_stop, e) != 0)
+        return -1;
+    if (r->max_tokens_given && r->min_tokens > r->max_tokens) {
+        api_error_set(e, 400, "min_tokens", "invalid_value",
+                      "'min_tokens' (%d) must not exceed max_tokens (%d)", (int)r->min_tokens,
+                      (int)r->max_tokens);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- the rest ------------------------------------------------------------------------------ */
 
 static int read_logprobs(const json_t *root, const ApiLimits *lim, ApiRequest *r,
@@ -609,6 +660,7 @@ static int read_response_format(const json_t *root, ApiRequest *r, ApiError *e) 
 static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, ApiError *e) {
     if (read_int(root, "n", 1, lim->max_n, &r->n, e) != 0 || read_sampling(root, r, e) != 0 ||
         read_logit_bias(root, r, e) != 0 || read_stop(root, lim, r, e) != 0 ||
+        read_stop_extras(root, r, e) != 0 ||
         read_seed(root, r, e) != 0 || read_bool(root, "ignore_eos", &r->ignore_eos, e) != 0 ||
         read_stream(root, r, e) != 0)
         return -1;

@@ -164,9 +164,21 @@ static int check_logit_bias(const ApiRequest *r, const ApiVocab *v, ApiError *e)
     return 0;
 }
 
+static int check_stop_token_ids(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
+    for (int32_t i = 0; i < r->n_stop_token_ids; i++) {
+        if (r->stop_token_ids[i] >= v->n_vocab) {
+            api_error_set(e, 400, "stop_token_ids", "invalid_value",
+                          "Token id %d in 'stop_token_ids' is out of the vocabulary (ids are "
+                          "0 .. %d)", (int)r->stop_token_ids[i], (int)v->n_vocab - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
                          const ApiLimits *lim, ApiError *e) {
-    if (check_logit_bias(r, v, e) != 0) return -1;
+    if (check_logit_bias(r, v, e) != 0 || check_stop_token_ids(r, v, e) != 0) return -1;
     if (r->suffix && make_fim_prompts(r, v, e) != 0) return -1;
     for (int32_t i = 0; i < r->n_prompts; i++) {
         if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
@@ -190,6 +202,10 @@ void api_request_engine(const ApiRequest *r, int32_t p, void *user, EngineReques
     out->ignore_eos = r->ignore_eos;
     out->stop = (const char *const *)r->stop;
     out->n_stop = r->n_stop;
+    out->stop_tokens = r->stop_token_ids;
+    out->n_stop_tokens = r->n_stop_token_ids;
+    out->min_tokens = r->min_tokens;
+    out->include_stop = r->include_stop;
     out->logprobs = r->logprobs;
     out->prompt_logprobs = r->echo && r->logprobs >= 0;
     out->json_object = r->json_object;

@@ -62,6 +62,7 @@ static EngineEvent ev_finish(int32_t choice, FinishReason f, const char *text,
     EngineEvent ev = ev_token(choice, 0, text, 0);
     ev.kind = EVENT_FINISH;
     ev.finish = f;
+    ev.stop_string = ev.stop_token = -1; /* set by the tests of stop_reason */
     ev.prompt_tokens = prompt_tokens;
     ev.completion_tokens = completion;
     ev.cached_tokens = cached;
@@ -230,6 +231,59 @@ static void test_body_n2_two_prompts(void **state) {
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);
+}
+
+/* vLLM's stop_reason beside finish_reason: the stop string, the stop token id, or null. */
+static void test_stop_reason(void **state) {
+    (void)state;
+    for (int stream = 0; stream < 2; stream++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":4,"
+                 "\"stop\":[\"x\",\"yz\"],\"stream\":%s}", stream ? "true" : "false");
+        ApiRequest *r = request(body);
+        ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+        ApiBuf out;
+        api_buf_init(&out);
+        feed(c, 0, ev_token(0, T('a'), "a", 0), &out);
+        EngineEvent by_string = ev_finish(0, FINISH_STOP, "", 3, 2, 0);
+        by_string.stop_string = 1;
+        EngineEvent by_token = ev_finish(1, FINISH_STOP, "", 3, 1, 0);
+        by_token.stop_token = 7;
+        feed(c, 0, by_string, &out);
+        feed(c, 0, by_token, &out);
+        feed(c, 0, ev_finish(2, FINISH_STOP, "", 3, 1, 0), &out); /* EOS */
+        feed(c, 0, ev_finish(3, FINISH_LENGTH, "", 3, 16, 0), &out);
+        json_t *reasons[4] = {0};
+        json_t *held[8] = {0};
+        int n_held = 0;
+        if (stream) {
+            Frames f;
+            frames_parse(&out, &f);
+            for (int i = 0; i < f.n - 1; i++) {
+                json_t *o = held[n_held++] = frame_json(&f, i);
+                json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+                bool done = !json_is_null(json_object_get(ch, "finish_reason"));
+                /* only the chunk that finishes a choice carries it */
+                assert_int_equal(json_object_get(ch, "stop_reason") != NULL, done);
+                if (done) reasons[jint(ch, "index")] = json_object_get(ch, "stop_reason");
+            }
+            frames_free(&f);
+        } else {
+            json_t *o = held[n_held++] = parse_json(out.data, out.len);
+            for (int i = 0; i < 4; i++)
+                reasons[i] = json_object_get(json_array_get(json_object_get(o, "choices"), (size_t)i),
+                                             "stop_reason");
+        }
+        assert_string_equal(json_string_value(reasons[0]), "yz");
+        assert_int_equal(json_integer_value(reasons[1]), 7);
+        assert_true(json_is_integer(reasons[1]));
+        assert_true(json_is_null(reasons[2]));
+        assert_true(json_is_null(reasons[3]));
+        for (int i = 0; i < n_held; i++) json_decref(held[i]);
+        api_buf_free(&out);
+        api_completion_free(c);
+        api_request_free(r);
+    }
 }
 
 static void test_body_logprobs(void **state) {
@@ -778,6 +832,8 @@ static void test_chat_body(void **state) {
     assert_string_equal(jstr(msg, "role"), "assistant");
     assert_string_equal(jstr(msg, "content"), "Ok");
     assert_string_equal(jstr(ch, "finish_reason"), "stop");
+    assert_non_null(json_object_get(ch, "stop_reason"));
+    assert_true(json_is_null(json_object_get(ch, "stop_reason"))); /* EOS */
     json_t *content = json_object_get(json_object_get(ch, "logprobs"), "content");
     assert_int_equal(json_array_size(content), 3);
     check_chat_logprob(json_array_get(content, 0), "O", -0.5f);
@@ -1003,6 +1059,8 @@ static void test_chat_tool_reply(void **state) {
     check_call(json_array_get(calls, 1), "g", "{}");
     assert_string_not_equal(jstr(json_array_get(calls, 0), "id"), jstr(json_array_get(calls, 1), "id"));
     assert_string_equal(jstr(ch, "finish_reason"), "tool_calls");
+    assert_true(json_is_null(json_object_get(ch, "stop_reason"))); /* present, null */
+    assert_non_null(json_object_get(ch, "stop_reason"));
     json_decref(o);
 
     check_text_reply("{\"content\":\"no \\\"need\\\"\"}", FINISH_STOP, "no \"need\"", "stop");
@@ -1169,6 +1227,7 @@ int main(void) {
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_body_single),
         cmocka_unit_test(test_body_n2_two_prompts),
+        cmocka_unit_test(test_stop_reason),
         cmocka_unit_test(test_body_logprobs),
         cmocka_unit_test(test_body_logprobs_equal_texts),
         cmocka_unit_test(test_body_echo_logprobs),

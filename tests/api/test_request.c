@@ -613,6 +613,78 @@ static void chat_error(const char *body, ApiChatFormat fmt, const char *param, c
     if (!strstr(e.message, words)) fail_msg("'%s' lacks '%s'", e.message, words);
 }
 
+/* vLLM's stop fields: parsed, checked (ids against the vocabulary at tokenize time,
+ * min_tokens against a given max_tokens), and handed to the engine. */
+static void test_stop_extras(void **state) {
+    (void)state;
+    ApiVocab v = fake_vocab();
+    ApiLimits l = limits();
+    ApiError e;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":8,"
+                             "\"stop_token_ids\":[258,0,7.0],\"min_tokens\":8,"
+                             "\"include_stop_str_in_output\":true}");
+    assert_int_equal(r->n_stop_token_ids, 3);
+    assert_int_equal(r->stop_token_ids[0], 258);
+    assert_int_equal(r->stop_token_ids[2], 7);
+    assert_int_equal(r->min_tokens, 8);
+    assert_true(r->include_stop);
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), 0); /* 258: the last id */
+    EngineRequest er;
+    api_request_engine(r, 0, NULL, &er);
+    assert_ptr_equal(er.stop_tokens, r->stop_token_ids); /* borrowed, engine_submit copies */
+    assert_int_equal(er.n_stop_tokens, 3);
+    assert_int_equal(er.min_tokens, 8);
+    assert_true(er.include_stop);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":null,"
+                 "\"min_tokens\":null,\"include_stop_str_in_output\":null}");
+    assert_int_equal(r->n_stop_token_ids, 0);
+    assert_int_equal(r->min_tokens, 0);
+    assert_false(r->include_stop);
+    api_request_free(r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":[]}");
+    assert_int_equal(r->n_stop_token_ids, 0);
+    api_request_free(r);
+
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":[3,259]}");
+    assert_int_equal(api_request_tokenize(r, &v, 100, &l, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "stop_token_ids");
+    assert_non_null(strstr(e.message, "259"));
+    api_request_free(r);
+
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":4,\"min_tokens\":5}",
+                 400, "min_tokens", "max_tokens (4)");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"min_tokens\":17}", 400, "min_tokens",
+                 "max_tokens (16)"); /* the default max_tokens */
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"min_tokens\":-1}", 400, "min_tokens",
+                 NULL);
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":5}", 400,
+                 "stop_token_ids", "an array");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":[1,-2]}", 400,
+                 "stop_token_ids", "element 1");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":[\"2\"]}", 400,
+                 "stop_token_ids", "element 0");
+    expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"include_stop_str_in_output\":1}",
+                 400, "include_stop_str_in_output", "a boolean");
+    char body[1024] = "{\"model\":\"m\",\"prompt\":\"x\",\"stop_token_ids\":[0";
+    for (int i = 1; i < 65; i++) strcat(body, ",1");
+    strcat(body, "]}");
+    expect_error(body, 400, "stop_token_ids", "at most 64");
+
+    /* chat: the same fields; without max_tokens, min_tokens is not checked against it */
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                "\"stop_token_ids\":[2],\"min_tokens\":100,\"include_stop_str_in_output\":true}");
+    assert_int_equal(r->n_stop_token_ids, 1);
+    assert_int_equal(r->min_tokens, 100);
+    assert_true(r->include_stop);
+    api_request_free(r);
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+               "\"max_completion_tokens\":3,\"min_tokens\":4}",
+               API_CHAT_CHATML, "min_tokens", "max_tokens (3)");
+}
+
 /* messages become the one prompt, in the server's format; chat's own fields map onto the
  * request (max_completion_tokens, logprobs + top_logprobs); without a max_tokens the reply
  * may use what the context leaves. */
@@ -1080,6 +1152,7 @@ int main(void) {
         cmocka_unit_test(test_chat_tool_turns),
         cmocka_unit_test(test_chat_tools_errors),
         cmocka_unit_test(test_chat_tools_review),
+        cmocka_unit_test(test_stop_extras),
         cmocka_unit_test(test_random_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
