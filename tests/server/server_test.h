@@ -131,6 +131,7 @@ typedef struct {
     char *text[MAX_CHOICES];   /* concatenated text (chat: delta content) per choice index */
     int role_deltas[MAX_CHOICES]; /* chat: deltas that named a role */
     char finish[MAX_CHOICES][16];
+    char stop_reason[MAX_CHOICES][64]; /* the finishing chunk's stop_reason as JSON text */
     int n_choices;         /* highest index seen + 1 */
     json_t *usage;         /* the usage chunk's usage, if any */
     json_t *error;         /* an error frame's error, if any */
@@ -231,6 +232,11 @@ static inline int read_stream(HttpConn *c, StreamResult *s)
             const char *f = json_string_value(json_object_get(ch, "finish_reason"));
             if (f)
                 snprintf(s->finish[idx], sizeof s->finish[idx], "%s", f);
+            json_t *why = json_object_get(ch, "stop_reason");
+            char *why_text = why ? json_dumps(why, JSON_ENCODE_ANY) : NULL;
+            if (why_text)
+                snprintf(s->stop_reason[idx], sizeof s->stop_reason[idx], "%s", why_text);
+            free(why_text);
         }
         json_decref(j);
     }

@@ -211,12 +211,25 @@ static void test_stop_string(void **state)
     json_t *j = complete(prompt, extra);
     assert_string_equal(choice_text(j, 0), want);
     assert_string_equal(choice_finish(j, 0), "stop");
+    json_t *why = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "stop_reason");
+    assert_string_equal(json_string_value(why), stop);
     json_decref(j);
+    /* include_stop_str_in_output: the text runs to the match's end */
+    char *with = strndup(text, cut + 2);
+    char extra_with[320];
+    snprintf(extra_with, sizeof extra_with, "%s,\"include_stop_str_in_output\":true", extra);
+    j = complete(prompt, extra_with);
+    assert_string_equal(choice_text(j, 0), with);
+    json_decref(j);
+    free(with);
     strcat(extra, ",\"stream\":true");
     StreamResult s;
     stream_complete(prompt, extra, &s);
     assert_string_equal(s.text[0] ? s.text[0] : "", want);
     assert_string_equal(s.finish[0], "stop");
+    char quoted[8];
+    snprintf(quoted, sizeof quoted, "\"%s\"", stop);
+    assert_string_equal(s.stop_reason[0], quoted);
     stream_result_free(&s);
     free(want);
     json_decref(full);
@@ -318,6 +331,83 @@ static void test_logit_bias(void **state)
     assert_int_equal(status, 400);
     assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "param")),
                         "logit_bias");
+    json_decref(err);
+}
+
+static json_int_t choice_stop_reason(json_t *j)
+{
+    json_t *why = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "stop_reason");
+    assert_true(json_is_integer(why));
+    return json_integer_value(why);
+}
+
+static size_t lp_count(json_t *j)
+{
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    return json_array_size(json_object_get(lp, "tokens"));
+}
+
+/* stop_token_ids, min_tokens and include_stop_str_in_output through HTTP: a token forced
+ * by logit_bias +100 and listed as a stop token ends the choice at once (stop_reason its
+ * id, its text left out unless asked for); with min_tokens 3 it is masked for three
+ * tokens (bias or not) and ends the fourth. Streamed, the finishing chunk says the same. */
+static void test_stop_token_ids(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *t = post_json(srv.port, "/tokenize", "{\"prompt\":\"apple\"}", &status);
+    json_t *ids = json_object_get(t, "tokens");
+    int x = (int)json_integer_value(json_array_get(ids, json_array_size(ids) - 1));
+    json_decref(t);
+    char fields[256];
+    const char *forced = "\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":0";
+    snprintf(fields, sizeof fields, "%s,\"logit_bias\":{\"%d\":100}", forced, x);
+    json_t *plain = complete("Numbers", fields);
+    const char *x_text = lp_token(plain, 0);
+    assert_true(strlen(x_text) > 0);
+
+    snprintf(fields, sizeof fields, "%s,\"logit_bias\":{\"%d\":100},\"stop_token_ids\":[%d]",
+             forced, x, x);
+    json_t *j = complete("Numbers", fields);
+    assert_string_equal(choice_finish(j, 0), "stop");
+    assert_int_equal(choice_stop_reason(j), x);
+    assert_string_equal(choice_text(j, 0), "");
+    assert_int_equal(usage_field(j, "completion_tokens"), 1);
+    json_decref(j);
+
+    strcat(fields, ",\"include_stop_str_in_output\":true");
+    j = complete("Numbers", fields);
+    assert_string_equal(choice_text(j, 0), x_text);
+    assert_int_equal(choice_stop_reason(j), x);
+    json_decref(j);
+
+    snprintf(fields, sizeof fields, "%s,\"logit_bias\":{\"%d\":100},\"stop_token_ids\":[%d],"
+             "\"min_tokens\":3", forced, x, x);
+    j = complete("Numbers", fields);
+    assert_string_equal(choice_finish(j, 0), "stop");
+    assert_int_equal(choice_stop_reason(j), x);
+    assert_int_equal(usage_field(j, "completion_tokens"), 4);
+    assert_int_equal(lp_count(j), 3);
+    for (size_t i = 0; i < 3; i++)
+        assert_string_not_equal(lp_token(j, i), x_text);
+    json_decref(j);
+
+    strcat(fields, ",\"stream\":true");
+    StreamResult s;
+    stream_complete("Numbers", fields, &s);
+    assert_string_equal(s.finish[0], "stop");
+    char want[32];
+    snprintf(want, sizeof want, "%d", x);
+    assert_string_equal(s.stop_reason[0], want);
+    stream_result_free(&s);
+    json_decref(plain);
+
+    json_t *err = post_json(srv.port, "/v1/completions",
+                            "{\"model\":\"random\",\"prompt\":\"x\",\"stop_token_ids\":[2000000000]}",
+                            &status);
+    assert_int_equal(status, 400);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "param")),
+                        "stop_token_ids");
     json_decref(err);
 }
 
@@ -848,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_echo),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_stop_token_ids),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
         cmocka_unit_test(test_chat_reasoning_split),
