@@ -1,6 +1,7 @@
 // openai_client.mjs — drive a running pagedserve with the official OpenAI Node client and
 // check what the client hands its users: completions (plain, streamed with usage, n = 2,
-// logprobs, logit_bias, echo, stop), chat completions (plain, streamed with n = 2 and
+// logprobs, logit_bias, echo, stop with stop_reason, vLLM's stop_token_ids / min_tokens /
+// include_stop_str_in_output), chat completions (plain, streamed with n = 2 and
 // logprobs, errors), errors mapped to the client's error classes, the model list, and
 // API keys. Run by tests/server/test_conformance.c, which starts the servers:
 //
@@ -396,12 +397,37 @@ await runCase("completions.create: stop", async () => {
     const r = await client.completions.create({ ...GREEDY, stop: form });
     checkEqual(r.choices[0].text, want, `stop ${show(form)}: text ends before the stop string`);
     checkEqual(r.choices[0].finish_reason, "stop", `stop ${show(form)}: finish_reason`);
+    checkEqual(r.choices[0].stop_reason, stop, `stop ${show(form)}: stop_reason (vLLM's)`);
     check(r.usage.completion_tokens <= greedy.usage.completion_tokens,
           `stop ${show(form)}: fewer tokens`, r.usage);
     const s = await collectStream({ ...GREEDY, stop: form }, `stop ${show(form)} stream`);
     checkEqual(s.text[0], want, `stop ${show(form)} stream: text`);
     checkEqual(s.finish[0], "stop", `stop ${show(form)} stream: finish_reason`);
   }
+});
+
+// vLLM's extensions, sent through the client as extra body fields: a token forced by
+// logit_bias and listed in stop_token_ids ends the choice (stop_reason its id); min_tokens
+// holds it off for that many tokens; include_stop_str_in_output keeps its text.
+await runCase("completions.create: stop_token_ids, min_tokens, include_stop_str_in_output", async () => {
+  const r0 = await fetch(`${ROOT}/tokenize`, { method: "POST",
+                                               body: JSON.stringify({ prompt: "apple" }) });
+  const ids = (await r0.json()).tokens;
+  const id = ids[ids.length - 1];
+  const P = { ...GREEDY, max_tokens: 8, logprobs: 0, logit_bias: { [id]: 100 },
+              stop_token_ids: [id] };
+  const r = await client.completions.create(P);
+  checkEqual([r.choices[0].text, r.choices[0].finish_reason, r.choices[0].stop_reason],
+             ["", "stop", id], "stop_token_ids: text, finish_reason, stop_reason");
+  const m = await client.completions.create({ ...P, min_tokens: 3 });
+  checkEqual(m.usage.completion_tokens, 4, "min_tokens 3: the stop token is the fourth");
+  checkEqual(m.choices[0].stop_reason, id, "min_tokens 3: stop_reason");
+  const kept = await client.completions.create({ ...P, include_stop_str_in_output: true });
+  const forced = await client.completions.create({ ...P, stop_token_ids: [], max_tokens: 1 });
+  checkEqual(kept.choices[0].text, forced.choices[0].text,
+             "include_stop_str_in_output: the stop token's text is kept");
+  const s = await collectStream({ ...P, min_tokens: 3 }, "stop_token_ids stream");
+  checkEqual(s.finish[0], "stop", "stop_token_ids stream: finish_reason");
 });
 
 // ---- chat (the server runs with --chat-template chatml) --------------------------------------
