@@ -40,6 +40,11 @@ static int check_config(const EngineConfig *c, char *err, size_t err_len)
                        c->max_prefill_chunk, ENGINE_PREFILL_CHUNK_AUTO);
         return -1;
     }
+    if (c->spec_ngram < 0 || c->spec_ngram > ENGINE_SPEC_MAX) {
+        engine_set_err(err, err_len, "spec_ngram %d is out of range [0, %d]", c->spec_ngram,
+                       ENGINE_SPEC_MAX);
+        return -1;
+    }
     if (c->max_seqs < 1 || c->max_batch_tokens < 1 || c->max_queue < 0) {
         engine_set_err(err, err_len, "max_seqs (%d) and max_batch_tokens (%d) must be >= 1, "
                 "max_queue (%d) >= 0 (0 refuses every request)",

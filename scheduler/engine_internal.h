@@ -98,6 +98,7 @@ typedef struct {
     Seq *seq;
     int32_t n_rows;
     ModelLogits logits;
+    int32_t n_draft;       /* a decode's guessed tokens among its rows (engine_spec.c) */
 } ScheduledSeq;
 
 struct Engine {
@@ -137,6 +138,7 @@ struct Engine {
     EventQueue step_events; /* produced by this step, published at its end */
     EngineCalibration calibration; /* set at creation, read-only after */
     int64_t prompt_tokens, generation_tokens, hit_tokens, query_tokens, preemptions, steps;
+    int64_t spec_drafted, spec_accepted;
     EngineStepHistogram step_seconds, step_rows; /* steps that computed rows */
     int64_t finished[FINISH_ERROR + 1];
 
@@ -218,6 +220,13 @@ bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS 
  * a stop string in s's held text, its index and where the output ends (before it, or
  * after it with include_stop). */
 bool seq_may_stop(const Seq *s);
+/* Sample s's next token from its raw logits row and apply every stop condition; true when
+ * that ended s (s is then freed). */
+bool seq_sample(Engine *e, Seq *s, const float *raw);
+/* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens];
+ * after the forward pass, the check of x's guesses against its logits rows. */
+int32_t engine_spec_propose(Seq *s, int32_t max);
+void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows);
 bool seq_stop_find(const Seq *s, int *which, size_t *end);
 void engine_process_outputs(Engine *e, const float *logits);
 

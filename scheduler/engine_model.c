@@ -18,6 +18,7 @@ void engine_config_default(EngineConfig *c)
     c->prefix_cache = true;
     c->threads = 0;
     c->batch_invariant = false;
+    c->spec_ngram = 0;
 }
 
 typedef struct {

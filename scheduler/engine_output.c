@@ -147,8 +147,7 @@ static void mask_ends(const Engine *e, const Request *r, float *logits)
         logits[e->eog_ids[i]] = -INFINITY;
 }
 
-/* Sample s's next token from its raw logits row and apply every stop condition. */
-static void seq_sample(Engine *e, Seq *s, const float *raw)
+bool seq_sample(Engine *e, Seq *s, const float *raw)
 {
     Request *r = s->req;
     int32_t token;
@@ -161,7 +160,7 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
             mask_ends(e, r, e->scratch_logits);
         if (r->json_schema && engine_json_mask(e, s, e->scratch_logits) == 0) {
             seq_finish(e, s, FINISH_LENGTH, NULL); /* no token continues the JSON: a dead end */
-            return;
+            return true;
         }
         token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
                                s->tokens + r->n_prompt, s->n_generated);
@@ -173,13 +172,13 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
     bool may_stop = seq_may_stop(s);
     if (may_stop && !r->ignore_eos && engine_is_eog(e, token)) {
         seq_finish(e, s, FINISH_STOP, NULL);
-        return;
+        return true;
     }
     if (may_stop && is_stop_token(r, token)) {
         s->stop_token = token;
         if (!r->include_stop) {
             seq_finish(e, s, FINISH_STOP, NULL);
-            return;
+            return true;
         }
     }
     EngineEvent *ev = event_new(e, r, EVENT_TOKEN, s->choice);
@@ -189,10 +188,14 @@ static void seq_sample(Engine *e, Seq *s, const float *raw)
     if (output_text(e, s, ev)) {
         s->stop_token = -1; /* the stop string cut the text: it is the reason */
         seq_finish(e, s, FINISH_STOP, NULL);
-    } else if (json_done || s->stop_token >= 0)
+    } else if (json_done || s->stop_token >= 0) {
         seq_finish(e, s, FINISH_STOP, NULL);
-    else if (s->n_generated >= r->max_tokens || s->n_tokens >= e->ops.ctx_len)
+    } else if (s->n_generated >= r->max_tokens || s->n_tokens >= e->ops.ctx_len) {
         seq_finish(e, s, FINISH_LENGTH, NULL);
+    } else {
+        return false;
+    }
+    return true;
 }
 
 /* A new choice sharing every block (and so every K/V position) of the prompt's Seq. */
@@ -249,6 +252,10 @@ void engine_process_outputs(Engine *e, const float *logits)
                                                                 : 0;
         const float *rows = logits + row * row_floats;
         row += (size_t)n_logit_rows;
+        if (x->n_draft > 0) {
+            engine_spec_verify(e, x, rows);
+            continue;
+        }
         s->n_computed += x->n_rows;
         prefix_publish_full_blocks(e, s);
         if (x->logits == MODEL_LOGITS_ALL)

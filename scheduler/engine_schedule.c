@@ -50,6 +50,7 @@ static void schedule_rows(Engine *e, Seq *s, int32_t n_rows)
     x->seq = s;
     x->n_rows = n_rows;
     x->logits = chunk_logits(s, n_rows);
+    x->n_draft = 0;
     s->sched_mark = step_mark(e);
 }
 
@@ -397,6 +398,39 @@ static void pass_admissions(Engine *e, int32_t budget)
     }
 }
 
+/* Rows the step has left once everything real is placed. */
+static int32_t rows_left(const Engine *e)
+{
+    int32_t rows = e->cfg.max_batch_tokens;
+    for (int32_t k = 0; k < e->n_sched; k++)
+        rows -= e->sched[k].n_rows;
+    return rows;
+}
+
+/* --speculative-ngram: each decode of the step may carry guesses of its next tokens
+ * (engine_spec.c), in the rows and free blocks nothing else took (above the watermark),
+ * never more than it may still generate past the token the decode gives anyway. */
+static void pass_guesses(Engine *e)
+{
+    int32_t budget = rows_left(e);
+    for (int32_t k = 0; k < e->n_sched && budget > 0; k++) {
+        ScheduledSeq *x = &e->sched[k];
+        Seq *s = x->seq;
+        if (x->n_rows != 1 || !s->req->forked || !is_decode(s))
+            continue;
+        int32_t room = min_i32(min_i32(e->cfg.spec_ngram, budget), output_left(e, s) - 1);
+        int32_t n = room > 0 ? engine_spec_propose(s, room) : 0;
+        n = n > 0 ? append_fitting(e, s, n, block_pool_available(e->pool) - e->watermark) : 0;
+        if (n == 0)
+            continue;
+        s->n_tokens += n;
+        x->n_rows += n;
+        x->n_draft = n;
+        x->logits = MODEL_LOGITS_ALL;
+        budget -= n;
+    }
+}
+
 void engine_schedule(Engine *e)
 {
     e->n_sched = 0;
@@ -412,4 +446,6 @@ void engine_schedule(Engine *e)
      * running sequences are about to need. */
     if (!prefill_blocked)
         pass_admissions(e, budget);
+    if (e->cfg.spec_ngram > 0)
+        pass_guesses(e);
 }

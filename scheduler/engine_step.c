@@ -15,11 +15,11 @@ double engine_now(void)
 }
 
 /* Upper bound on the events one step can produce: each open choice finishes at most once
- * and samples at most one token; prompt rows give at most one PROMPT event each, plus
- * position 0 of each scheduled prompt. */
+ * and samples at most one token, or one a row with guessed tokens; prompt rows give at most
+ * one PROMPT event each, plus position 0 of each scheduled prompt. */
 static int32_t step_event_bound(const Engine *e, int32_t open_choices)
 {
-    int64_t bound = 2 * (int64_t)open_choices + 2 * (int64_t)e->cfg.max_batch_tokens + 16;
+    int64_t bound = 2 * (int64_t)open_choices + 3 * (int64_t)e->cfg.max_batch_tokens + 16;
     return bound > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)bound;
 }
 
@@ -177,6 +177,8 @@ static void snapshot_stats(Engine *e, EngineStats *st)
     st->prefix_cache_hit_tokens = e->hit_tokens;
     st->prefix_cache_queries = e->query_tokens;
     st->preemptions = e->preemptions;
+    st->spec_draft_tokens = e->spec_drafted;
+    st->spec_accepted_tokens = e->spec_accepted;
     st->steps = e->steps;
     st->step_seconds = e->step_seconds;
     st->step_rows = e->step_rows;

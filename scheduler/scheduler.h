@@ -39,7 +39,12 @@ typedef struct {
     bool batch_invariant;     /* --batch-invariant: a sequence's logits the same bits whatever
                                * it is batched with, chunked or preempted into (see
                                * model_runner_set_batch_invariant) */
+    int spec_ngram;           /* --speculative-ngram: tokens a decode may guess ahead from
+                               * its own text, checked in the same step (0: off; at most
+                               * ENGINE_SPEC_MAX). See engine_spec.c */
 } EngineConfig;
+
+#define ENGINE_SPEC_MAX 16
 
 void engine_config_default(EngineConfig *c);
 
@@ -178,6 +183,8 @@ typedef struct {
     /* counters since start */
     int64_t prompt_tokens, generation_tokens, prefix_cache_hit_tokens, prefix_cache_queries;
     int64_t preemptions, steps, requests_finished[FINISH_ERROR + 1];
+    int64_t spec_draft_tokens;     /* tokens guessed by --speculative-ngram and checked */
+    int64_t spec_accepted_tokens;  /* of them, those the model drew too (given out free) */
     EngineStepHistogram step_seconds; /* wall time of each step that computed rows, from
                                        * scheduling to its sampled outputs (not the
                                        * inbox before it nor publishing after) */

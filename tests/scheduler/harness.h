@@ -262,8 +262,8 @@ static inline void h_prompt(int32_t *p, int n, int32_t tag, uint64_t salt)
         p[i] = 1 + (int32_t)(fake_mix(salt * 1000 + (uint64_t)i) % 63);
 }
 
-static inline Engine *h_engine(FakeModel *f, int block_size, int n_blocks, int max_seqs,
-                               int max_batch_tokens, bool prefix_cache)
+static inline EngineConfig h_config(int block_size, int n_blocks, int max_seqs,
+                                    int max_batch_tokens, bool prefix_cache)
 {
     EngineConfig cfg;
     engine_config_default(&cfg);
@@ -274,11 +274,24 @@ static inline Engine *h_engine(FakeModel *f, int block_size, int n_blocks, int m
     cfg.max_batch_tokens = max_batch_tokens;
     cfg.max_queue = 100000;
     cfg.prefix_cache = prefix_cache;
+    return cfg;
+}
+
+static inline Engine *h_engine_with(FakeModel *f, const EngineConfig *cfg)
+{
     EngineModelOps ops = fake_ops(f);
     Engine *e = NULL;
     char err[256];
-    if (engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err) != 0)
+    if (engine_create_with_ops(&ops, cfg, NULL, NULL, &e, err, sizeof err) != 0)
         fail_msg("engine_create_with_ops: %s", err);
+    return e;
+}
+
+static inline Engine *h_engine(FakeModel *f, int block_size, int n_blocks, int max_seqs,
+                               int max_batch_tokens, bool prefix_cache)
+{
+    EngineConfig cfg = h_config(block_size, n_blocks, max_seqs, max_batch_tokens, prefix_cache);
+    Engine *e = h_engine_with(f, &cfg);
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.blocks_total, n_blocks);

@@ -1,0 +1,71 @@
+/* engine_spec — speculative decoding by prompt lookup (--speculative-ngram N).
+ *
+ * Why: a decode step reads every weight once whatever its row count, so at small batches
+ * (memory-bound on a CPU) checking a few guessed tokens costs little more than computing
+ * one. The guesses come from the sequence itself: the tokens that followed the latest
+ * earlier occurrence of its last SPEC_NGRAM_MAX .. SPEC_NGRAM_MIN tokens. Text that
+ * repeats or quotes its prompt (code edits, summaries, extraction, lists) continues as it
+ * did before, and each right guess is a token given out without a step of its own.
+ *
+ * The scheduler gives guesses only rows and free blocks left over once every decode,
+ * prompt chunk and admission of the step is placed (engine_schedule.c), so they never
+ * preempt or delay anyone. The check samples each row in turn exactly as a plain decode
+ * would (same sampler, penalties, masks, RNG draws) and stops at the first token that is
+ * not the guess: every token given out is drawn from the model's distribution given the
+ * real tokens before it, so the output is plain decoding's, greedy or sampled (up to the
+ * last bits of the logits, which a different batch shape may move, as any batching does).
+ * The K/V written for wrong guesses lies past the sequence's length and is dropped.
+ */
+#include <string.h>
+
+#include "scheduler/engine_internal.h"
+
+#define SPEC_NGRAM_MAX 4
+#define SPEC_NGRAM_MIN 2
+
+/* Where the latest earlier occurrence of the last `len` tokens ends, or -1. */
+static int32_t ngram_match_end(const int32_t *t, int32_t n, int32_t len)
+{
+    const int32_t *tail = t + n - len;
+    for (int32_t start = n - len - 1; start >= 0; start--)
+        if (memcmp(t + start, tail, (size_t)len * sizeof *t) == 0)
+            return start + len;
+    return -1;
+}
+
+int32_t engine_spec_propose(Seq *s, int32_t max)
+{
+    int32_t *t = s->tokens, n = s->n_tokens;
+    for (int32_t len = SPEC_NGRAM_MAX; len >= SPEC_NGRAM_MIN && max > 0; len--) {
+        if (n <= len)
+            continue;
+        int32_t end = ngram_match_end(t, n, len);
+        if (end < 0)
+            continue;
+        int32_t k = n - end < max ? n - end : max;
+        memcpy(t + n, t + end, (size_t)k * sizeof *t);
+        return k;
+    }
+    return 0;
+}
+
+void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows)
+{
+    Seq *s = x->seq;
+    int32_t n_draft = x->n_draft, guess[ENGINE_SPEC_MAX];
+    s->n_tokens -= n_draft;
+    memcpy(guess, s->tokens + s->n_tokens, (size_t)n_draft * sizeof *guess);
+    s->n_computed = s->n_tokens; /* the last real token's row */
+    e->spec_drafted += n_draft;
+    size_t row_floats = (size_t)e->ops.n_vocab;
+    for (int32_t i = 0; i <= n_draft; i++) {
+        if (seq_sample(e, s, rows + (size_t)i * row_floats))
+            return; /* it ended (and is gone), its blocks with it */
+        if (i == n_draft || s->tokens[s->n_tokens - 1] != guess[i])
+            break;
+        s->n_computed++; /* drawn as guessed: its K/V, computed this step, stands */
+        e->spec_accepted++;
+    }
+    block_table_truncate(&s->table, e->pool, s->n_computed);
+    prefix_publish_full_blocks(e, s);
+}

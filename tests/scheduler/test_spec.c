@@ -1,0 +1,214 @@
+/* Speculative decoding by prompt lookup (--speculative-ngram): the output is plain
+ * decoding's, greedy (the naive reference) and sampled (an engine without guesses), under
+ * stops, forks, the prefix cache and preemption; right guesses save steps; wrong ones
+ * leave no trace in the KV cache (the fake model reads every position back through the
+ * block tables, so a stale guess would change its logits). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "tests/scheduler/harness.h"
+
+/* An engine over f guessing up to `guesses` tokens (0: off). */
+static Engine *spec_engine(FakeModel *f, int guesses, int n_blocks, int max_seqs)
+{
+    EngineConfig cfg = h_config(4, n_blocks, max_seqs, 64, true);
+    cfg.spec_ngram = guesses;
+    return h_engine_with(f, &cfg);
+}
+
+/* Text that repeats: a b c d e a b c d e ... */
+static void make_cycle(FakeModel *f)
+{
+    for (int32_t v = 1; v <= 5; v++)
+        f->succ[v] = v == 5 ? 1 : v + 1;
+}
+
+static HChoice *run_one(Harness *h, Engine *e, FakeModel *f, EngineRequest *q, int *steps)
+{
+    uint64_t id = h_submit(e, q);
+    int n = h_run(h, e, f, 500);
+    if (steps)
+        *steps = n;
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->finished, 1);
+    assert_int_equal(c->after_finish, 0);
+    return c;
+}
+
+/* Greedy over repeating text: the reference's tokens in far fewer steps, most guesses
+ * right; every block back at the end. */
+static void test_greedy_cycle(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    Engine *e = spec_engine(f, 4, 64, 8);
+    Harness h = {0};
+    static const int32_t prompt[] = {40, 1, 2, 3, 4, 5};
+    EngineRequest q = h_request(prompt, 6, 40);
+    int steps;
+    HChoice *c = run_one(&h, e, f, &q, &steps);
+    int32_t want[40];
+    assert_int_equal(h_reference(f, prompt, 6, 40, 0, want), 40);
+    assert_int_equal(c->n_tokens, 40);
+    assert_memory_equal(c->tokens, want, sizeof want);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->completion_tokens, 40);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.spec_draft_tokens >= 30);
+    assert_int_equal(st.spec_accepted_tokens, st.spec_draft_tokens); /* the cycle never lies */
+    assert_true(steps <= 40 / 5 + 4); /* 1 prompt step, then up to 5 tokens a step */
+    assert_int_equal(st.generation_tokens, 40);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
+/* Text that never repeats the way it did (a hash of the whole history): guesses from
+ * chance n-gram matches are mostly wrong, and the output is still the reference's. */
+static void test_wrong_guesses_leave_no_trace(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_HASH);
+    Engine *e = spec_engine(f, 6, 64, 8);
+    Harness h = {0};
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++)
+        prompt[i] = 1 + i % 3; /* a b c a b c ...: the first guesses are sure to be made */
+    prompt[0] = 41;
+    EngineRequest q = h_request(prompt, 24, 60);
+    q.ignore_eos = true;
+    HChoice *c = run_one(&h, e, f, &q, NULL);
+    int32_t want[60];
+    assert_int_equal(h_reference(f, prompt, 24, 60, 1, want), 60);
+    assert_int_equal(c->n_tokens, 60);
+    assert_memory_equal(c->tokens, want, sizeof want);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.spec_draft_tokens > 0);
+    assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
+/* Requests run on an engine with guesses and on one without: every choice the same tokens,
+ * logprobs, finish reason and text. Sampled, several choices, a small pool (preemption),
+ * stop strings and max_tokens ending inside a run of right guesses. */
+static void test_same_as_plain_decoding(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    f->succ[7] = 8; /* another loop: g h i g h i ... */
+    f->succ[8] = 9;
+    f->succ[9] = 7;
+    f->noise = 4.5f; /* sampled choices wander off the loops now and then */
+    static const char *letters[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i"};
+    for (int i = 0; i < 9; i++)
+        f->pieces[1 + i] = letters[i];
+    Engine *engines[2] = {spec_engine(f, 5, 24, 6), spec_engine(f, 0, 24, 6)};
+    Harness h[2];
+    memset(h, 0, sizeof h);
+    uint64_t ids[2][12];
+    const char *stops[] = {"eab"};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 12; i++) {
+            int32_t prompt[8] = {42 + i, 1, 2, 3, 4, 5, 7, 8};
+            EngineRequest q = h_request(prompt, 8, 20 + i);
+            q.n = 1 + i % 3;
+            q.sampling.temperature = i % 4 == 0 ? 0.0f : 0.8f;
+            q.seed = (uint64_t)i;
+            q.logprobs = i % 2 ? 2 : -1;
+            q.stop = stops;
+            q.n_stop = i % 5 == 1;
+            ids[k][i] = h_submit(engines[k], &q);
+        }
+        h_run(&h[k], engines[k], f, 2000);
+    }
+    for (int i = 0; i < 12; i++) {
+        for (int c = 0; c < 1 + i % 3; c++) {
+            const HChoice *a = &h_req(&h[0], ids[0][i])->ch[c];
+            const HChoice *b = &h_req(&h[1], ids[1][i])->ch[c];
+            assert_int_equal(a->finished, 1);
+            assert_int_equal(b->finished, 1);
+            assert_int_equal(a->n_tokens, b->n_tokens);
+            assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof a->tokens[0]);
+            assert_memory_equal(a->logprob, b->logprob, (size_t)a->n_tokens * sizeof a->logprob[0]);
+            assert_int_equal(a->reason, b->reason);
+            assert_int_equal(a->completion_tokens, b->completion_tokens);
+            assert_string_equal(a->text, b->text);
+        }
+    }
+    EngineStats st;
+    engine_stats(engines[0], &st);
+    assert_true(st.spec_accepted_tokens > 0);
+    assert_true(st.preemptions > 0); /* the pool was tight: guesses met preemption */
+    for (int k = 0; k < 2; k++) {
+        h_assert_pool_idle(engines[k]);
+        engine_destroy(engines[k]);
+        h_free(&h[k]);
+    }
+    h_fake_free(f);
+}
+
+/* Guesses take only what is left: with every row of the step taken by decodes there is
+ * no room for one, and none is made. */
+static void test_guesses_use_spare_rows_only(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    EngineConfig cfg = h_config(4, 64, 4, 4, true); /* 4 rows a step, 4 sequences */
+    cfg.spec_ngram = 4;
+    Engine *e = h_engine_with(f, &cfg);
+    Harness h = {0};
+    for (int i = 0; i < 4; i++) {
+        int32_t prompt[2] = {43 + i, 1};
+        EngineRequest q = h_request(prompt, 2, 30);
+        h_submit(e, &q);
+    }
+    h_run(&h, e, f, 500);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(f->max_rows_in_call <= 4);
+    assert_int_equal(st.generation_tokens, 4 * 30);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
+static void test_config_checked(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    EngineConfig cfg = h_config(4, 16, 4, 64, true);
+    EngineModelOps ops = fake_ops(f);
+    Engine *e = NULL;
+    char err[128];
+    cfg.spec_ngram = ENGINE_SPEC_MAX + 1;
+    assert_int_equal(engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err), -1);
+    assert_non_null(strstr(err, "spec_ngram"));
+    cfg.spec_ngram = -1;
+    assert_int_equal(engine_create_with_ops(&ops, &cfg, NULL, NULL, &e, err, sizeof err), -1);
+    h_fake_free(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_cycle),
+        cmocka_unit_test(test_wrong_guesses_leave_no_trace),
+        cmocka_unit_test(test_same_as_plain_decoding),
+        cmocka_unit_test(test_guesses_use_spare_rows_only),
+        cmocka_unit_test(test_config_checked),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
