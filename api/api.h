@@ -421,6 +421,8 @@ void api_metrics_count_http(ApiMetrics *m, int status);
  * pagedserve_prefix_cache_hits_total              vllm:prefix_cache_hits_total
  * pagedserve_prefix_cache_queries_total           vllm:prefix_cache_queries_total
  * pagedserve_engine_steps_total                   (no counterpart)
+ * pagedserve_spec_decode_num_draft_tokens_total   vllm:spec_decode_num_draft_tokens_total
+ * pagedserve_spec_decode_num_accepted_tokens_total vllm:spec_decode_num_accepted_tokens_total
  * pagedserve_engine_step_tokens                   ~ vllm:iteration_tokens_total (v1 counts a
  *                                                 prompt whole, at the step ending its prefill;
  *                                                 here each chunk's rows, when computed)

@@ -171,6 +171,12 @@ static void engine_metrics(Out *o, const EngineStats *s) {
             "Prompt tokens looked up in the prefix cache since start.",
             (double)s->prefix_cache_queries);
     counter(o, "pagedserve_engine_steps_total", "Engine steps run since start.", (double)s->steps);
+    counter(o, "pagedserve_spec_decode_num_draft_tokens_total",
+            "Tokens guessed by --speculative-ngram and checked since start.",
+            (double)s->spec_draft_tokens);
+    counter(o, "pagedserve_spec_decode_num_accepted_tokens_total",
+            "Guessed tokens the model drew too (given out without a step of their own).",
+            (double)s->spec_accepted_tokens);
     step_histogram(o, "pagedserve_engine_step_seconds",
                    "Seconds each engine step that computed tokens took: scheduling, the "
                    "forward pass, sampling.", &s->step_seconds);

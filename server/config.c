@@ -70,6 +70,10 @@ static const Flag flags[] = {
     {"batch-invariant", 0, FLAG_BOOL, FIELD(engine.batch_invariant), 0, 0, NULL, "off",
      "a request's tokens the same bits whatever runs beside it (slower prompts and "
      "shared-prefix decodes)"},
+    {"speculative-ngram", 0, FLAG_INT, FIELD(engine.spec_ngram), 0, ENGINE_SPEC_MAX, "N", "0",
+     "a decode may guess up to N next tokens from its own text (prompt lookup) and check "
+     "them in the same step, in rows and blocks nothing else uses: faster on text that "
+     "repeats its prompt, output unchanged (0: off)"},
     {"api-key", 0, FLAG_SPECIAL, 0, 0, 0, "KEY", "none",
      "require 'Authorization: Bearer KEY' (see /health, /ready, /metrics)"},
     {"api-key-file", 0, FLAG_SPECIAL, 0, 0, 0, "PATH", "none",

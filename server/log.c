@@ -224,7 +224,9 @@ void server_log_startup(const Server *s, double load_s)
     int full_ctx_seqs = blocks_per_seq > 0 ? st.blocks_total / blocks_per_seq : 0;
     EngineCalibration cal;
     engine_calibration(s->engine, &cal);
-    char model_msg[1024], kv_msg[512], chunk_msg[256];
+    char model_msg[1024], kv_msg[512], chunk_msg[256], spec_text[64] = "";
+    if (e->spec_ngram > 0)
+        snprintf(spec_text, sizeof spec_text, "; speculative-ngram %d", e->spec_ngram);
     snprintf(model_msg, sizeof model_msg,
              "model %s (\"%s\") loaded in %.2f s: dim %d, %d layers, %d heads (%d KV), "
              "head_dim %d, ffn %d, vocab %d, context %d; weights %s on disk, %.1f MiB in memory "
@@ -235,10 +237,10 @@ void server_log_startup(const Server *s, double load_s)
     snprintf(kv_msg, sizeof kv_msg,
              "KV cache: %d blocks of %d tokens = %lld tokens (%zu MiB, %s), %d sequences of "
              "full context at once; max %d sequences, %d tokens per step, queue %d, prefix "
-             "cache %s; %d threads%s", st.blocks_total, e->block_size, kv_tokens,
+             "cache %s; %d threads%s%s", st.blocks_total, e->block_size, kv_tokens,
              e->kv_cache_bytes >> 20, kv_dtype, full_ctx_seqs, e->max_seqs, e->max_batch_tokens,
              e->max_queue, e->prefix_cache ? "on" : "off", s->cfg->threads,
-             e->batch_invariant ? "; batch-invariant" : "");
+             e->batch_invariant ? "; batch-invariant" : "", spec_text);
     prefill_chunk_text(e, &cal, chunk_msg, sizeof chunk_msg);
     if (log_format == LOG_FORMAT_TEXT) {
         server_log(LOG_INFO, "%s", model_msg);
@@ -278,6 +280,7 @@ void server_log_startup(const Server *s, double load_s)
         json_object_set_new(f, "prefix_cache", json_boolean(e->prefix_cache));
         json_object_set_new(f, "threads", json_integer(s->cfg->threads));
         json_object_set_new(f, "batch_invariant", json_boolean(e->batch_invariant));
+        json_object_set_new(f, "speculative_ngram", json_integer(e->spec_ngram));
         bool automatic = e->max_prefill_chunk == ENGINE_PREFILL_CHUNK_AUTO;
         json_object_set_new(f, "max_prefill_chunk",
                             json_integer(automatic ? cal.chunk : e->max_prefill_chunk));

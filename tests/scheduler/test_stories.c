@@ -105,10 +105,12 @@ static int json_string(const char *key, char *out, size_t cap)
     return (int)n;
 }
 
-static Engine *real_engine(int max_batch_tokens, size_t kv_bytes, bool prefix_cache)
+static Engine *real_engine(int max_batch_tokens, size_t kv_bytes, bool prefix_cache,
+                           int spec_ngram)
 {
     EngineConfig cfg;
     engine_config_default(&cfg);
+    cfg.spec_ngram = spec_ngram;
     cfg.max_batch_tokens = max_batch_tokens;
     cfg.kv_cache_bytes = kv_bytes;
     cfg.max_seqs = 16;
@@ -128,7 +130,7 @@ static void test_reference_continuation(void **state)
     int n_prompt = json_ints("prompt_token_ids", prompt, 16);
     int n_expected = json_ints("completion_token_ids", expected, 128);
     assert_true(n_prompt > 0 && n_expected > 0);
-    Engine *e = real_engine(512, (size_t)8 << 20, true);
+    Engine *e = real_engine(512, (size_t)8 << 20, true, 0);
     Harness *h = calloc(1, sizeof *h);
     EngineRequest q = h_request(prompt, n_prompt, n_expected);
     uint64_t id = h_submit(e, &q);
@@ -173,12 +175,10 @@ static int encode(const char *text, int32_t *out, int max)
     return n;
 }
 
-/* Greedy outputs do not depend on what else is in the batch, on chunking or on
- * preemption: sixteen prompts together equal each alone. */
-static void test_batch_invariance(void **state)
+/* Sixteen prompts, each alone (without guesses), then together on an engine guessing
+ * spec_ngram tokens: the same greedy tokens and text. Its stats in *st. */
+static void check_together_equals_alone(int spec_ngram, EngineStats *st)
 {
-    (void)state;
-    need_model();
     enum { N = 16, NEW = 40 };
     static int32_t prompts[N][64];
     int n_prompt[N];
@@ -187,7 +187,7 @@ static void test_batch_invariance(void **state)
 
     Harness *alone = calloc(1, sizeof *alone);
     uint64_t ids_alone[N];
-    Engine *e = real_engine(512, (size_t)8 << 20, false);
+    Engine *e = real_engine(512, (size_t)8 << 20, false, 0);
     for (int i = 0; i < N; i++) {
         EngineRequest q = h_request(prompts[i], n_prompt[i], NEW);
         ids_alone[i] = h_submit(e, &q);
@@ -200,15 +200,14 @@ static void test_batch_invariance(void **state)
     Harness *together = calloc(1, sizeof *together);
     uint64_t ids_together[N];
     KvLayout layout = model_kv_layout(model, 16, KV_DTYPE_F16);
-    e = real_engine(24, kv_layout_block_bytes(&layout) * 40, true);
+    e = real_engine(24, kv_layout_block_bytes(&layout) * 40, true, spec_ngram);
     for (int i = 0; i < N; i++) {
         EngineRequest q = h_request(prompts[i], n_prompt[i], NEW);
         ids_together[i] = h_submit(e, &q);
     }
     h_run(together, e, NULL, 10000);
-    EngineStats st;
-    engine_stats(e, &st);
-    assert_true(st.preemptions > 0);
+    engine_stats(e, st);
+    assert_true(st->preemptions > 0);
     h_assert_pool_idle(e);
     engine_destroy(e);
 
@@ -221,12 +220,58 @@ static void test_batch_invariance(void **state)
         assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t));
         assert_string_equal(a->text, b->text);
     }
-    printf("batch invariance: 16 prompts, %lld preemptions in the batched run\n",
-           (long long)st.preemptions);
     h_free(alone);
     h_free(together);
     free(alone);
     free(together);
+}
+
+/* Greedy outputs do not depend on what else is in the batch, on chunking or on
+ * preemption: sixteen prompts together equal each alone. */
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    need_model();
+    EngineStats st;
+    check_together_equals_alone(0, &st);
+    printf("batch invariance: 16 prompts, %lld preemptions in the batched run\n",
+           (long long)st.preemptions);
+}
+
+/* Speculative decoding on the real model: the reference continuation, and the sixteen
+ * prompts batched (chunked prefill, preemption) while guessing equal each alone without;
+ * the model's repetitive stories make many guesses right. */
+static void test_speculative_ngram(void **state)
+{
+    (void)state;
+    need_model();
+    int32_t prompt[16], expected[128];
+    int n_prompt = json_ints("prompt_token_ids", prompt, 16);
+    int n_expected = json_ints("completion_token_ids", expected, 128);
+    assert_true(n_prompt > 0 && n_expected > 0);
+    Engine *e = real_engine(512, (size_t)8 << 20, true, 4);
+    Harness *h = calloc(1, sizeof *h);
+    EngineRequest q = h_request(prompt, n_prompt, n_expected);
+    uint64_t id = h_submit(e, &q);
+    int steps = h_run(h, e, NULL, 1000);
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->n_tokens, n_expected);
+    assert_memory_equal(c->tokens, expected, (size_t)n_expected * sizeof(int32_t));
+    EngineStats st;
+    engine_stats(e, &st);
+    printf("speculative: the reference's %d tokens in %d steps, %lld of %lld guesses right\n",
+           n_expected, steps, (long long)st.spec_accepted_tokens,
+           (long long)st.spec_draft_tokens);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+
+    check_together_equals_alone(4, &st);
+    assert_true(st.spec_accepted_tokens > 0);
+    printf("speculative, batched: %lld of %lld guesses right, %lld preemptions\n",
+           (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens,
+           (long long)st.preemptions);
 }
 
 /* A stop string through the real detokenizer, and echo-style prompt logprobs whose texts
@@ -244,7 +289,7 @@ static void test_stop_string_and_prompt_text(void **state)
     assert_non_null(cut);
     *cut = '\0';
 
-    Engine *e = real_engine(512, (size_t)8 << 20, true);
+    Engine *e = real_engine(512, (size_t)8 << 20, true, 0);
     Harness *h = calloc(1, sizeof *h);
     const char *stops[] = {"Lily", "dragon"};
     EngineRequest q = h_request(prompt, n_prompt, 64);
@@ -276,6 +321,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_continuation),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_speculative_ngram),
         cmocka_unit_test(test_stop_string_and_prompt_text),
     };
     return cmocka_run_group_tests(tests, load_model, free_model);
