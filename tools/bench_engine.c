@@ -2,13 +2,14 @@
  *
  *   bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] [--gen 64] [--prefix 512]
  *                [--threads N] [--kv-cache-mb 1024] [--weight-type auto|f32|f16|bf16|int8|q4]
- *                [--kv-dtype f16|f32|q8] [--batch-invariant 0|1]
+ *                [--kv-dtype f16|f32|q8] [--batch-invariant 0|1] [--spec-ngram N]
  *
  * Decode: `seqs` requests of `prompt` random tokens each, `gen` new tokens, ignore_eos;
  * reports aggregate decode tokens/s over the steps after every prompt is in (prefill is
  * timed apart). Prefix: one request with a `prefix`-token prompt plus 16 own tokens, then a
  * second with the same prefix, with the prefix cache on and off: the second one's time is
- * the prefill a cache hit saves.
+ * the prefill a cache hit saves. --spec-ngram N: decodes guess up to N tokens ahead
+ * (--speculative-ngram); the decode line then says how many guesses were right.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@ typedef struct {
     const char *model_path;
     int seqs[8];
     int n_levels;
-    int prompt, gen, prefix, threads;
+    int prompt, gen, prefix, threads, spec_ngram;
     size_t kv_mb;
     KvDtype kv_dtype;
     ModelWeightType weight_type;
@@ -52,6 +53,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         else if (!strcmp(argv[i], "--threads")) a->threads = atoi(v);
         else if (!strcmp(argv[i], "--kv-cache-mb")) a->kv_mb = (size_t)atol(v);
         else if (!strcmp(argv[i], "--batch-invariant")) a->batch_invariant = atoi(v) != 0;
+        else if (!strcmp(argv[i], "--spec-ngram")) a->spec_ngram = atoi(v);
         else if (!strcmp(argv[i], "--kv-dtype")) {
             if (kv_dtype_parse(v, &a->kv_dtype) != 0) {
                 fprintf(stderr, "bench engine: --kv-dtype takes f16, f32 or q8\n");
@@ -77,7 +79,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
                 "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
                 "                    [--weight-type auto|f32|f16|bf16|int8|q4] [--kv-dtype f16|f32|q8]\n"
-                "                    [--batch-invariant 0|1]\n");
+                "                    [--batch-invariant 0|1] [--spec-ngram N]\n");
         return -1;
     }
     return 0;
@@ -93,6 +95,7 @@ static Engine *open_engine(const Model *m, const EngineBenchArgs *a, int max_seq
     cfg.prefix_cache = prefix;
     cfg.threads = a->threads;
     cfg.batch_invariant = a->batch_invariant;
+    cfg.spec_ngram = a->spec_ngram;
     Engine *e;
     char err[256];
     if (engine_create(m, &cfg, NULL, NULL, &e, err, sizeof err) != 0) {
@@ -181,6 +184,12 @@ static int decode_level(const Model *m, const EngineBenchArgs *a, int n_seqs)
            "(%.1f ms per step)\n", n_seqs, p.all_started_at - t0, decode_tokens,
            t1 - p.all_started_at, decode_tokens / (t1 - p.all_started_at + 1e-12),
            1e3 * (t1 - p.all_started_at) / (a->gen - 1));
+    EngineStats st;
+    engine_stats(e, &st);
+    if (a->spec_ngram > 0)
+        printf("        guesses: %lld of %lld right, %lld steps\n",
+               (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens,
+               (long long)st.steps);
     free(seen);
     free(prompt);
     engine_destroy(e);
