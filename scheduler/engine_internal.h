@@ -39,6 +39,8 @@ typedef struct Seq {
     bool running;          /* in e->running (else in e->waiting) */
     bool preempted;        /* waiting because it was preempted (not new) */
     bool stop_matched;     /* a stop string ended it: nothing more is output */
+    int32_t spec_wait;     /* steps before it may guess again (engine_spec.c's backoff) */
+    int32_t spec_backoff;  /* the wait after its next all-wrong guess */
     int32_t stop_string;   /* the stop string (index) or stop token (id) that ended it, */
     int32_t stop_token;    /* for the FINISH event; -1 when none did */
     JsonSchemaState json;  /* req->json_object: the output so far, walked through req->json_schema */
@@ -223,8 +225,9 @@ bool seq_may_stop(const Seq *s);
 /* Sample s's next token from its raw logits row and apply every stop condition; true when
  * that ended s (s is then freed). */
 bool seq_sample(Engine *e, Seq *s, const float *raw);
-/* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens];
- * after the forward pass, the check of x's guesses against its logits rows. */
+/* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens]
+ * (none while it backs off); after the forward pass, the check of x's guesses against its
+ * logits rows. */
 int32_t engine_spec_propose(Seq *s, int32_t max);
 void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows);
 bool seq_stop_find(const Seq *s, int *which, size_t *end);

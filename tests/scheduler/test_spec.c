@@ -98,6 +98,39 @@ static void test_wrong_guesses_leave_no_trace(void **state)
     h_fake_free(f);
 }
 
+/* A guess every step, always wrong: the prompt holds each pair (v, v + 1) of the output's
+ * chain 2 3 4 ... followed by 50. The sequence backs off (waits 0, 1, 2, 4, 8 .. steps
+ * after each miss), so over 19 such steps it checks guesses 5 times, not 19. */
+static void test_backoff_after_misses(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    Engine *e = spec_engine(f, 6, 64, 8);
+    Harness h = {0};
+    int32_t prompt[62];
+    int n = 0;
+    prompt[n++] = 44;
+    for (int32_t v = 1; v <= 20; v++) {
+        prompt[n++] = v;
+        prompt[n++] = v + 1;
+        prompt[n++] = 50;
+    }
+    prompt[n++] = 1;
+    EngineRequest q = h_request(prompt, n, 40);
+    HChoice *c = run_one(&h, e, f, &q, NULL);
+    int32_t want[40];
+    assert_int_equal(h_reference(f, prompt, n, 40, 0, want), 40);
+    assert_memory_equal(c->tokens, want, sizeof want);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.spec_accepted_tokens, 0);
+    assert_true(st.spec_draft_tokens > 0 && st.spec_draft_tokens <= 5 * 6);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
 /* Requests run on an engine with guesses and on one without: every choice the same tokens,
  * logprobs, finish reason and text. Sampled, several choices, a small pool (preemption),
  * stop strings and max_tokens ending inside a run of right guesses. */
@@ -206,6 +239,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_cycle),
         cmocka_unit_test(test_wrong_guesses_leave_no_trace),
+        cmocka_unit_test(test_backoff_after_misses),
         cmocka_unit_test(test_same_as_plain_decoding),
         cmocka_unit_test(test_guesses_use_spare_rows_only),
         cmocka_unit_test(test_config_checked),
