@@ -347,6 +347,7 @@ static json_t *chat_message(const ApiCompletion *c, json_t *text, json_t *reason
 /* vLLM's stop_reason beside finish_reason: the stop string or stop token id that ended
  * the choice, null when something else did (EOS, max_tokens, the JSON object closing). */
 static json_t *stop_reason_json(const ApiCompletion *c, const Choice *ch) {
+    if (ch->finish != FINISH_STOP) return json_null();
     if (ch->stop_string >= 0 && ch->stop_string < c->req->n_stop)
         return json_string(c->req->stop[ch->stop_string]);
     if (ch->stop_token >= 0) return json_integer(ch->stop_token);

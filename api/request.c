@@ -405,11 +405,10 @@ static int read_stop(const json_t *root, const ApiLimits *lim, ApiRequest *r, Ap
     return 0;
 }
 
-/* vLLM's stop fields beside stop: stop_token_ids (ids checked against the vocabulary by
- * api_request_tokenize), min_tokens (at most max_tokens when that was given) and
- * include_stop_str_in_output. */
+/* stop_token_ids may list this many ids (vLLM sets no bound; a chat model has a few). */
 #define API_MAX_STOP_TOKEN_IDS 64
 
+/* [id, ...]: ids checked against the vocabulary by api_request_tokenize. */
 static int read_stop_token_ids(const json_t *root, ApiRequest *r, ApiError *e) {
     const json_t *v = json_object_get(root, "stop_token_ids");
     if (!v || json_is_null(v)) return 0;
@@ -439,6 +438,8 @@ static int read_stop_token_ids(const json_t *root, ApiRequest *r, ApiError *e) {
     return 0;
 }
 
+/* vLLM's stop fields beside stop: stop_token_ids, min_tokens (at most max_tokens when that
+ * was given) and include_stop_str_in_output. */
 static int read_stop_extras(const json_t *root, ApiRequest *r, ApiError *e) {
     if (read_stop_token_ids(root, r, e) != 0 ||
         read_int(root, "min_tokens", 0, INT32_MAX, &r->min_tokens, e) != 0 ||

@@ -41,8 +41,8 @@ typedef struct Seq {
     bool stop_matched;     /* a stop string ended it: nothing more is output */
     int32_t spec_wait;     /* steps before it may guess again (engine_spec.c's backoff) */
     int32_t spec_backoff;  /* the wait after its next all-wrong guess */
-    int32_t stop_string;   /* the stop string (index) or stop token (id) that ended it, */
-    int32_t stop_token;    /* for the FINISH event; -1 when none did */
+    int32_t stop_string;   /* the stop string (index) that ended it, for FINISH; -1: none */
+    int32_t stop_token;    /* the stop token (id) that ended it, for FINISH; -1: none */
     JsonSchemaState json;  /* req->json_object: the output so far, walked through req->json_schema */
     int64_t sched_mark;    /* step (steps + 1) in which it was last given rows */
     double waiting_since;  /* while waiting: since when its client has had nothing from it
@@ -237,7 +237,8 @@ void engine_process_outputs(Engine *e, const float *logits);
 int engine_json_table_build(Engine *e); /* at creation; 0 (nothing without ops.token_text) or -1 */
 void engine_json_table_free(Engine *e);
 void engine_json_seq_init(Seq *s);
-/* Sets the logits of tokens that cannot continue s's JSON to -inf; returns how many can. */
+/* Sets the logits of tokens that cannot continue s's JSON to -inf; returns how many can and
+ * were not -inf already (0: a dead end). */
 int32_t engine_json_mask(Engine *e, const Seq *s, float *logits);
 /* Takes a drawn token into s's JSON; true when the object is now complete. */
 bool engine_json_advance(const Engine *e, Seq *s, int32_t token);

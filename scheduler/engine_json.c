@@ -181,7 +181,7 @@ int32_t engine_json_mask(Engine *e, const Seq *s, float *logits)
     int32_t allowed = 0;
     for (int32_t t = 0; t < e->ops.n_vocab; t++) {
         bool fits = m ? (m->bits[t / 64] >> (t % 64)) & 1 : token_fits(e, s, t);
-        allowed += fits;
+        allowed += fits && logits[t] > -INFINITY; /* -inf: masked already (min_tokens) */
         if (!fits)
             logits[t] = -INFINITY;
     }

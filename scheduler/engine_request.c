@@ -154,21 +154,22 @@ void engine_emit_finish(Engine *e, Request *r, int32_t choice, FinishReason why,
 
 /* The text a choice still holds when it ends: the held-back text, plus an incomplete
  * character flushed as U+FFFD, cut at a stop string should one now be complete (and
- * may: past min_tokens). After a stop-string match nothing more belongs to the output. */
-static void seq_final_text(Engine *e, Seq *s)
+ * may: past min_tokens). Returns that string's index, or -1. After a stop-string match
+ * nothing more belongs to the output. */
+static int seq_final_text(Engine *e, Seq *s)
 {
     if (s->stop_matched)
-        return;
+        return -1;
     char tail[16];
     int n = e->ops.detok_flush(e->ops.ctx, &s->detok, tail, sizeof tail);
     if (n > 0 && stop_text_append(&s->out, tail, (size_t)n) != 0)
         n = 0; /* cannot happen: the capacity counts a flushed character */
-    if (!seq_may_stop(s))
-        return;
     int which;
     size_t end;
-    if (seq_stop_find(s, &which, &end))
-        s->out.len = end;
+    if (!seq_may_stop(s) || !seq_stop_find(s, &which, &end))
+        return -1;
+    s->out.len = end;
+    return which;
 }
 
 void seq_finish(Engine *e, Seq *s, FinishReason why, const char *error)
@@ -180,7 +181,12 @@ void seq_finish(Engine *e, Seq *s, FinishReason why, const char *error)
         seq_queue_remove(&e->running, s);
     else
         seq_queue_remove(&e->waiting, s);
-    seq_final_text(e, s);
+    int cut = seq_final_text(e, s);
+    if (cut >= 0 && (why == FINISH_STOP || why == FINISH_LENGTH)) {
+        why = FINISH_STOP; /* the text ends at a stop string: that is the reason given */
+        s->stop_string = cut;
+        s->stop_token = -1;
+    }
     engine_emit_finish(e, r, s->choice, why, s->out.buf, s->out.len, error);
     seq_destroy(e, s);
     if (r->n_open == 0)

@@ -28,6 +28,27 @@ static int check_logit_bias(const Engine *e, const SamplerParams *p, char *err, 
     return 0;
 }
 
+/* Stop tokens in the vocabulary; min_tokens not negative. */
+static int check_stop_tokens(const Engine *e, const EngineRequest *q, char *err, size_t err_len)
+{
+    if (q->n_stop_tokens < 0 || (q->n_stop_tokens > 0 && !q->stop_tokens)) {
+        engine_set_err(err, err_len, "bad stop token list");
+        return -1;
+    }
+    for (int32_t i = 0; i < q->n_stop_tokens; i++) {
+        if (q->stop_tokens[i] < 0 || q->stop_tokens[i] >= e->ops.n_vocab) {
+            engine_set_err(err, err_len, "stop token %d is outside the vocabulary (%d)",
+                           q->stop_tokens[i], e->ops.n_vocab);
+            return -1;
+        }
+    }
+    if (q->min_tokens < 0) {
+        engine_set_err(err, err_len, "min_tokens = %d is negative", q->min_tokens);
+        return -1;
+    }
+    return 0;
+}
+
 static int check_request(const Engine *e, const EngineRequest *q, char *err, size_t err_len)
 {
     const SamplerParams *p = &q->sampling;
@@ -73,21 +94,8 @@ static int check_request(const Engine *e, const EngineRequest *q, char *err, siz
             return -1;
         }
     }
-    if (q->n_stop_tokens < 0 || (q->n_stop_tokens > 0 && !q->stop_tokens)) {
-        engine_set_err(err, err_len, "bad stop token list");
+    if (check_stop_tokens(e, q, err, err_len) != 0)
         return -1;
-    }
-    for (int32_t i = 0; i < q->n_stop_tokens; i++) {
-        if (q->stop_tokens[i] < 0 || q->stop_tokens[i] >= e->ops.n_vocab) {
-            engine_set_err(err, err_len, "stop token %d is outside the vocabulary (%d)",
-                           q->stop_tokens[i], e->ops.n_vocab);
-            return -1;
-        }
-    }
-    if (q->min_tokens < 0) {
-        engine_set_err(err, err_len, "min_tokens = %d is negative", q->min_tokens);
-        return -1;
-    }
     if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) ||
         !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0)) {
         engine_set_err(err, err_len,

@@ -100,10 +100,12 @@ typedef struct {
     bool ignore_eos;
     const char *const *stop; /* n_stop strings, copied; matched on the output text ("" never) */
     int32_t n_stop;
-    const int32_t *stop_tokens; /* n_stop_tokens ids, copied: drawing one ends the choice */
+    const int32_t *stop_tokens; /* n_stop_tokens ids, copied: drawing one (past
+                              * min_tokens) ends the choice */
     int32_t n_stop_tokens;
     int32_t min_tokens;      /* >= 0: nothing ends a choice before it has this many tokens
-                              * but max_tokens and the context (vLLM's min_tokens) */
+                              * but max_tokens, the context and a json_object closing
+                              * (vLLM's min_tokens) */
     bool include_stop;       /* the stop string or stop token that ends a choice stays in its
                               * text (vLLM's include_stop_str_in_output) */
     int32_t logprobs;        /* top-N logprobs per generated token; -1 = none */
@@ -139,9 +141,9 @@ typedef struct {
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
     FinishReason finish;       /* FINISH */
-    int32_t stop_string;       /* FINISH_STOP by a stop string: its index in
-                                * EngineRequest.stop; else -1 */
-    int32_t stop_token;        /* FINISH_STOP by a stop token: its id; else -1 */
+    int32_t stop_string;       /* FINISH: FINISH_STOP by a stop string, its index in
+                                * EngineRequest.stop; else -1 (0 in other events) */
+    int32_t stop_token;        /* FINISH: FINISH_STOP by a stop token, its id; else -1 */
     int32_t prompt_tokens;     /* FINISH: usage */
     int32_t completion_tokens; /* FINISH: this choice's generated tokens */
     int32_t cached_tokens;     /* FINISH: prompt tokens served from the prefix cache */
@@ -244,9 +246,9 @@ int engine_step(Engine *e);
  *   text is what became safe to show; the concatenation of a choice's TOKEN texts and its
  *   FINISH text is its whole output text.
  * - FINISH: text holds whatever was still held back (a possible stop-string start, or an
- *   incomplete character flushed as U+FFFD); when a stop string matched, what was held
- *   before it ("" mostly; the match itself too with include_stop) and never anything after
- *   it. usage: prompt_tokens = n_prompt,
+ *   incomplete character flushed as U+FFFD), cut at a stop string complete in it (which
+ *   then is the reason: FINISH_STOP, stop_string); "" after a match in a TOKEN's text
+ *   (the match, with include_stop, went out in that TOKEN). usage: prompt_tokens = n_prompt,
  *   completion_tokens = tokens sampled for this choice, cached_tokens = prompt tokens
  *   found in the prefix cache at the request's first admission.
  * Penalties (repetition, presence, frequency) look at the choice's generated tokens only.

@@ -252,7 +252,9 @@ static void test_stop_reason(void **state) {
         feed(c, 0, by_string, &out);
         feed(c, 0, by_token, &out);
         feed(c, 0, ev_finish(2, FINISH_STOP, "", 3, 1, 0), &out); /* EOS */
-        feed(c, 0, ev_finish(3, FINISH_LENGTH, "", 3, 16, 0), &out);
+        EngineEvent length = ev_finish(3, FINISH_LENGTH, "", 3, 16, 0);
+        length.stop_token = 5; /* not a stop: not a stop_reason either */
+        feed(c, 0, length, &out);
         json_t *reasons[4] = {0};
         json_t *held[8] = {0};
         int n_held = 0;

@@ -1052,6 +1052,35 @@ static void test_json_object_masks_eos(void **state)
     h_fake_free(f);
 }
 
+/* min_tokens masks the stop tokens before the JSON mask counts what fits: with "{" and " "
+ * (all an object may start with here) stop tokens, nothing is left, and the choice ends
+ * as a dead end (length) rather than drawing from a row of -inf. */
+static void test_json_object_with_min_tokens(void **state)
+{
+    (void)state;
+    FakeModel *f = json_fake();
+    Harness *h = calloc(1, sizeof *h);
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    int32_t p[2] = {31, 2};
+    static const int32_t stops[] = {4, 7};
+    EngineRequest q = h_request(p, 2, 20);
+    q.json_object = true;
+    q.stop_tokens = stops;
+    q.n_stop_tokens = 2;
+    q.min_tokens = 1;
+    uint64_t id = h_submit(e, &q);
+    h_run(h, e, f, 200);
+    HChoice *c = &h_req(h, id)->ch[0];
+    assert_int_equal(c->finished, 1);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->n_tokens, 0);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+}
+
 /* A vocabulary of 4 with a 200-byte token: the engine's table of token texts grows to fit
  * it, and the long token is drawn inside a key. */
 static void test_json_object_long_token(void **state)
@@ -1432,6 +1461,7 @@ int main(void)
         cmocka_unit_test(test_json_object_output),
         cmocka_unit_test(test_json_schema_output),
         cmocka_unit_test(test_json_object_masks_eos),
+        cmocka_unit_test(test_json_object_with_min_tokens),
         cmocka_unit_test(test_json_object_long_token),
         cmocka_unit_test(test_cancel_everywhere),
         cmocka_unit_test(test_stop_with_work_in_flight),

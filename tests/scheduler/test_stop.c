@@ -400,6 +400,27 @@ static void test_min_tokens_masks_ends(void **state)
     HChoice *c = run_request(x, &q, 62);
     assert_int_equal(c->reason, FINISH_STOP);
     assert_string_equal(c->text, "bc");
+    /* the boundary: min_tokens 2 lets EOS be the 3rd token; 3 does not */
+    q.min_tokens = 2;
+    c = run_request(x, &q, 20);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->completion_tokens, 3);
+    q.min_tokens = 3;
+    c = run_request(x, &q, 21);
+    assert_true(c->n_tokens >= 3);
+    assert_int_not_equal(c->tokens[2], x->f.eos_id);
+    /* the same for a stop token: "c" may end the 2nd token with min_tokens 1, not 2 */
+    static const int32_t stop_c[] = {3};
+    q = h_request(NULL, 0, 12);
+    q.stop_tokens = stop_c;
+    q.n_stop_tokens = 1;
+    q.min_tokens = 1;
+    c = run_request(x, &q, 22);
+    assert_int_equal(c->stop_token, 3);
+    assert_int_equal(c->completion_tokens, 2);
+    q.min_tokens = 2;
+    c = run_request(x, &q, 23);
+    assert_int_not_equal(c->tokens[1], 3);
     for (int sampled = 0; sampled < 2; sampled++) {
         for (int k = 0; k < 6; k++) {
             q = h_request(NULL, 0, 12);
@@ -423,6 +444,33 @@ static void test_min_tokens_masks_ends(void **state)
     c = run_request(x, &q, 39);
     assert_int_equal(c->reason, FINISH_LENGTH);
     assert_int_equal(c->tokens[2], x->f.eos_id);
+}
+
+/* A choice ending with a stop string complete in its held text (here held before
+ * min_tokens as the start of a longer one, then the stop token "d" ends it) is cut there,
+ * and the FINISH says so: stop, that string. */
+static void test_cut_at_the_end_is_reported(void **state)
+{
+    Fixture *x = *state;
+    const char *stops[] = {"c", "cdz"};
+    static const int32_t d[] = {4};
+    EngineRequest q = h_request(NULL, 0, 20);
+    q.stop = stops;
+    q.n_stop = 2;
+    q.stop_tokens = d;
+    q.n_stop_tokens = 1;
+    q.min_tokens = 2;
+    HChoice *c = run_request(x, &q, 44);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_string_equal(c->text, "b");
+    assert_int_equal(c->stop_string, 0);
+    assert_int_equal(c->stop_token, -1);
+    /* max_tokens = min_tokens: "c" is never looked for */
+    q.n_stop_tokens = 0;
+    q.max_tokens = 2;
+    c = run_request(x, &q, 45);
+    assert_int_equal(c->reason, FINISH_LENGTH); /* "c" came at min_tokens: never looked for */
+    assert_string_equal(c->text, "bc");
 }
 
 static void test_stop_fields_checked(void **state)
@@ -463,6 +511,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_include_stop_string, setup, teardown),
         cmocka_unit_test_setup_teardown(test_min_tokens_stop_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_min_tokens_masks_ends, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cut_at_the_end_is_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_fields_checked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
