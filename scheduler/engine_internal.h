@@ -222,15 +222,16 @@ bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS 
  * a stop string in s's held text, its index and where the output ends (before it, or
  * after it with include_stop). */
 bool seq_may_stop(const Seq *s);
+bool seq_stop_find(const Seq *s, int *which, size_t *end);
 /* Sample s's next token from its raw logits row and apply every stop condition; true when
  * that ended s (s is then freed). */
 bool seq_sample(Engine *e, Seq *s, const float *raw);
+
 /* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens]
  * (none while it backs off); after the forward pass, the check of x's guesses against its
  * logits rows. */
 int32_t engine_spec_propose(Seq *s, int32_t max);
 void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows);
-bool seq_stop_find(const Seq *s, int *which, size_t *end);
 void engine_process_outputs(Engine *e, const float *logits);
 
 /* engine_json.c: json_object output */

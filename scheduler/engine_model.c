@@ -82,11 +82,13 @@ static void real_destroy(void *ctx)
  * their sum for the usual token lengths. */
 #define ENGINE_BYTES_PER_VOCAB 64
 
-/* Logits are counted for a row a sequence, what decode and the ends of prompts ask; only
- * prompt logprobs (echo) ask them for every prompt row, up to max_batch_tokens. */
+/* Logits are counted for a row a sequence (with --speculative-ngram N, 1 + N), what decode
+ * and the ends of prompts ask; only prompt logprobs (echo) ask them for every prompt row,
+ * up to max_batch_tokens. */
 size_t engine_memory_bytes(const ModelConfig *mc, const EngineConfig *cfg)
 {
-    int logit_rows = cfg->max_seqs < cfg->max_batch_tokens ? cfg->max_seqs : cfg->max_batch_tokens;
+    int64_t per_seq = (int64_t)cfg->max_seqs * (1 + (cfg->spec_ngram > 0 ? cfg->spec_ngram : 0));
+    int logit_rows = per_seq < cfg->max_batch_tokens ? (int)per_seq : cfg->max_batch_tokens;
     return cfg->kv_cache_bytes + model_runner_bytes(mc, cfg->max_batch_tokens, logit_rows) +
            (size_t)mc->vocab_size * ENGINE_BYTES_PER_VOCAB;
 }

@@ -398,21 +398,28 @@ static void pass_admissions(Engine *e, int32_t budget)
     }
 }
 
-/* Rows the step has left once everything real is placed. */
-static int32_t rows_left(const Engine *e)
+/* Rows guesses may take: what the step has left once everything real is placed, and,
+ * when max_prefill_chunk bounds the rows a decoding step adds (its time, hence every
+ * decode's latency), what that bound leaves beside the prompt rows already placed. */
+static int32_t rows_for_guesses(const Engine *e)
 {
-    int32_t rows = e->cfg.max_batch_tokens;
-    for (int32_t k = 0; k < e->n_sched; k++)
+    int32_t rows = e->cfg.max_batch_tokens, added = 0;
+    for (int32_t k = 0; k < e->n_sched; k++) {
         rows -= e->sched[k].n_rows;
+        added += e->sched[k].n_rows - 1; /* a decode adds none */
+    }
+    if (e->cfg.max_prefill_chunk > 0)
+        rows = min_i32(rows, e->cfg.max_prefill_chunk - added);
     return rows;
 }
 
 /* --speculative-ngram: each decode of the step may carry guesses of its next tokens
- * (engine_spec.c), in the rows and free blocks nothing else took (above the watermark),
- * never more than it may still generate past the token the decode gives anyway. */
+ * (engine_spec.c), in the rows above and in free blocks (not cached ones: guesses must
+ * not evict anyone's prefix) beyond the watermark, never more than it may still generate
+ * past the token the decode gives anyway. */
 static void pass_guesses(Engine *e)
 {
-    int32_t budget = rows_left(e);
+    int32_t budget = rows_for_guesses(e);
     for (int32_t k = 0; k < e->n_sched && budget > 0; k++) {
         ScheduledSeq *x = &e->sched[k];
         Seq *s = x->seq;
@@ -420,7 +427,9 @@ static void pass_guesses(Engine *e)
             continue;
         int32_t room = min_i32(min_i32(e->cfg.spec_ngram, budget), output_left(e, s) - 1);
         int32_t n = room > 0 ? engine_spec_propose(s, room) : 0;
-        n = n > 0 ? append_fitting(e, s, n, block_pool_available(e->pool) - e->watermark) : 0;
+        BlockPoolStats ps;
+        block_pool_stats(e->pool, &ps);
+        n = n > 0 ? append_fitting(e, s, n, ps.free - e->watermark) : 0;
         if (n == 0)
             continue;
         s->n_tokens += n;

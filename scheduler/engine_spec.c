@@ -8,8 +8,9 @@
  * did before, and each right guess is a token given out without a step of its own.
  *
  * The scheduler gives guesses only rows and free blocks left over once every decode,
- * prompt chunk and admission of the step is placed (engine_schedule.c), so they never
- * preempt or delay anyone. The check samples each row in turn exactly as a plain decode
+ * prompt chunk and admission of the step is placed (engine_schedule.c), within the rows
+ * max_prefill_chunk lets a decoding step add: they never preempt anyone nor evict a
+ * cached prefix, and a step with guesses is no longer than one with a prompt chunk. The check samples each row in turn exactly as a plain decode
  * would (same sampler, penalties, masks, RNG draws) and stops at the first token that is
  * not the guess: every token given out is drawn from the model's distribution given the
  * real tokens before it, so the output is plain decoding's, greedy or sampled (up to the
@@ -18,12 +19,14 @@
  *
  * Wrong guesses cost their rows' compute. Text that does not repeat (most of it, for a
  * model with random weights) would pay that every step, so a sequence whose guesses were
- * all wrong waits before guessing again, twice as long after each such miss (1, 2, 4 ..
- * SPEC_BACKOFF_MAX steps), and half as long after a check with a right one: chance hits
+ * all wrong waits before guessing again, twice as long after each such miss (0, 1, 2,
+ * 4 .. SPEC_BACKOFF_MAX chances to guess: steps with rows to spare), and half as long
+ * after a check with a right one: chance hits
  * in text that does not repeat do not buy it guesses every step, while text that does
  * keeps the wait near 0. (On stories260K's greedy stories, resetting the wait to 0 after
  * any hit saved 1% more steps; on the random-weight bench model it checked 50% more.)
  */
+#include <assert.h>
 #include <string.h>
 
 #include "scheduler/engine_internal.h"
@@ -31,12 +34,17 @@
 #define SPEC_NGRAM_MAX 4
 #define SPEC_NGRAM_MIN 2
 #define SPEC_BACKOFF_MAX 32
+/* Tokens searched back for the n-gram: the lookup runs every decode step on the engine
+ * thread, so its cost is bounded whatever the context. */
+#define SPEC_WINDOW 8192
 
-/* Where the latest earlier occurrence of the last `len` tokens ends, or -1. */
+/* Where the latest earlier occurrence of the last `len` tokens (within SPEC_WINDOW) ends,
+ * or -1. */
 static int32_t ngram_match_end(const int32_t *t, int32_t n, int32_t len)
 {
     const int32_t *tail = t + n - len;
-    for (int32_t start = n - len - 1; start >= 0; start--)
+    int32_t lowest = n > SPEC_WINDOW ? n - SPEC_WINDOW : 0;
+    for (int32_t start = n - len - 1; start >= lowest; start--)
         if (memcmp(t + start, tail, (size_t)len * sizeof *t) == 0)
             return start + len;
     return -1;
@@ -79,12 +87,15 @@ void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows)
 {
     Seq *s = x->seq;
     int32_t n_draft = x->n_draft, guess[ENGINE_SPEC_MAX], right = 0;
+    assert(n_draft <= ENGINE_SPEC_MAX); /* pass_guesses asks at most cfg.spec_ngram */
     s->n_tokens -= n_draft;
     memcpy(guess, s->tokens + s->n_tokens, (size_t)n_draft * sizeof *guess);
     s->n_computed = s->n_tokens; /* the last real token's row */
     e->spec_drafted += n_draft;
     size_t row_floats = (size_t)e->ops.n_vocab;
     for (int32_t i = 0; i <= n_draft; i++) {
+        /* as a plain decode: blocks now full go to the prefix cache before the choice may end */
+        prefix_publish_full_blocks(e, s);
         if (seq_sample(e, s, rows + (size_t)i * row_floats))
             return; /* it ended (and is gone), its blocks with it */
         if (i == n_draft || s->tokens[s->n_tokens - 1] != guess[i])

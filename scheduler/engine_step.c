@@ -15,8 +15,8 @@ double engine_now(void)
 }
 
 /* Upper bound on the events one step can produce: each open choice finishes at most once
- * and samples at most one token, or one a row with guessed tokens; prompt rows give at most
- * one PROMPT event each, plus position 0 of each scheduled prompt. */
+ * and samples at most one token (with guesses, one a row of its); prompt rows give at
+ * most one PROMPT event each, plus position 0 of each scheduled prompt. */
 static int32_t step_event_bound(const Engine *e, int32_t open_choices)
 {
     int64_t bound = 2 * (int64_t)open_choices + 3 * (int64_t)e->cfg.max_batch_tokens + 16;

@@ -181,7 +181,7 @@ static int decode_level(const Model *m, const EngineBenchArgs *a, int n_seqs)
     double t1 = now_s();
     int decode_tokens = p.tokens - p.tokens_at_start;
     printf("decode  seqs %3d: prefill %6.3f s, decode %5d tokens in %7.3f s = %8.1f tok/s "
-           "(%.1f ms per step)\n", n_seqs, p.all_started_at - t0, decode_tokens,
+           "(%.1f ms per token of a sequence)\n", n_seqs, p.all_started_at - t0, decode_tokens,
            t1 - p.all_started_at, decode_tokens / (t1 - p.all_started_at + 1e-12),
            1e3 * (t1 - p.all_started_at) / (a->gen - 1));
     EngineStats st;

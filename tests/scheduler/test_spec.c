@@ -191,8 +191,8 @@ static void test_same_as_plain_decoding(void **state)
     h_fake_free(f);
 }
 
-/* Guesses take only what is left: with every row of the step taken by decodes there is
- * no room for one, and none is made. */
+/* Guesses take only rows the step has left: 4 sequences in 4-row steps never make a
+ * bigger call, and every token still comes. */
 static void test_guesses_use_spare_rows_only(void **state)
 {
     (void)state;
@@ -216,6 +216,49 @@ static void test_guesses_use_spare_rows_only(void **state)
     engine_destroy(e);
     h_free(&h);
     h_fake_free(f);
+}
+
+/* The prompt tokens a repeat of a 33-token prompt finds cached (its 8 full blocks) after a
+ * guessing request ran in the blocks the first one left free (10 of 4 tokens: 8 cached,
+ * 2 free). */
+static int32_t cached_after_guessing(int guesses)
+{
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    Engine *e = spec_engine(f, guesses, 10, 4);
+    Harness *h = calloc(1, sizeof *h);
+    int32_t a[33];
+    h_prompt(a, 33, 47, 5);
+    EngineRequest q = h_request(a, 33, 1);
+    run_one(h, e, f, &q, NULL);
+    /* a b c d e, then a b and the stop token c: positions 0..7, 2 blocks; "a b" recurs, so
+     * the decode of b (position 7) could guess c d e a into a third block */
+    static const int32_t b[] = {48, 1, 2, 3, 4, 5};
+    static const int32_t stop_c[] = {3};
+    q = h_request(b, 6, 8);
+    q.stop_tokens = stop_c;
+    q.n_stop_tokens = 1;
+    HChoice *c = run_one(h, e, f, &q, NULL);
+    assert_int_equal(c->stop_token, 3);
+    assert_int_equal(c->completion_tokens, 3);
+    q = h_request(a, 33, 1);
+    c = run_one(h, e, f, &q, NULL);
+    int32_t cached = c->cached_tokens;
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(h);
+    free(h);
+    h_fake_free(f);
+    return cached;
+}
+
+/* Guesses take free blocks only: they never evict a cached prefix. */
+static void test_guesses_keep_the_prefix_cache(void **state)
+{
+    (void)state;
+    int32_t plain = cached_after_guessing(0);
+    assert_int_equal(plain, 32);
+    assert_int_equal(cached_after_guessing(4), plain);
 }
 
 static void test_config_checked(void **state)
@@ -242,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_backoff_after_misses),
         cmocka_unit_test(test_same_as_plain_decoding),
         cmocka_unit_test(test_guesses_use_spare_rows_only),
+        cmocka_unit_test(test_guesses_keep_the_prefix_cache),
         cmocka_unit_test(test_config_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
