@@ -15,11 +15,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/http_client.h"
 #include "tests/support/server_proc.h"
 
 #define T_IO 30.0 /* bound on any one request: generous, only a hang hits it */
+
+/* The shared stories260K model's path in path; false (saying `test` is skipped, and why)
+ * when PAGEDSERVE_SHARED_DIR has none. */
+static inline bool shared_stories_model(char *path, size_t cap, const char *test)
+{
+    const char *shared = test_shared_dir();
+    if (shared)
+        snprintf(path, cap, "%s/models/stories260K.gguf", shared);
+    if (shared && access(path, R_OK) == 0)
+        return true;
+    printf("SKIPPED: %s needs stories260K.gguf under PAGEDSERVE_SHARED_DIR (%s)\n", test,
+           shared ? shared : "unset");
+    return false;
+}
 
 /* Start pagedserve on the random model with small, fast settings plus extra flags. */
 static inline int start_random_server(ServerProc *sp, const char *const *extra)

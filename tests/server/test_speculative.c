@@ -6,8 +6,6 @@
  * when PAGEDSERVE_SHARED_DIR has no model. */
 #include "tests/server/server_test.h"
 
-#include <unistd.h>
-
 static ServerProc guessing, plain;
 static char model[1024];
 static bool have_model;
@@ -15,15 +13,9 @@ static bool have_model;
 static int setup(void **state)
 {
     (void)state;
-    const char *shared = test_shared_dir();
-    if (shared)
-        snprintf(model, sizeof model, "%s/models/stories260K.gguf", shared);
-    have_model = shared && access(model, R_OK) == 0;
-    if (!have_model) {
-        printf("SKIPPED: server_speculative needs stories260K.gguf under "
-               "PAGEDSERVE_SHARED_DIR (%s)\n", shared ? shared : "unset");
+    have_model = shared_stories_model(model, sizeof model, "server_speculative");
+    if (!have_model)
         return 0;
-    }
     const char *base[] = {"-m", model, "--threads", "1", "--kv-cache-mb", "16",
                           "--batch-invariant", "--speculative-ngram", "6", NULL};
     if (server_proc_start(&guessing, base, 30.0) != 0)
