@@ -223,9 +223,10 @@ bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS 
  * after it with include_stop). */
 bool seq_may_stop(const Seq *s);
 bool seq_stop_find(const Seq *s, int *which, size_t *end);
-/* Sample s's next token from its raw logits row and apply every stop condition; true when
- * that ended s (s is then freed). */
-bool seq_sample(Engine *e, Seq *s, const float *raw);
+/* Sample s's next token from its raw logits row into *drawn (-1 when none fits its JSON
+ * output: a dead end) and apply every stop condition; true when that ended s (s is then
+ * freed). */
+bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn);
 
 /* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens]
  * (none while it backs off); after the forward pass, the check of x's guesses against its

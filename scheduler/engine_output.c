@@ -147,10 +147,11 @@ static void mask_ends(const Engine *e, const Request *r, float *logits)
         logits[e->eog_ids[i]] = -INFINITY;
 }
 
-bool seq_sample(Engine *e, Seq *s, const float *raw)
+bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn)
 {
     Request *r = s->req;
     int32_t token;
+    *drawn = -1;
     bool mask = seq_masks_ends(e, s);
     if (sampler_is_plain_greedy(&r->sampling) && !r->json_schema && !mask) { /* row as is */
         token = sampler_argmax(raw, e->ops.n_vocab);
@@ -165,6 +166,7 @@ bool seq_sample(Engine *e, Seq *s, const float *raw)
         token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
                                s->tokens + r->n_prompt, s->n_generated);
     }
+    *drawn = token;
     bool json_done = r->json_schema && engine_json_advance(e, s, token);
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
@@ -231,9 +233,10 @@ static void request_prompt_done(Engine *e, Seq *s, const float *raw)
         if (!seq_fork(e, s, c))
             engine_emit_finish(e, r, c, FINISH_ERROR, "", 0, "out of memory");
     }
+    int32_t drawn;
     for (int32_t c = 0; c < r->n; c++) {
         if (r->seqs[c])
-            seq_sample(e, r->seqs[c], raw);
+            seq_sample(e, r->seqs[c], raw, &drawn);
     }
     if (--r->n_open == 0)
         engine_forget_request(e, r);
@@ -263,9 +266,10 @@ void engine_process_outputs(Engine *e, const float *logits)
         if (s->n_computed < s->n_tokens)
             continue; /* a prefill chunk that is not the last */
         const float *last = rows + (size_t)(n_logit_rows - 1) * row_floats;
+        int32_t drawn;
         if (!s->req->forked)
             request_prompt_done(e, s, last);
         else
-            seq_sample(e, s, last);
+            seq_sample(e, s, last, &drawn);
     }
 }

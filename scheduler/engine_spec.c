@@ -96,12 +96,17 @@ void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows)
     for (int32_t i = 0; i <= n_draft; i++) {
         /* as a plain decode: blocks now full go to the prefix cache before the choice may end */
         prefix_publish_full_blocks(e, s);
-        if (seq_sample(e, s, rows + (size_t)i * row_floats))
-            return; /* it ended (and is gone), its blocks with it */
-        if (i == n_draft || s->tokens[s->n_tokens - 1] != guess[i])
+        int32_t drawn;
+        bool ended = seq_sample(e, s, rows + (size_t)i * row_floats, &drawn);
+        if (i == n_draft || drawn != guess[i]) {
+            if (ended)
+                return; /* it is gone, its blocks with it */
             break;
-        s->n_computed++; /* drawn as guessed: its K/V, computed this step, stands */
+        }
         e->spec_accepted++;
+        if (ended)
+            return; /* on a right guess: EOS, a stop, a complete JSON value */
+        s->n_computed++; /* drawn as guessed: its K/V, computed this step, stands */
         right++;
     }
     spec_backoff(s, right);

@@ -47,6 +47,7 @@ typedef struct {
     float noise;
     int allow_eos;       /* FAKE_HASH: may the hash pick EOS? */
     int fail_forward;    /* next forward returns NULL */
+    int failed_rows;     /* rows of the call that failed */
     void (*on_forward)(void *arg); /* called first in every forward (threaded tests) */
     void *on_forward_arg;
     /* checks and counts */
@@ -139,16 +140,17 @@ static const float *fake_forward(void *ctx, const KvView *kv, const ModelSeqBatc
     FakeModel *f = ctx;
     if (f->on_forward)
         f->on_forward(f->on_forward_arg);
-    if (f->fail_forward) {
-        f->fail_forward = 0;
-        return NULL;
-    }
     size_t need = 0;
     int rows = 0;
     for (int s = 0; s < n_seqs; s++) {
         rows += seqs[s].n_rows;
         need += seqs[s].logits == MODEL_LOGITS_ALL ? (size_t)seqs[s].n_rows
                 : seqs[s].logits == MODEL_LOGITS_LAST ? 1 : 0;
+    }
+    if (f->fail_forward) {
+        f->fail_forward = 0;
+        f->failed_rows = rows;
+        return NULL;
     }
     if (need < 1)
         need = 1; /* like model_forward: non-NULL even when no logits were asked for */

@@ -38,13 +38,14 @@ static HChoice *run_one(Harness *h, Engine *e, FakeModel *f, EngineRequest *q, i
     return c;
 }
 
-/* Greedy over repeating text: the reference's tokens in far fewer steps, most guesses
- * right; every block back at the end. */
+/* Greedy over repeating text up to the context's end: the reference's tokens in far
+ * fewer steps, every guess right; every block back at the end. */
 static void test_greedy_cycle(void **state)
 {
     (void)state;
     FakeModel *f = h_fake_new(FAKE_SUCC);
     make_cycle(f);
+    f->ctx_len = 46; /* the 40 tokens end at the context's end: no guess runs past it */
     Engine *e = spec_engine(f, 4, 64, 8);
     Harness h = {0};
     static const int32_t prompt[] = {40, 1, 2, 3, 4, 5};
@@ -261,6 +262,126 @@ static void test_guesses_keep_the_prefix_cache(void **state)
     assert_int_equal(cached_after_guessing(4), plain);
 }
 
+/* A right guess that ends the choice counts as accepted like any other. The text is
+ * a b c d e EOS, and the prompt already holds it once, so the first decode (of b) guesses
+ * c d e EOS: all four right. How it ends: 0 at EOS (the 4th guess), 1 at the stop token d
+ * (the 2nd), 2 at the stop string "cd" (the 2nd). */
+static void check_guess_that_ends(int how, int32_t want_accepted, int32_t want_tokens)
+{
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    f->succ[5] = f->eos_id;
+    static const char *letters[] = {"a", "b", "c", "d", "e"};
+    for (int i = 0; i < 5; i++)
+        f->pieces[1 + i] = letters[i];
+    Engine *e = spec_engine(f, 4, 64, 8);
+    Harness h = {0};
+    static const int32_t prompt[] = {49, 1, 2, 3, 4, 5, 0, 1};
+    static const int32_t stop_d[] = {4};
+    const char *stop_cd[] = {"cd"};
+    EngineRequest q = h_request(prompt, 8, 30);
+    if (how == 1) {
+        q.stop_tokens = stop_d;
+        q.n_stop_tokens = 1;
+    } else if (how == 2) {
+        q.stop = stop_cd;
+        q.n_stop = 1;
+    }
+    HChoice *c = run_one(&h, e, f, &q, NULL);
+    assert_int_equal(c->reason, FINISH_STOP);
+    assert_int_equal(c->n_tokens, want_tokens);
+    static const int32_t chain[] = {2, 3, 4, 5};
+    assert_memory_equal(c->tokens, chain, (size_t)want_tokens * sizeof chain[0]);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.spec_draft_tokens, 4);
+    assert_int_equal(st.spec_accepted_tokens, want_accepted);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
+static void test_guess_that_ends_is_accepted(void **state)
+{
+    (void)state;
+    check_guess_that_ends(0, 4, 4); /* b c d e, then EOS (no TOKEN event) */
+    check_guess_that_ends(1, 2, 2); /* b c, then the stop token d (none either) */
+    check_guess_that_ends(2, 2, 3); /* b c d: the text cut before "cd" */
+}
+
+/* JSON output masks each guessed row as a plain decode would: nested objects
+ * {"k":{"k":... repeat, so guesses come and are checked under the mask, up to the depth
+ * limit (where "{" no longer fits and 1 is the value) and through the closing braces, the
+ * last of which ends the choice; the output is the plain engine's. */
+static void test_json_rows_masked_alike(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    f->pieces[3] = "}";
+    f->pieces[4] = "{";
+    f->pieces[5] = "\"k\":";
+    f->pieces[6] = "1"; /* the value at the depth limit */
+    f->noise = 0.0f;
+    f->succ[2] = 4;
+    f->succ[4] = 5;
+    f->succ[5] = 4;
+    f->succ[6] = 3;
+    f->succ[3] = 3;
+    Engine *engines[2] = {spec_engine(f, 4, 64, 4), spec_engine(f, 0, 64, 4)};
+    HChoice got[2];
+    for (int k = 0; k < 2; k++) {
+        Harness h = {0};
+        int32_t p[2] = {30, 2};
+        EngineRequest q = h_request(p, 2, 200);
+        q.json_object = true;
+        got[k] = *run_one(&h, engines[k], f, &q, NULL);
+        h_assert_pool_idle(engines[k]);
+        h_free(&h);
+    }
+    assert_int_equal(got[0].reason, FINISH_STOP);
+    assert_string_equal(got[0].text, got[1].text);
+    assert_int_equal(got[0].completion_tokens, got[1].completion_tokens);
+    assert_non_null(strstr(got[0].text, "{\"k\":{\"k\":{\"k\":"));
+    assert_non_null(strstr(got[0].text, "}}}"));
+    EngineStats st;
+    engine_stats(engines[0], &st);
+    assert_true(st.spec_accepted_tokens > 0);
+    for (int k = 0; k < 2; k++)
+        engine_destroy(engines[k]);
+    h_fake_free(f);
+}
+
+/* A forward pass that fails with guesses in it ends the choices with an error and
+ * returns every block, the guesses' too; the engine goes on. */
+static void test_failed_forward_with_guesses(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    Engine *e = spec_engine(f, 4, 64, 8);
+    Harness h = {0};
+    static const int32_t prompt[] = {46, 1, 2, 3, 4, 5, 1};
+    EngineRequest q = h_request(prompt, 7, 20);
+    q.n = 2;
+    uint64_t id = h_submit(e, &q);
+    h_step(&h, e, f); /* the prompt; its choices draw b */
+    f->fail_forward = 1;
+    assert_int_equal(h_step(&h, e, f), 0);
+    assert_int_equal(f->failed_rows, 2 * (1 + 4)); /* each decode of b with c d e a */
+    for (int c = 0; c < 2; c++)
+        assert_int_equal(h_req(&h, id)->ch[c].reason, FINISH_ERROR);
+    h_assert_pool_idle(e);
+    q.n = 1;
+    HChoice *c = run_one(&h, e, f, &q, NULL);
+    assert_int_equal(c->reason, FINISH_LENGTH);
+    assert_int_equal(c->n_tokens, 20);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
 static void test_config_checked(void **state)
 {
     (void)state;
@@ -286,6 +407,9 @@ int main(void)
         cmocka_unit_test(test_same_as_plain_decoding),
         cmocka_unit_test(test_guesses_use_spare_rows_only),
         cmocka_unit_test(test_guesses_keep_the_prefix_cache),
+        cmocka_unit_test(test_guess_that_ends_is_accepted),
+        cmocka_unit_test(test_json_rows_masked_alike),
+        cmocka_unit_test(test_failed_forward_with_guesses),
         cmocka_unit_test(test_config_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
