@@ -382,6 +382,35 @@ static void test_failed_forward_with_guesses(void **state)
     h_fake_free(f);
 }
 
+/* A cancel between steps finds the guessed rows settled: right guesses kept, the rest of
+ * the table dropped; every block comes back. */
+static void test_cancel_after_guesses(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    make_cycle(f);
+    Engine *e = spec_engine(f, 4, 64, 8);
+    Harness h = {0};
+    static const int32_t prompt[] = {47, 1, 2, 3, 4, 5, 1};
+    EngineRequest q = h_request(prompt, 7, 30);
+    q.n = 2;
+    uint64_t id = h_submit(e, &q);
+    h_step(&h, e, f); /* the prompt */
+    h_step(&h, e, f); /* b, with c d e a guessed: all right */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.spec_accepted_tokens, 2 * 4);
+    assert_int_equal(h_req(&h, id)->ch[0].n_tokens, 1 + 1 + 4);
+    engine_cancel(e, id);
+    h_step(&h, e, f);
+    for (int c = 0; c < 2; c++)
+        assert_int_equal(h_req(&h, id)->ch[c].reason, FINISH_CANCELLED);
+    h_assert_pool_idle(e);
+    engine_destroy(e);
+    h_free(&h);
+    h_fake_free(f);
+}
+
 static void test_config_checked(void **state)
 {
     (void)state;
@@ -410,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_guess_that_ends_is_accepted),
         cmocka_unit_test(test_json_rows_masked_alike),
         cmocka_unit_test(test_failed_forward_with_guesses),
+        cmocka_unit_test(test_cancel_after_guesses),
         cmocka_unit_test(test_config_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
