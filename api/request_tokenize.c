@@ -151,34 +151,28 @@ static int check_lengths(const ApiRequest *r, const ApiPrompt *p, int32_t index,
     return 0;
 }
 
-static int check_logit_bias(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
-    const SamplerParams *s = &r->sampling;
-    for (int32_t i = 0; i < s->n_logit_bias; i++) {
-        if (s->logit_bias[i].token >= v->n_vocab) {
-            api_error_set(e, 400, "logit_bias", "invalid_value",
-                          "Token id %d in 'logit_bias' is out of the vocabulary (ids are 0 .. %d)",
-                          (int)s->logit_bias[i].token, (int)v->n_vocab - 1);
-            return -1;
-        }
-    }
-    return 0;
+/* A token id a request names in `param` (logit_bias keys, stop_token_ids) must be in the
+ * vocabulary: the parser knew only that it is not negative. */
+static int check_token_id(int32_t id, const char *param, const ApiVocab *v, ApiError *e) {
+    if (id < v->n_vocab) return 0;
+    api_error_set(e, 400, param, "invalid_value",
+                  "Token id %d in '%s' is out of the vocabulary (ids are 0 .. %d)", (int)id,
+                  param, (int)v->n_vocab - 1);
+    return -1;
 }
 
-static int check_stop_token_ids(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
-    for (int32_t i = 0; i < r->n_stop_token_ids; i++) {
-        if (r->stop_token_ids[i] >= v->n_vocab) {
-            api_error_set(e, 400, "stop_token_ids", "invalid_value",
-                          "Token id %d in 'stop_token_ids' is out of the vocabulary (ids are "
-                          "0 .. %d)", (int)r->stop_token_ids[i], (int)v->n_vocab - 1);
-            return -1;
-        }
-    }
+static int check_token_ids(const ApiRequest *r, const ApiVocab *v, ApiError *e) {
+    const SamplerParams *s = &r->sampling;
+    for (int32_t i = 0; i < s->n_logit_bias; i++)
+        if (check_token_id(s->logit_bias[i].token, "logit_bias", v, e) != 0) return -1;
+    for (int32_t i = 0; i < r->n_stop_token_ids; i++)
+        if (check_token_id(r->stop_token_ids[i], "stop_token_ids", v, e) != 0) return -1;
     return 0;
 }
 
 int api_request_tokenize(ApiRequest *r, const ApiVocab *v, int32_t ctx_len,
                          const ApiLimits *lim, ApiError *e) {
-    if (check_logit_bias(r, v, e) != 0 || check_stop_token_ids(r, v, e) != 0) return -1;
+    if (check_token_ids(r, v, e) != 0) return -1;
     if (r->suffix && make_fim_prompts(r, v, e) != 0) return -1;
     for (int32_t i = 0; i < r->n_prompts; i++) {
         if (tokenize_one(&r->prompts[i], i, v, e) != 0) return -1;
