@@ -172,21 +172,24 @@ bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn)
     s->n_generated++;
     e->generation_tokens++;
     bool may_stop = seq_may_stop(s);
+    /* An end-of-generation token, or a stop token the output leaves out, ends the choice
+     * with a TOKEN event of no text: its logprob is part of the choice's (vLLM, llama.cpp). */
+    bool silent_end = false;
     if (may_stop && !r->ignore_eos && engine_is_eog(e, token)) {
-        seq_finish(e, s, FINISH_STOP, NULL);
-        return true;
-    }
-    if (may_stop && is_stop_token(r, token)) {
+        silent_end = true;
+    } else if (may_stop && is_stop_token(r, token)) {
         s->stop_token = token;
-        if (!r->include_stop) {
-            seq_finish(e, s, FINISH_STOP, NULL);
-            return true;
-        }
+        silent_end = !r->include_stop;
     }
     EngineEvent *ev = event_new(e, r, EVENT_TOKEN, s->choice);
     ev->token = token;
     if (r->logprobs >= 0)
         fill_logprobs(e, r, ev, raw);
+    if (silent_end) {
+        ev->text = engine_strndup("", 0);
+        seq_finish(e, s, FINISH_STOP, NULL);
+        return true;
+    }
     if (output_text(e, s, ev)) {
         s->stop_token = -1; /* the stop string cut the text: it is the reason */
         seq_finish(e, s, FINISH_STOP, NULL);

@@ -240,9 +240,9 @@ int engine_step(Engine *e);
  * - PROMPT: logprob of prompt token i given tokens [0, i), with the top `logprobs` (0 when
  *   logprobs is -1) alternatives. Token 0 has no context: its logprob is NAN and n_top 0.
  *   text is the token's text decoded as the start of a text (leading space stripped).
- * - TOKEN: every sampled token except an end-of-generation token (EOS when !ignore_eos)
- *   or a stop token (unless include_stop), which end the choice without a TOKEN event
- *   (they still count in completion_tokens).
+ * - TOKEN: every sampled token, one event each (so as many as completion_tokens), with its
+ *   logprobs when asked. An end-of-generation token (EOS when !ignore_eos) or a stop token
+ *   (unless include_stop) that ends the choice comes with text "".
  *   text is what became safe to show; the concatenation of a choice's TOKEN texts and its
  *   FINISH text is its whole output text.
  * - FINISH: text holds whatever was still held back (a possible stop-string start, or an

@@ -895,7 +895,9 @@ static void test_eos_and_ignore_eos(void **state)
     h_run(h, e, f, 100);
     HChoice *c = &h_req(h, id)->ch[0];
     assert_int_equal(c->reason, FINISH_STOP);
-    assert_int_equal(c->n_tokens, 3); /* 3 4 5, then EOS: no TOKEN event */
+    assert_int_equal(c->n_tokens, 4); /* 3 4 5, then EOS: a TOKEN event of no text */
+    assert_int_equal(c->tokens[3], 0);
+    assert_string_equal(c->token_text[3], "");
     assert_int_equal(c->completion_tokens, 4);
     assert_string_equal(c->text, "<3><4><5>");
     HChoice *d = &h_req(h, id2)->ch[0];

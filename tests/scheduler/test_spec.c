@@ -290,7 +290,7 @@ static void check_guess_that_ends(int how, int32_t want_accepted, int32_t want_t
     HChoice *c = run_one(&h, e, f, &q, NULL);
     assert_int_equal(c->reason, FINISH_STOP);
     assert_int_equal(c->n_tokens, want_tokens);
-    static const int32_t chain[] = {2, 3, 4, 5};
+    static const int32_t chain[] = {2, 3, 4, 5, 0};
     assert_memory_equal(c->tokens, chain, (size_t)want_tokens * sizeof chain[0]);
     EngineStats st;
     engine_stats(e, &st);
@@ -305,8 +305,8 @@ static void check_guess_that_ends(int how, int32_t want_accepted, int32_t want_t
 static void test_guess_that_ends_is_accepted(void **state)
 {
     (void)state;
-    check_guess_that_ends(0, 4, 4); /* b c d e, then EOS (no TOKEN event) */
-    check_guess_that_ends(1, 2, 2); /* b c, then the stop token d (none either) */
+    check_guess_that_ends(0, 4, 5); /* b c d e EOS */
+    check_guess_that_ends(1, 2, 3); /* b c d (the stop token) */
     check_guess_that_ends(2, 2, 3); /* b c d: the text cut before "cd" */
 }
 

@@ -317,8 +317,10 @@ static void test_stop_token(void **state)
     assert_int_equal(c->stop_token, 4);
     assert_int_equal(c->stop_string, -1);
     assert_string_equal(c->text, "bc");
-    assert_int_equal(c->n_tokens, 2);          /* no TOKEN event for it, as for EOS ... */
-    assert_int_equal(c->completion_tokens, 3); /* ... but it counts */
+    assert_int_equal(c->n_tokens, 3); /* a TOKEN event of no text for it, as for EOS */
+    assert_int_equal(c->tokens[2], 4);
+    assert_string_equal(c->token_text[2], "");
+    assert_int_equal(c->completion_tokens, 3);
 
     q.include_stop = true;
     c = run_request(x, &q, 54);

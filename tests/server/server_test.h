@@ -147,6 +147,7 @@ typedef struct {
     int role_deltas[MAX_CHOICES]; /* chat: deltas that named a role */
     char finish[MAX_CHOICES][16];
     char stop_reason[MAX_CHOICES][64]; /* the finishing chunk's stop_reason as JSON text */
+    int lp_tokens[MAX_CHOICES]; /* logprobs entries (tokens; chat: content) per choice */
     int n_choices;         /* highest index seen + 1 */
     json_t *usage;         /* the usage chunk's usage, if any */
     json_t *error;         /* an error frame's error, if any */
@@ -244,6 +245,9 @@ static inline int read_stream(HttpConn *c, StreamResult *s)
             append_text(&s->text[idx], t ? t : "");
             if (delta && json_is_string(json_object_get(delta, "role")))
                 s->role_deltas[idx]++;
+            json_t *lp = json_object_get(ch, "logprobs");
+            s->lp_tokens[idx] += (int)json_array_size(json_object_get(lp, delta ? "content"
+                                                                               : "tokens"));
             const char *f = json_string_value(json_object_get(ch, "finish_reason"));
             if (f)
                 snprintf(s->finish[idx], sizeof s->finish[idx], "%s", f);

@@ -347,10 +347,47 @@ static size_t lp_count(json_t *j)
     return json_array_size(json_object_get(lp, "tokens"));
 }
 
+/* The end-of-sequence token that ends a choice has its logprob like any token (vLLM,
+ * llama-server), not its text: forced by logit_bias (mkmodel's EOS is id 2, "</s>") after
+ * min_tokens 2, it is the third of three entries; streamed, its chunk has no text. */
+static void test_eos_logprob(void **state)
+{
+    (void)state;
+    const char *fields = "\"max_tokens\":8,\"temperature\":0,\"logprobs\":1,"
+                         "\"logit_bias\":{\"2\":100},\"min_tokens\":2";
+    json_t *j = complete("Numbers", fields);
+    assert_string_equal(choice_finish(j, 0), "stop");
+    assert_true(json_is_null(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                             "stop_reason")));
+    assert_int_equal(usage_field(j, "completion_tokens"), 3);
+    assert_int_equal(lp_count(j), 3);
+    assert_string_equal(lp_token(j, 2), "</s>");
+    assert_string_not_equal(lp_token(j, 1), "</s>");
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    double l = json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 2));
+    assert_true(l <= 0.0 && l > -1e9);
+    char *text = strdup(choice_text(j, 0));
+    assert_null(strstr(text, "</s>"));
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 2)),
+                     (json_int_t)strlen(text)); /* ASCII-only text here: chars = bytes */
+    json_decref(j);
+
+    char streamed[256];
+    snprintf(streamed, sizeof streamed, "%s,\"stream\":true", fields);
+    StreamResult s;
+    stream_complete("Numbers", streamed, &s);
+    assert_string_equal(s.finish[0], "stop");
+    assert_string_equal(s.text[0] ? s.text[0] : "", text);
+    assert_int_equal(s.lp_tokens[0], 3);
+    stream_result_free(&s);
+    free(text);
+}
+
 /* stop_token_ids, min_tokens and include_stop_str_in_output through HTTP: a token forced
  * by logit_bias +100 and listed as a stop token ends the choice at once (stop_reason its
- * id, its text left out unless asked for); with min_tokens 3 it is masked for three
- * tokens (bias or not) and ends the fourth. Streamed, the finishing chunk says the same. */
+ * id, its text left out unless asked for, its logprob listed); with min_tokens 3 it is
+ * masked for three tokens (bias or not) and ends the fourth. Streamed, the finishing chunk
+ * says the same. */
 static void test_stop_token_ids(void **state)
 {
     (void)state;
@@ -373,6 +410,8 @@ static void test_stop_token_ids(void **state)
     assert_int_equal(choice_stop_reason(j), x);
     assert_string_equal(choice_text(j, 0), "");
     assert_int_equal(usage_field(j, "completion_tokens"), 1);
+    assert_int_equal(lp_count(j), 1); /* the stop token has its logprob, not its text */
+    assert_string_equal(lp_token(j, 0), x_text);
     json_decref(j);
 
     strcat(fields, ",\"include_stop_str_in_output\":true");
@@ -387,9 +426,10 @@ static void test_stop_token_ids(void **state)
     assert_string_equal(choice_finish(j, 0), "stop");
     assert_int_equal(choice_stop_reason(j), x);
     assert_int_equal(usage_field(j, "completion_tokens"), 4);
-    assert_int_equal(lp_count(j), 3);
+    assert_int_equal(lp_count(j), 4);
     for (size_t i = 0; i < 3; i++)
         assert_string_not_equal(lp_token(j, i), x_text);
+    assert_string_equal(lp_token(j, 3), x_text);
     json_decref(j);
 
     strcat(fields, ",\"stream\":true");
@@ -600,6 +640,25 @@ static void test_chat_follow_up_hits_prefix_cache(void **state)
 }
 
 /* Without max_tokens a reply may fill the context (512 tokens here). */
+/* Chat lists the token that ended the reply too: a control token, so no bytes. */
+static void test_chat_eos_logprob(void **state)
+{
+    (void)state;
+    int status = 0;
+    json_t *j = chat("\"max_tokens\":8,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":1,"
+                     "\"logit_bias\":{\"2\":100},\"min_tokens\":2", &status);
+    assert_int_equal(status, 200);
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 3);
+    assert_int_equal(usage_field(j, "completion_tokens"), 3);
+    json_t *last = json_array_get(content, 2);
+    assert_string_equal(json_string_value(json_object_get(last, "token")), "</s>");
+    assert_int_equal(json_array_size(json_object_get(last, "bytes")), 0);
+    assert_null(strstr(chat_content(j, 0), "</s>"));
+    json_decref(j);
+}
+
 static void test_chat_default_length(void **state)
 {
     (void)state;
@@ -939,8 +998,10 @@ int main(void)
         cmocka_unit_test(test_echo),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_stop_token_ids),
+        cmocka_unit_test(test_eos_logprob),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
+        cmocka_unit_test(test_chat_eos_logprob),
         cmocka_unit_test(test_chat_reasoning_split),
         cmocka_unit_test(test_chat_tool_calls),
         cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),

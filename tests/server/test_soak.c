@@ -581,12 +581,10 @@ static Result check_completion_body(const Job *j, const Req *q, const HttpRespon
     }
     long completion = 0;
     res = check_usage(j, q, json_object_get(root, "usage"), n_length, &completion);
-    /* Without stop strings a "stop" choice ended on EOS: usage counts that token, the
-     * logprobs do not list it (the engine emits no TOKEN event for it). */
-    long eos = q->json ? 0 : q->n - n_length; /* a JSON object ends without EOS */
-    if (res == RES_OK && q->logprobs >= 0 && q->n_stop == 0 && gen_sum + eos != completion)
-        res = job_fail(j, "logprobs hold %ld tokens + %ld EOS, usage says %ld", gen_sum, eos,
-                       completion);
+    /* Every token usage counts has its logprobs, the EOS or stop string that ended a
+     * choice included. */
+    if (res == RES_OK && q->logprobs >= 0 && gen_sum != completion)
+        res = job_fail(j, "logprobs hold %ld tokens, usage says %ld", gen_sum, completion);
     if (res == RES_OK)
         atomic_fetch_add(&tally_tokens, completion);
 out:
@@ -724,9 +722,8 @@ static Result stream_end(const Job *j, const Req *q, StreamState *s)
         return job_fail(j, "include_usage asked, no usage chunk");
     long completion = 0;
     Result res = check_usage(j, q, s->usage, n_length, &completion);
-    long eos = q->json ? 0 : q->n - n_length; /* see check_completion_body */
-    if (res == RES_OK && q->logprobs >= 0 && q->n_stop == 0 && chunks + eos != completion)
-        res = job_fail(j, "%ld token chunks + %ld EOS, usage says %ld", chunks, eos, completion);
+    if (res == RES_OK && q->logprobs >= 0 && chunks != completion) /* see check_completion_body */
+        res = job_fail(j, "%ld token chunks, usage says %ld", chunks, completion);
     if (res == RES_OK)
         atomic_fetch_add(&tally_tokens, completion);
     return res;
