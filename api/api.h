@@ -395,6 +395,9 @@ struct ApiMetrics {
     ApiHistogram e2e;           /* arrival -> last event, seconds */
     ApiHistogram queue_time;    /* submit -> first scheduled, seconds (server observes it
                                  * when it can; the engine's events carry no such time) */
+    ApiHistogram prompt_tokens; /* per finished choice: its prompt's tokens */
+    ApiHistogram generation_tokens; /* per finished choice: tokens it generated */
+    ApiHistogram decode_time;   /* per finished choice: first -> last token, seconds */
     uint64_t http_requests[600]; /* per HTTP status code */
 };
 
@@ -436,6 +439,11 @@ void api_metrics_count_http(ApiMetrics *m, int status);
  *                                                 (older: vllm:time_per_output_token_seconds)
  * pagedserve_e2e_request_latency_seconds          vllm:e2e_request_latency_seconds
  * pagedserve_request_queue_time_seconds           vllm:request_queue_time_seconds
+ * pagedserve_request_prompt_tokens                vllm:request_prompt_tokens
+ * pagedserve_request_generation_tokens            vllm:request_generation_tokens
+ * pagedserve_request_decode_time_seconds          vllm:request_decode_time_seconds
+ *   (these three per choice that finished with stop or length, as vLLM records each of
+ *   n > 1's child requests)
  */
 char *api_metrics_render(const ApiMetrics *m, const EngineStats *s, size_t *len);
 

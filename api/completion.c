@@ -31,7 +31,7 @@ typedef struct {
     bool finished;
     bool started;      /* streamed: the echo chunk went out */
     bool has_token;
-    double last_token_at;
+    double first_token_at, last_token_at;
     ApiReasoningSplit split; /* req->reasoning, streamed: where the reply is */
     ApiToolText tool_text;   /* req->tools, streamed: a text answer's content so far */
 } Choice;
@@ -587,8 +587,18 @@ static void observe_token_times(ApiCompletion *c, Choice *ch, double now) {
         else if (ch->has_token) api_histogram_observe(&c->metrics->itl, now - ch->last_token_at);
     }
     c->any_token = true;
+    if (!ch->has_token) ch->first_token_at = now;
     ch->has_token = true;
     ch->last_token_at = now;
+}
+
+/* vLLM's per-request histograms, for a choice that ran to its end (stop or length). */
+static void observe_finished_choice(ApiCompletion *c, const Choice *ch, const EngineEvent *ev) {
+    if (!c->metrics || (ev->finish != FINISH_STOP && ev->finish != FINISH_LENGTH)) return;
+    api_histogram_observe(&c->metrics->prompt_tokens, ev->prompt_tokens);
+    api_histogram_observe(&c->metrics->generation_tokens, ch->completion_tokens);
+    api_histogram_observe(&c->metrics->decode_time,
+                          ch->has_token ? ch->last_token_at - ch->first_token_at : 0.0);
 }
 
 /* Streamed with req->reasoning: text through the choice's split, then one chunk with
@@ -685,6 +695,7 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     ch->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : ch->n_tokens;
     ch->cached_tokens = ev->cached_tokens;
     ch->chars += api_utf8_chars(text, len);
+    observe_finished_choice(c, ch, ev);
     /* One engine request per prompt: its queue time once, with choice 0. */
     if (c->metrics && ev->choice == 0 && ev->queue_time >= 0)
         api_histogram_observe(&c->metrics->queue_time, ev->queue_time);

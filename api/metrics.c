@@ -35,6 +35,9 @@ static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.0
 static const double e2e_bounds[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,
                                     10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                                     480.0, 960.0, 1920.0};
+/* 1-2-5 steps, as vLLM's token-count histograms (which stop at the context length). */
+static const double token_bounds[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
+                                      10000, 20000, 50000, 100000, 200000, 500000, 1000000};
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 void api_metrics_init(ApiMetrics *m) {
@@ -43,6 +46,9 @@ void api_metrics_init(ApiMetrics *m) {
     api_histogram_init(&m->itl, itl_bounds, N_OF(itl_bounds));
     api_histogram_init(&m->e2e, e2e_bounds, N_OF(e2e_bounds));
     api_histogram_init(&m->queue_time, e2e_bounds, N_OF(e2e_bounds));
+    api_histogram_init(&m->prompt_tokens, token_bounds, N_OF(token_bounds));
+    api_histogram_init(&m->generation_tokens, token_bounds, N_OF(token_bounds));
+    api_histogram_init(&m->decode_time, e2e_bounds, N_OF(e2e_bounds));
 }
 
 void api_metrics_count_http(ApiMetrics *m, int status) {
@@ -205,6 +211,13 @@ static void request_metrics(Out *o, const ApiMetrics *m, const EngineStats *s) {
               "Seconds from a request's arrival to its last token.", &m->e2e);
     histogram(o, "pagedserve_request_queue_time_seconds",
               "Seconds a request waited before it was first scheduled.", &m->queue_time);
+    histogram(o, "pagedserve_request_prompt_tokens",
+              "Prompt tokens of each finished choice (stop or length).", &m->prompt_tokens);
+    histogram(o, "pagedserve_request_generation_tokens",
+              "Tokens each finished choice (stop or length) generated.", &m->generation_tokens);
+    histogram(o, "pagedserve_request_decode_time_seconds",
+              "Seconds from each finished choice's (stop or length) first generated token "
+              "to its last.", &m->decode_time);
 }
 
 char *api_metrics_render(const ApiMetrics *m, const EngineStats *s, size_t *len) {

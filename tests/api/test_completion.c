@@ -772,6 +772,27 @@ static void test_latency_metrics(void **state) {
     assert_near(m.e2e.sum, 1.5);
     assert_int_equal(m.queue_time.count, 1); /* once per engine request (prompt) */
     assert_near(m.queue_time.sum, 0.125);
+    /* vLLM's per-request histograms, one observation a choice */
+    assert_int_equal(m.prompt_tokens.count, 2);
+    assert_near(m.prompt_tokens.sum, 4);
+    assert_int_equal(m.generation_tokens.count, 2);
+    assert_near(m.generation_tokens.sum, 3);
+    assert_int_equal(m.decode_time.count, 2);
+    assert_near(m.decode_time.sum, 0.5); /* choice 0: 10.5 to 11.0; choice 1: one token */
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    /* a choice cancelled or failed did not run to its end: not observed */
+    r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 20.0, &m);
+    api_buf_init(&out);
+    EngineEvent cancelled = ev_finish(0, FINISH_CANCELLED, "", 2, 1, 0);
+    assert_int_equal(api_completion_feed(c, 0, &a, 20.5, &out), 0);
+    assert_int_equal(api_completion_feed(c, 0, &cancelled, 21.0, &out), 0);
+    assert_int_equal(m.prompt_tokens.count, 2);
+    assert_int_equal(m.generation_tokens.count, 2);
+    assert_int_equal(m.decode_time.count, 2);
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);

@@ -363,8 +363,10 @@ static void test_format_and_values(void **state) {
     static const char *const hists[] = {
         "pagedserve_time_to_first_token_seconds", "pagedserve_inter_token_latency_seconds",
         "pagedserve_e2e_request_latency_seconds", "pagedserve_request_queue_time_seconds",
-        "pagedserve_engine_step_seconds", "pagedserve_engine_step_tokens"};
-    for (int i = 0; i < 6; i++) {
+        "pagedserve_engine_step_seconds", "pagedserve_engine_step_tokens",
+        "pagedserve_request_prompt_tokens", "pagedserve_request_generation_tokens",
+        "pagedserve_request_decode_time_seconds"};
+    for (int i = 0; i < (int)(sizeof hists / sizeof hists[0]); i++) {
         int f = family_find(x, hists[i]);
         assert_true(f >= 0);
         assert_string_equal(x->fam[f].type, "histogram");

@@ -360,6 +360,24 @@ static void test_metrics(void **state)
                 metric_value(srv.port, "pagedserve_kv_blocks_total"));
     assert_true(metric_value(srv.port, "pagedserve_http_requests_total{code=\"404\"}") >= 1);
     assert_true(metric_value(srv.port, "pagedserve_http_requests_total{code=\"200\"}") >= 1);
+
+    /* vLLM's per-request histograms: one observation for each of the 2 choices */
+    double n0 = metric_value(srv.port, "pagedserve_request_generation_tokens_count");
+    double gen0 = metric_value(srv.port, "pagedserve_request_generation_tokens_sum");
+    double prompt0 = metric_value(srv.port, "pagedserve_request_prompt_tokens_sum");
+    double decode0 = metric_value(srv.port, "pagedserve_request_decode_time_seconds_count");
+    json_t *j = post_ok(srv.port, "/v1/completions",
+                        "{\"model\":\"random\",\"prompt\":\"a b c\",\"max_tokens\":5,\"n\":2,"
+                        "\"ignore_eos\":true}");
+    double prompt_tokens = (double)json_integer_value(
+        json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    assert_true(metric_value(srv.port, "pagedserve_request_generation_tokens_count") == n0 + 2);
+    assert_true(metric_value(srv.port, "pagedserve_request_generation_tokens_sum") == gen0 + 10);
+    assert_true(metric_value(srv.port, "pagedserve_request_prompt_tokens_sum") ==
+                prompt0 + 2 * prompt_tokens);
+    assert_true(metric_value(srv.port, "pagedserve_request_decode_time_seconds_count") ==
+                decode0 + 2);
 }
 
 /* Garbage on the wire and hostile bodies: 4xx or a closed connection, never a crash. */
