@@ -398,6 +398,7 @@ struct ApiMetrics {
     ApiHistogram prompt_tokens; /* per finished choice: its prompt's tokens */
     ApiHistogram generation_tokens; /* per finished choice: tokens it generated */
     ApiHistogram decode_time;   /* per finished choice: first -> last token, seconds */
+    ApiHistogram prefill_time;  /* per finished choice: first scheduled -> first token */
     uint64_t http_requests[600]; /* per HTTP status code */
 };
 
@@ -442,7 +443,8 @@ void api_metrics_count_http(ApiMetrics *m, int status);
  * pagedserve_request_prompt_tokens                vllm:request_prompt_tokens
  * pagedserve_request_generation_tokens            vllm:request_generation_tokens
  * pagedserve_request_decode_time_seconds          vllm:request_decode_time_seconds
- *   (these three per choice that finished with stop or length, as vLLM records each of
+ * pagedserve_request_prefill_time_seconds         vllm:request_prefill_time_seconds
+ *   (these four per choice that finished with stop or length, as vLLM records each of
  *   n > 1's child requests)
  */
 char *api_metrics_render(const ApiMetrics *m, const EngineStats *s, size_t *len);

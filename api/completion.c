@@ -599,6 +599,12 @@ static void observe_finished_choice(ApiCompletion *c, const Choice *ch, const En
     api_histogram_observe(&c->metrics->generation_tokens, ch->completion_tokens);
     api_histogram_observe(&c->metrics->decode_time,
                           ch->has_token ? ch->last_token_at - ch->first_token_at : 0.0);
+    /* arrival + queue_time: when the engine first scheduled it (give or take the
+     * tokenisation before engine_submit) */
+    if (ch->has_token && ev->queue_time >= 0) {
+        double prefill = ch->first_token_at - c->arrival - ev->queue_time;
+        api_histogram_observe(&c->metrics->prefill_time, prefill > 0 ? prefill : 0.0);
+    }
 }
 
 /* Streamed with req->reasoning: text through the choice's split, then one chunk with

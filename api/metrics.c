@@ -49,6 +49,7 @@ void api_metrics_init(ApiMetrics *m) {
     api_histogram_init(&m->prompt_tokens, token_bounds, N_OF(token_bounds));
     api_histogram_init(&m->generation_tokens, token_bounds, N_OF(token_bounds));
     api_histogram_init(&m->decode_time, e2e_bounds, N_OF(e2e_bounds));
+    api_histogram_init(&m->prefill_time, e2e_bounds, N_OF(e2e_bounds));
 }
 
 void api_metrics_count_http(ApiMetrics *m, int status) {
@@ -218,6 +219,9 @@ static void request_metrics(Out *o, const ApiMetrics *m, const EngineStats *s) {
     histogram(o, "pagedserve_request_decode_time_seconds",
               "Seconds from each finished choice's (stop or length) first generated token "
               "to its last.", &m->decode_time);
+    histogram(o, "pagedserve_request_prefill_time_seconds",
+              "Seconds from each finished choice's (stop or length) request first being "
+              "scheduled to the choice's first generated token.", &m->prefill_time);
 }
 
 char *api_metrics_render(const ApiMetrics *m, const EngineStats *s, size_t *len) {

@@ -779,6 +779,8 @@ static void test_latency_metrics(void **state) {
     assert_near(m.generation_tokens.sum, 3);
     assert_int_equal(m.decode_time.count, 2);
     assert_near(m.decode_time.sum, 0.5); /* choice 0: 10.5 to 11.0; choice 1: one token */
+    assert_int_equal(m.prefill_time.count, 2);
+    assert_near(m.prefill_time.sum, (0.5 - 0.125) + (0.75 - 0.125)); /* to each first token */
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);

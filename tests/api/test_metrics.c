@@ -365,7 +365,7 @@ static void test_format_and_values(void **state) {
         "pagedserve_e2e_request_latency_seconds", "pagedserve_request_queue_time_seconds",
         "pagedserve_engine_step_seconds", "pagedserve_engine_step_tokens",
         "pagedserve_request_prompt_tokens", "pagedserve_request_generation_tokens",
-        "pagedserve_request_decode_time_seconds"};
+        "pagedserve_request_decode_time_seconds", "pagedserve_request_prefill_time_seconds"};
     for (int i = 0; i < (int)(sizeof hists / sizeof hists[0]); i++) {
         int f = family_find(x, hists[i]);
         assert_true(f >= 0);

@@ -366,6 +366,7 @@ static void test_metrics(void **state)
     double gen0 = metric_value(srv.port, "pagedserve_request_generation_tokens_sum");
     double prompt0 = metric_value(srv.port, "pagedserve_request_prompt_tokens_sum");
     double decode0 = metric_value(srv.port, "pagedserve_request_decode_time_seconds_count");
+    double prefill0 = metric_value(srv.port, "pagedserve_request_prefill_time_seconds_count");
     json_t *j = post_ok(srv.port, "/v1/completions",
                         "{\"model\":\"random\",\"prompt\":\"a b c\",\"max_tokens\":5,\"n\":2,"
                         "\"ignore_eos\":true}");
@@ -378,6 +379,8 @@ static void test_metrics(void **state)
                 prompt0 + 2 * prompt_tokens);
     assert_true(metric_value(srv.port, "pagedserve_request_decode_time_seconds_count") ==
                 decode0 + 2);
+    assert_true(metric_value(srv.port, "pagedserve_request_prefill_time_seconds_count") ==
+                prefill0 + 2);
 }
 
 /* Garbage on the wire and hostile bodies: 4xx or a closed connection, never a crash. */
