@@ -352,34 +352,55 @@ static void test_json_rows_masked_alike(void **state)
     h_fake_free(f);
 }
 
+/* An engine guessing up to 4 tokens over "a b c d e a ...", and a request of two choices
+ * whose prompt (tag a b c d e a) has run: each next decodes b with c d e a guessed. */
+typedef struct {
+    FakeModel *f;
+    Engine *e;
+    Harness h;
+    uint64_t id;
+} Guessing;
+
+static void guessing_start(Guessing *x, int32_t tag, int32_t max_tokens)
+{
+    x->f = h_fake_new(FAKE_SUCC);
+    make_cycle(x->f);
+    x->e = spec_engine(x->f, 4, 64, 8);
+    memset(&x->h, 0, sizeof x->h);
+    int32_t prompt[] = {tag, 1, 2, 3, 4, 5, 1};
+    EngineRequest q = h_request(prompt, 7, max_tokens);
+    q.n = 2;
+    x->id = h_submit(x->e, &q);
+    h_step(&x->h, x->e, x->f); /* the prompt: both choices draw b */
+}
+
+static void guessing_end(Guessing *x)
+{
+    h_assert_pool_idle(x->e);
+    engine_destroy(x->e);
+    h_free(&x->h);
+    h_fake_free(x->f);
+}
+
 /* A forward pass that fails with guesses in it ends the choices with an error and
  * returns every block, the guesses' too; the engine goes on. */
 static void test_failed_forward_with_guesses(void **state)
 {
     (void)state;
-    FakeModel *f = h_fake_new(FAKE_SUCC);
-    make_cycle(f);
-    Engine *e = spec_engine(f, 4, 64, 8);
-    Harness h = {0};
-    static const int32_t prompt[] = {46, 1, 2, 3, 4, 5, 1};
-    EngineRequest q = h_request(prompt, 7, 20);
-    q.n = 2;
-    uint64_t id = h_submit(e, &q);
-    h_step(&h, e, f); /* the prompt; its choices draw b */
-    f->fail_forward = 1;
-    assert_int_equal(h_step(&h, e, f), 0);
-    assert_int_equal(f->failed_rows, 2 * (1 + 4)); /* each decode of b with c d e a */
+    Guessing x;
+    guessing_start(&x, 46, 20);
+    x.f->fail_forward = 1;
+    assert_int_equal(h_step(&x.h, x.e, x.f), 0);
+    assert_int_equal(x.f->failed_rows, 2 * (1 + 4)); /* each decode of b with c d e a */
     for (int c = 0; c < 2; c++)
-        assert_int_equal(h_req(&h, id)->ch[c].reason, FINISH_ERROR);
-    h_assert_pool_idle(e);
-    q.n = 1;
-    HChoice *c = run_one(&h, e, f, &q, NULL);
+        assert_int_equal(h_req(&x.h, x.id)->ch[c].reason, FINISH_ERROR);
+    h_assert_pool_idle(x.e);
+    static const int32_t prompt[] = {48, 1, 2, 3, 4, 5, 1};
+    EngineRequest q = h_request(prompt, 7, 20);
+    HChoice *c = run_one(&x.h, x.e, x.f, &q, NULL);
     assert_int_equal(c->reason, FINISH_LENGTH);
     assert_int_equal(c->n_tokens, 20);
-    h_assert_pool_idle(e);
-    engine_destroy(e);
-    h_free(&h);
-    h_fake_free(f);
+    guessing_end(&x);
 }
 
 /* A cancel between steps finds the guessed rows settled: right guesses kept, the rest of
@@ -387,28 +408,18 @@ static void test_failed_forward_with_guesses(void **state)
 static void test_cancel_after_guesses(void **state)
 {
     (void)state;
-    FakeModel *f = h_fake_new(FAKE_SUCC);
-    make_cycle(f);
-    Engine *e = spec_engine(f, 4, 64, 8);
-    Harness h = {0};
-    static const int32_t prompt[] = {47, 1, 2, 3, 4, 5, 1};
-    EngineRequest q = h_request(prompt, 7, 30);
-    q.n = 2;
-    uint64_t id = h_submit(e, &q);
-    h_step(&h, e, f); /* the prompt */
-    h_step(&h, e, f); /* b, with c d e a guessed: all right */
+    Guessing x;
+    guessing_start(&x, 47, 30);
+    h_step(&x.h, x.e, x.f); /* b, with c d e a guessed: all right */
     EngineStats st;
-    engine_stats(e, &st);
+    engine_stats(x.e, &st);
     assert_int_equal(st.spec_accepted_tokens, 2 * 4);
-    assert_int_equal(h_req(&h, id)->ch[0].n_tokens, 1 + 1 + 4);
-    engine_cancel(e, id);
-    h_step(&h, e, f);
+    assert_int_equal(h_req(&x.h, x.id)->ch[0].n_tokens, 1 + 1 + 4);
+    engine_cancel(x.e, x.id);
+    h_step(&x.h, x.e, x.f);
     for (int c = 0; c < 2; c++)
-        assert_int_equal(h_req(&h, id)->ch[c].reason, FINISH_CANCELLED);
-    h_assert_pool_idle(e);
-    engine_destroy(e);
-    h_free(&h);
-    h_fake_free(f);
+        assert_int_equal(h_req(&x.h, x.id)->ch[c].reason, FINISH_CANCELLED);
+    guessing_end(&x);
 }
 
 static void test_config_checked(void **state)
