@@ -320,6 +320,9 @@ typedef struct ApiCompletion ApiCompletion;
 ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
                                   const char *model_name, double now, ApiMetrics *metrics);
 void api_completion_free(ApiCompletion *c);
+/* When its prompts went to the engine (after parsing and tokenising): the engine's
+ * queue_time counts from there. Default: the `now` given to api_completion_new. */
+void api_completion_submitted(ApiCompletion *c, double now);
 const char *api_completion_id(const ApiCompletion *c);
 /* Streamed: send the final usage chunk even without stream_options.include_usage. */
 void api_completion_force_usage(ApiCompletion *c, bool on);

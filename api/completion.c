@@ -50,6 +50,7 @@ struct ApiCompletion {
     char *model;
     int64_t created;
     double arrival;
+    double submitted; /* when the prompts went to the engine (api_completion_submitted) */
     bool force_usage;
     PromptState *prompts;
     Choice *choices;   /* n_prompts * n, index = prompt * n + choice */
@@ -68,6 +69,7 @@ ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
     c->vocab = v;
     c->metrics = metrics;
     c->arrival = now;
+    c->submitted = now;
     c->created = (int64_t)time(NULL);
     c->status = 200;
     api_random_id(c->id, sizeof c->id, r->chat ? "chatcmpl-" : "cmpl-");
@@ -86,6 +88,10 @@ ApiCompletion *api_completion_new(const ApiRequest *r, const ApiVocab *v,
         c->prompts[p].echo_chars = pr->text ? api_utf8_chars(pr->text, strlen(pr->text)) : 0;
     }
     return c;
+}
+
+void api_completion_submitted(ApiCompletion *c, double now) {
+    c->submitted = now;
 }
 
 void api_completion_free(ApiCompletion *c) {
@@ -195,22 +201,23 @@ static json_t *token_bytes_json(const char *s) {
     return a;
 }
 
-/* A control token ("<s>") adds nothing to the content, so its bytes are none: the bytes of
- * a reply's tokens joined are its content, as OpenAI's clients use them. */
-static json_t *chat_logprob(const ApiVocab *v, int32_t id, float logprob) {
+/* A control token ("<s>") adds nothing to the content, nor does the token that ended the
+ * reply with its text left out (unseen), so their bytes are none: the bytes of a reply's
+ * tokens joined are its content, as OpenAI's clients use them. */
+static json_t *chat_logprob(const ApiVocab *v, int32_t id, float logprob, bool unseen) {
     bool control = false;
     json_t *o = json_object(), *text = token_text_json(v, id, &control);
     const char *t = json_string_value(text);
-    json_object_set_new(o, "bytes", token_bytes_json(t && !control ? t : ""));
+    json_object_set_new(o, "bytes", token_bytes_json(t && !control && !unseen ? t : ""));
     json_object_set_new(o, "token", text);
     json_object_set_new(o, "logprob", api_json_logprob(logprob));
     return o;
 }
 
 static void chat_logprobs_push(const ApiVocab *v, json_t *lp, const EngineEvent *ev) {
-    json_t *item = chat_logprob(v, ev->token, ev->logprob), *top = json_array();
+    json_t *item = chat_logprob(v, ev->token, ev->logprob, ev->ends_unseen), *top = json_array();
     for (int32_t i = 0; i < ev->n_top && i < ENGINE_MAX_TOP_LOGPROBS; i++)
-        json_array_append_new(top, chat_logprob(v, ev->top_ids[i], ev->top_logprobs[i]));
+        json_array_append_new(top, chat_logprob(v, ev->top_ids[i], ev->top_logprobs[i], false));
     json_object_set_new(item, "top_logprobs", top);
     json_array_append_new(json_object_get(lp, "content"), item);
 }
@@ -592,19 +599,18 @@ static void observe_token_times(ApiCompletion *c, Choice *ch, double now) {
     ch->last_token_at = now;
 }
 
-/* vLLM's per-request histograms, for a choice that ran to its end (stop or length). */
-static void observe_finished_choice(ApiCompletion *c, const Choice *ch, const EngineEvent *ev) {
+/* vLLM's per-request histograms, for a choice that ran to its end (stop or length); all
+ * four observe it, so their counts agree (a choice without tokens: its decode takes 0,
+ * its prefill runs to its end). */
+static void observe_finished_choice(ApiCompletion *c, const Choice *ch, const EngineEvent *ev,
+                                    double now) {
     if (!c->metrics || (ev->finish != FINISH_STOP && ev->finish != FINISH_LENGTH)) return;
     api_histogram_observe(&c->metrics->prompt_tokens, ev->prompt_tokens);
     api_histogram_observe(&c->metrics->generation_tokens, ch->completion_tokens);
-    api_histogram_observe(&c->metrics->decode_time,
-                          ch->has_token ? ch->last_token_at - ch->first_token_at : 0.0);
-    /* arrival + queue_time: when the engine first scheduled it (give or take the
-     * tokenisation before engine_submit) */
-    if (ch->has_token && ev->queue_time >= 0) {
-        double prefill = ch->first_token_at - c->arrival - ev->queue_time;
-        api_histogram_observe(&c->metrics->prefill_time, prefill > 0 ? prefill : 0.0);
-    }
+    double first = ch->has_token ? ch->first_token_at : now;
+    api_histogram_observe(&c->metrics->decode_time, ch->has_token ? ch->last_token_at - first : 0);
+    double scheduled = c->submitted + (ev->queue_time > 0 ? ev->queue_time : 0);
+    api_histogram_observe(&c->metrics->prefill_time, first > scheduled ? first - scheduled : 0);
 }
 
 /* Streamed with req->reasoning: text through the choice's split, then one chunk with
@@ -701,7 +707,7 @@ static int on_finish(ApiCompletion *c, int32_t p, const EngineEvent *ev, double 
     ch->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : ch->n_tokens;
     ch->cached_tokens = ev->cached_tokens;
     ch->chars += api_utf8_chars(text, len);
-    observe_finished_choice(c, ch, ev);
+    observe_finished_choice(c, ch, ev, now);
     /* One engine request per prompt: its queue time once, with choice 0. */
     if (c->metrics && ev->choice == 0 && ev->queue_time >= 0)
         api_histogram_observe(&c->metrics->queue_time, ev->queue_time);

@@ -187,6 +187,7 @@ bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn)
         fill_logprobs(e, r, ev, raw);
     if (silent_end) {
         ev->text = engine_strndup("", 0);
+        ev->ends_unseen = true;
         seq_finish(e, s, FINISH_STOP, NULL);
         return true;
     }

@@ -136,6 +136,8 @@ typedef struct {
     char *text;                /* malloc'd, NUL-terminated; whole UTF-8 characters only.
                                 * May be "" (text held back: partial character or a
                                 * possible stop-string prefix). Freed by engine_event_free. */
+    bool ends_unseen;          /* TOKEN: an end-of-generation or stop token that ends the
+                                * choice with its text left out (text is "") */
     float logprob;             /* when logprobs >= 0 (or for PROMPT) */
     int32_t n_top;
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
@@ -242,7 +244,7 @@ int engine_step(Engine *e);
  *   text is the token's text decoded as the start of a text (leading space stripped).
  * - TOKEN: every sampled token, one event each (so as many as completion_tokens), with its
  *   logprobs when asked. An end-of-generation token (EOS when !ignore_eos) or a stop token
- *   (unless include_stop) that ends the choice comes with text "".
+ *   (unless include_stop) that ends the choice comes with text "" and ends_unseen.
  *   text is what became safe to show; the concatenation of a choice's TOKEN texts and its
  *   FINISH text is its whole output text.
  * - FINISH: text holds whatever was still held back (a possible stop-string start, or an

@@ -305,6 +305,7 @@ enum MHD_Result completion_start(ServerReq *r)
     if (r->comp == NULL)
         return send_error(r, 503, NULL, "The server ran out of memory");
     api_completion_force_usage(r->comp, c->force_usage);
+    api_completion_submitted(r->comp, server_now());
     r->stream = r->req->stream;
     api_buf_free(&r->body); /* parsed; the request holds what it needs */
     api_buf_init(&r->body);

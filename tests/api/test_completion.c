@@ -753,6 +753,7 @@ static void test_latency_metrics(void **state) {
     api_metrics_init(&m);
     ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\",\"n\":2}");
     ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 10.0, &m);
+    api_completion_submitted(c, 10.25); /* parsed and tokenised: the engine's clock starts */
     ApiBuf out;
     api_buf_init(&out);
     EngineEvent a = ev_token(0, T('a'), "a", 0), b = ev_token(1, T('b'), "b", 0);
@@ -780,7 +781,8 @@ static void test_latency_metrics(void **state) {
     assert_int_equal(m.decode_time.count, 2);
     assert_near(m.decode_time.sum, 0.5); /* choice 0: 10.5 to 11.0; choice 1: one token */
     assert_int_equal(m.prefill_time.count, 2);
-    assert_near(m.prefill_time.sum, (0.5 - 0.125) + (0.75 - 0.125)); /* to each first token */
+    /* scheduled at 10.25 + 0.125; first tokens at 10.5 and 10.75 */
+    assert_near(m.prefill_time.sum, (10.5 - 10.375) + (10.75 - 10.375));
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);
@@ -795,6 +797,24 @@ static void test_latency_metrics(void **state) {
     assert_int_equal(m.prompt_tokens.count, 2);
     assert_int_equal(m.generation_tokens.count, 2);
     assert_int_equal(m.decode_time.count, 2);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    /* a choice that ends without a token (max_tokens 0, a JSON dead end) counts in all
+     * four: decode 0, prefill to its end */
+    r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 30.0, &m);
+    api_buf_init(&out);
+    EngineEvent empty = ev_finish(0, FINISH_LENGTH, "", 2, 0, 0);
+    empty.queue_time = 0.5;
+    assert_int_equal(api_completion_feed(c, 0, &empty, 32.0, &out), 0);
+    assert_int_equal(m.prompt_tokens.count, 3);
+    assert_int_equal(m.generation_tokens.count, 3);
+    assert_int_equal(m.decode_time.count, 3);
+    assert_near(m.decode_time.sum, 0.5);
+    assert_int_equal(m.prefill_time.count, 3);
+    assert_near(m.prefill_time.sum, 0.5 + 1.5);
     api_buf_free(&out);
     api_completion_free(c);
     api_request_free(r);

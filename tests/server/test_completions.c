@@ -640,7 +640,9 @@ static void test_chat_follow_up_hits_prefix_cache(void **state)
 }
 
 /* Without max_tokens a reply may fill the context (512 tokens here). */
-/* Chat lists the token that ended the reply too: a control token, so no bytes. */
+/* Chat lists the token that ended the reply too, with no bytes: EOS is a control token,
+ * and a stop token's text (an ordinary piece) is left out of the content: the bytes
+ * joined are still the content. */
 static void test_chat_eos_logprob(void **state)
 {
     (void)state;
@@ -656,6 +658,24 @@ static void test_chat_eos_logprob(void **state)
     assert_string_equal(json_string_value(json_object_get(last, "token")), "</s>");
     assert_int_equal(json_array_size(json_object_get(last, "bytes")), 0);
     assert_null(strstr(chat_content(j, 0), "</s>"));
+    json_decref(j);
+
+    json_t *t = post_json(srv.port, "/tokenize", "{\"prompt\":\"apple\"}", &status);
+    json_t *ids = json_object_get(t, "tokens");
+    int x = (int)json_integer_value(json_array_get(ids, json_array_size(ids) - 1));
+    json_decref(t);
+    char fields[256];
+    snprintf(fields, sizeof fields, "\"max_tokens\":8,\"temperature\":0,\"logprobs\":true,"
+             "\"logit_bias\":{\"%d\":100},\"stop_token_ids\":[%d]", x, x);
+    j = chat(fields, &status);
+    assert_int_equal(status, 200);
+    content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 1);
+    last = json_array_get(content, 0);
+    assert_true(strlen(json_string_value(json_object_get(last, "token"))) > 0);
+    assert_int_equal(json_array_size(json_object_get(last, "bytes")), 0);
+    assert_string_equal(chat_content(j, 0), "");
     json_decref(j);
 }
 
