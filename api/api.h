@@ -147,13 +147,22 @@ typedef struct {
     const char *bos, *eos; /* the model's BOS and EOS texts ("<s>", "</s>") */
 } ApiChatTokens;
 
-/* The prompt text of n messages in format f, ending where the assistant's reply starts
- * (the model's BOS is left to tokenising). Roles other than the three, a system message
- * after the first (formats without a system turn fold the first into the first user
- * turn), or turns that do not alternate user/assistant where the format's template
- * requires it: 400 naming "messages". malloc'd; NULL and e on error. */
-char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
-                      ApiError *e);
+/* How a chat's prompt ends (vLLM's add_generation_prompt and continue_final_message):
+ * where the assistant's reply starts (the default), after the last message as written
+ * (no reply opened), or inside the last message, an assistant's, left open so that the
+ * reply continues it ("prefill"). */
+typedef enum { API_CHAT_END_REPLY = 0, API_CHAT_END_NONE, API_CHAT_END_CONTINUE } ApiChatEnd;
+
+/* The prompt text of n messages in format f, ending as `end` says (the model's BOS is
+ * left to tokenising). Roles other than the three, a system message after the first
+ * (formats without a system turn fold the first into the first user turn), turns that do
+ * not alternate user/assistant where the format's template requires it, or CONTINUE
+ * without an assistant message last: 400 naming "messages". With CONTINUE the last
+ * message's content is written as the format writes an answer's, without what closes
+ * it, save that its trailing whitespace is kept (a prefill may end in a space on
+ * purpose). malloc'd; NULL and e on error. */
+char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, ApiChatEnd end,
+                      const ApiChatTokens *tok, ApiError *e);
 
 /* ---- vocabulary: what the api needs of a tokenizer ------------------------------------------ */
 
@@ -468,8 +477,13 @@ struct json_t *api_json_logprob(float lp);
  * joined to the system message; assistant turns are then written as the replies the tools'
  * grammar allows. Tool calls and results of the conversation are written as
  * api/tool_calls.c says either way. */
-char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f,
+char *api_chat_prompt_from_json(const struct json_t *messages, ApiChatFormat f, ApiChatEnd end,
                                 const ApiChatTokens *tok, const char *tools_text, ApiError *e);
+/* add_generation_prompt (boolean, default true) and continue_final_message (boolean,
+ * default false) of a chat or /tokenize body as an ApiChatEnd: 400 naming the field for a
+ * value not a boolean, or continue_final_message with add_generation_prompt true as
+ * given (vLLM refuses the pair too). */
+int api_chat_end_read(const struct json_t *root, ApiChatEnd *end, ApiError *e);
 /* A message's content: a string, null, or text parts joined with newlines; *owned is set
  * (to free) when the text had to be put together. 0, or -1 with a 400 naming messages[i]. */
 int api_chat_message_text(const struct json_t *content, size_t i, const char **text,

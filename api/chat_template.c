@@ -86,6 +86,12 @@ static bool is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
+/* s without its leading whitespace when trim (a continued answer keeps its end). */
+static void put_start_trimmed(Text *t, const char *s, bool trim) {
+    while (trim && is_space(*s)) s++;
+    put(t, s);
+}
+
 /* s without leading and trailing whitespace (Jinja's trim, Python's strip). */
 static void put_trimmed(Text *t, const char *s) {
     size_t n = strlen(s);
@@ -134,7 +140,7 @@ static const TurnStyle turn_styles[] = {
 };
 
 static void render_turns(Text *t, const ApiChatMessage *m, int n, const TurnStyle *st,
-                         const ApiChatTokens *tok) {
+                         const ApiChatTokens *tok, bool reply) {
     for (int i = 0; i < n; i++) {
         put(t, st->open);
         put(t, m[i].role);
@@ -144,6 +150,7 @@ static void render_turns(Text *t, const ApiChatMessage *m, int n, const TurnStyl
         put(t, st->end ? st->end : tok->eos);
         put(t, st->after_end);
     }
+    if (!reply) return;
     put(t, st->open);
     put(t, "assistant");
     put(t, st->after_role);
@@ -226,7 +233,7 @@ static void render_mistral(Text *t, const ApiChatMessage *m, int n, int first,
 
 /* <start_of_turn>user\ncontent<end_of_turn>\n ... <start_of_turn>model\n; the assistant is
  * "model"; a system message opens the first user turn, followed by a blank line. */
-static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
+static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first, bool reply) {
     for (int i = first; i < n; i++) {
         put(t, "<start_of_turn>");
         put(t, role_is(&m[i], "assistant") ? "model" : "user");
@@ -238,27 +245,28 @@ static void render_gemma(Text *t, const ApiChatMessage *m, int n, int first) {
         put_trimmed(t, m[i].content);
         put(t, "<end_of_turn>\n");
     }
-    put(t, "<start_of_turn>model\n");
+    if (reply) put(t, "<start_of_turn>model\n");
 }
 
 /* DeepSeek LLM chat (and V2): "User: " user "\n\n", "Assistant: " answer EOS, a system
  * message as its bare text and "\n\n", anywhere; the reply opens with "Assistant:" (no
  * space: the model writes it). */
-static void render_deepseek(Text *t, const ApiChatMessage *m, int n, const ApiChatTokens *tok) {
+static void render_deepseek(Text *t, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
+                            bool reply) {
     for (int i = 0; i < n; i++) {
         bool answer = role_is(&m[i], "assistant");
         put(t, answer ? "Assistant: " : role_is(&m[i], "user") ? "User: " : "");
         put(t, m[i].content);
         put(t, answer ? tok->eos : "\n\n");
     }
-    put(t, "Assistant:");
+    if (reply) put(t, "Assistant:");
 }
 
 /* DeepSeek V3 / R1: the last system message's text first (the template keeps only that
  * one), then "<｜User｜>" user and "<｜Assistant｜>" answer "<｜end▁of▁sentence｜>", where an
  * answer keeps only what follows its last "</think>" (earlier reasoning is not replayed);
  * the reply opens with "<｜Assistant｜>", R1's also with "<think>\n". */
-static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think) {
+static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think, bool reply) {
     for (int i = n - 1; i >= 0; i--)
         if (role_is(&m[i], "system")) {
             put(t, m[i].content);
@@ -276,7 +284,7 @@ static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think
             put(t, DS3_END);
         }
     }
-    put(t, think ? DS3_ASSISTANT "<think>\n" : DS3_ASSISTANT);
+    if (reply) put(t, think ? DS3_ASSISTANT "<think>\n" : DS3_ASSISTANT);
 }
 
 /* Formats with system turns of their own take messages in any order; the others fold one
@@ -292,8 +300,59 @@ ApiChatFormat api_chat_format_held(ApiChatFormat fmt, bool json)
     return fmt == API_CHAT_DEEPSEEK_R1 && json ? API_CHAT_DEEPSEEK3 : fmt;
 }
 
-char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const ApiChatTokens *tok,
-                      ApiError *e)
+/* The messages in format f, then the assistant's opening when reply. */
+static void render_body(Text *t, ApiChatFormat f, const ApiChatMessage *m, int n, int first,
+                        const ApiChatTokens *tok, bool reply) {
+    switch (f) {
+    case API_CHAT_CHATML:
+    case API_CHAT_LLAMA3:
+    case API_CHAT_PHI3:
+    case API_CHAT_ZEPHYR: render_turns(t, m, n, &turn_styles[f], tok, reply); break;
+    case API_CHAT_LLAMA2: render_llama2(t, m, n, first, tok); break; /* ends at [/INST] */
+    case API_CHAT_MISTRAL:
+    case API_CHAT_MISTRAL_V1:
+    case API_CHAT_MISTRAL_V3:
+    case API_CHAT_MISTRAL_V3_TEKKEN: render_mistral(t, m, n, first, &inst_styles[f], tok); break;
+    case API_CHAT_GEMMA: render_gemma(t, m, n, first, reply); break;
+    case API_CHAT_DEEPSEEK: render_deepseek(t, m, n, tok, reply); break;
+    case API_CHAT_DEEPSEEK3:
+    case API_CHAT_DEEPSEEK_R1: render_deepseek3(t, m, n, f == API_CHAT_DEEPSEEK_R1, reply); break;
+    case API_CHAT_NONE: break; /* refused by the caller */
+    }
+}
+
+/* An answer's text as it follows the assistant's opening in format f, without what
+ * closes it: the start of a continued last message. */
+static void render_open_answer(Text *t, ApiChatFormat f, const char *content) {
+    switch (f) {
+    case API_CHAT_CHATML:
+    case API_CHAT_LLAMA3:
+    case API_CHAT_PHI3:
+    case API_CHAT_ZEPHYR: put_start_trimmed(t, content, turn_styles[f].trim); break;
+    case API_CHAT_LLAMA2:
+        put(t, " ");
+        put_start_trimmed(t, content, true);
+        break;
+    case API_CHAT_MISTRAL:
+    case API_CHAT_MISTRAL_V1:
+    case API_CHAT_MISTRAL_V3:
+    case API_CHAT_MISTRAL_V3_TEKKEN:
+        put(t, inst_styles[f].answer_lead);
+        put_start_trimmed(t, content, inst_styles[f].trim_answer);
+        break;
+    case API_CHAT_GEMMA: put_start_trimmed(t, content, true); break;
+    case API_CHAT_DEEPSEEK: /* the reply's opening "Assistant:" lacks an answer's space */
+        put(t, " ");
+        put(t, content);
+        break;
+    case API_CHAT_DEEPSEEK3:
+    case API_CHAT_DEEPSEEK_R1:
+    case API_CHAT_NONE: put(t, content); break;
+    }
+}
+
+char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, ApiChatEnd end,
+                      const ApiChatTokens *tok, ApiError *e)
 {
     if (f == API_CHAT_NONE) {
         api_error_set(e, 400, "messages", "chat_template_missing",
@@ -324,26 +383,19 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, const Api
                       "'messages' needs a user message after the system message");
         return NULL;
     }
+    bool cont = end == API_CHAT_END_CONTINUE;
+    if (cont && !role_is(&m[n - 1], "assistant")) {
+        api_error_set(e, 400, "messages", "invalid_value",
+                      "continue_final_message needs an assistant message last (message %d "
+                      "is '%s')", n - 1, m[n - 1].role);
+        return NULL;
+    }
+    /* A continued answer is all content: R1's reply is not opened in <think>. */
+    if (cont && f == API_CHAT_DEEPSEEK_R1) f = API_CHAT_DEEPSEEK3;
     Text t = {{0}, false};
     api_buf_init(&t.out);
-    switch (f) {
-    case API_CHAT_CHATML:
-    case API_CHAT_LLAMA3:
-    case API_CHAT_PHI3:
-    case API_CHAT_ZEPHYR: render_turns(&t, m, n, &turn_styles[f], tok); break;
-    case API_CHAT_LLAMA2: render_llama2(&t, m, n, first, tok); break;
-    case API_CHAT_MISTRAL:
-    case API_CHAT_MISTRAL_V1:
-    case API_CHAT_MISTRAL_V3:
-    case API_CHAT_MISTRAL_V3_TEKKEN:
-        render_mistral(&t, m, n, first, &inst_styles[f], tok);
-        break;
-    case API_CHAT_GEMMA: render_gemma(&t, m, n, first); break;
-    case API_CHAT_DEEPSEEK: render_deepseek(&t, m, n, tok); break;
-    case API_CHAT_DEEPSEEK3:
-    case API_CHAT_DEEPSEEK_R1: render_deepseek3(&t, m, n, f == API_CHAT_DEEPSEEK_R1); break;
-    case API_CHAT_NONE: break; /* refused above */
-    }
+    render_body(&t, f, m, cont ? n - 1 : n, first, tok, end != API_CHAT_END_NONE);
+    if (cont) render_open_answer(&t, f, m[n - 1].content);
     size_t len;
     char *s = t.failed ? NULL : api_buf_take(&t.out, &len);
     api_buf_free(&t.out);

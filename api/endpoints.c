@@ -120,7 +120,12 @@ static int read_chat_text(const json_t *root, const json_t *messages, const ApiV
     json_schema_free(probe.json_schema);
     if (rc != 0) return -1;
     ApiChatFormat fmt = api_chat_format_held(vocab->chat_format, probe.json_object);
-    *owned = api_chat_prompt_from_json(messages, fmt, &vocab->chat_tokens, tools_text, e);
+    ApiChatEnd end = API_CHAT_END_REPLY;
+    if (api_chat_end_read(root, &end, e) != 0) {
+        free(tools_text);
+        return -1;
+    }
+    *owned = api_chat_prompt_from_json(messages, fmt, end, &vocab->chat_tokens, tools_text, e);
     free(tools_text);
     *text = *owned;
     *len = *owned ? strlen(*owned) : 0;
@@ -192,6 +197,7 @@ int api_tokenize_handle(const char *body, size_t len, const ApiLimits *lim,
                         const ApiVocab *v, const char *served_model, int32_t max_model_len,
                         char **out, size_t *out_len, ApiError *e) {
     static const char *const known[] = {"model", "prompt", "text", "messages",
+                                        "add_generation_prompt", "continue_final_message",
                                         "add_special_tokens", "add_special",
                                         "return_token_strs", "tools", "tool_choice",
                                         "parallel_tool_calls", NULL};

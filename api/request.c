@@ -171,7 +171,8 @@ static const char *const chat_known_fields[] = {
     "repetition_penalty", "logprobs", "top_logprobs", "ignore_eos", "user", "stream",
     "stream_options", "cache_salt", "logit_bias", "response_format", "tools", "tool_choice",
     "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "stop_token_ids",
-    "min_tokens", "include_stop_str_in_output", NULL,
+    "min_tokens", "include_stop_str_in_output", "add_generation_prompt",
+    "continue_final_message", NULL,
 };
 
 /* Unknown fields are a 400; chat also takes the fields it does not implement at their
@@ -877,8 +878,24 @@ static int tool_results_turn(const json_t *v, size_t from, size_t to, ApiChatMes
     return 0;
 }
 
-char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiChatTokens *tok,
-                                const char *tools_text, ApiError *e) {
+int api_chat_end_read(const json_t *root, ApiChatEnd *end, ApiError *e) {
+    bool reply = true, cont = false;
+    if (read_bool(root, "add_generation_prompt", &reply, e) != 0 ||
+        read_bool(root, "continue_final_message", &cont, e) != 0)
+        return -1;
+    const json_t *given = json_object_get(root, "add_generation_prompt");
+    if (cont && json_is_true(given)) {
+        api_error_set(e, 400, "continue_final_message", "invalid_value",
+                      "'continue_final_message' continues the last message: it cannot be "
+                      "true with 'add_generation_prompt' true");
+        return -1;
+    }
+    *end = cont ? API_CHAT_END_CONTINUE : reply ? API_CHAT_END_REPLY : API_CHAT_END_NONE;
+    return 0;
+}
+
+char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, ApiChatEnd end,
+                                const ApiChatTokens *tok, const char *tools_text, ApiError *e) {
     if (!json_is_array(v)) {
         bad(e, "messages", "an array of messages", v);
         return NULL;
@@ -902,7 +919,7 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiCha
     if (rc == 0 && tools_text && used > 0) /* none: the render's error */
         rc = add_tools_text(msgs, owned, &used, tools_text, e);
     char *text = NULL;
-    if (rc == 0) text = api_chat_render(fmt, msgs, used, tok, e);
+    if (rc == 0) text = api_chat_render(fmt, msgs, used, end, tok, e);
     for (size_t i = 0; owned && i <= n; i++) free(owned[i]);
     free(owned);
     free(msgs);
@@ -911,15 +928,15 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, const ApiCha
 
 /* The messages rendered in the server's chat format become the request's one prompt. */
 static int read_messages(const json_t *root, const ApiLimits *lim, ApiChatFormat fmt,
-                         const ApiChatTokens *tok, const char *tools_text, ApiRequest *r,
-                         ApiError *e) {
+                         ApiChatEnd end, const ApiChatTokens *tok, const char *tools_text,
+                         ApiRequest *r, ApiError *e) {
     const json_t *v = json_object_get(root, "messages");
     if (!v || json_is_null(v)) {
         api_error_set(e, 400, "messages", "missing_required_parameter",
                       "'messages' is required");
         return -1;
     }
-    char *text = api_chat_prompt_from_json(v, fmt, tok, tools_text, e);
+    char *text = api_chat_prompt_from_json(v, fmt, end, tok, tools_text, e);
     if (!text) return -1;
     if (alloc_prompts(r, 1, lim, e) != 0) {
         free(text);
@@ -960,11 +977,22 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
     return read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e);
 }
 
+/* A continued answer is text already begun: a grammar (tools, response_format) would have
+ * to start at the reply's beginning. */
+static int check_continue(const ApiRequest *r, ApiChatEnd end, ApiError *e) {
+    if (end != API_CHAT_END_CONTINUE || (!r->json_object && r->tools == API_TOOLS_OFF)) return 0;
+    api_error_set(e, 400, "continue_final_message", "invalid_value",
+                  "'continue_final_message' cannot be used with %s",
+                  r->tools != API_TOOLS_OFF ? "'tools'" : "'response_format'");
+    return -1;
+}
+
 static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char *served_model,
                             ApiChatFormat fmt, const ApiChatTokens *tok, ApiRequest *r,
                             ApiError *e) {
     r->chat = true;
     char *tools_text = NULL; /* the tools offered, for the system message */
+    ApiChatEnd end = API_CHAT_END_REPLY;
     int rc = check_unknown_fields(root, chat_known_fields, true, e) != 0 ||
                      read_model(root, served_model, r, e) != 0 ||
                      read_chat_max_tokens(root, lim, r, e) != 0 ||
@@ -972,13 +1000,16 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
                      api_tools_read(root, r, &tools_text, e) != 0 ||
-                     read_messages(root, lim, api_chat_format_held(fmt, r->json_object), tok,
-                                   tools_text, r, e) != 0
+                     api_chat_end_read(root, &end, e) != 0 ||
+                     check_continue(r, end, e) != 0 ||
+                     read_messages(root, lim, api_chat_format_held(fmt, r->json_object), end,
+                                   tok, tools_text, r, e) != 0
                  ? -1
                  : 0;
     free(tools_text);
-    /* A reply held to JSON has no room to reason: it is all content. */
-    r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object;
+    /* A reply held to JSON has no room to reason, nor has one that continues an answer:
+     * it is all content. */
+    r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object && end != API_CHAT_END_CONTINUE;
     return rc;
 }
 

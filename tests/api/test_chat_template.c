@@ -28,20 +28,25 @@ static const ApiChatMessage chat4[] = {
     {"user", "\nWho are you?"},
 };
 
-static void expect_render(ApiChatFormat f, const ApiChatMessage *m, int n, const char *want) {
+static void expect_render_end(ApiChatFormat f, const ApiChatMessage *m, int n, ApiChatEnd end,
+                              const char *want) {
     ApiError e;
     memset(&e, 0, sizeof e);
-    char *got = api_chat_render(f, m, n, &tokens, &e);
+    char *got = api_chat_render(f, m, n, end, &tokens, &e);
     if (!got) fail_msg("%s: %s", api_chat_format_name(f), e.message);
     assert_string_equal(got, want);
     free(got);
+}
+
+static void expect_render(ApiChatFormat f, const ApiChatMessage *m, int n, const char *want) {
+    expect_render_end(f, m, n, API_CHAT_END_REPLY, want);
 }
 
 static void expect_refusal(ApiChatFormat f, const ApiChatMessage *m, int n, const char *code,
                            const char *words) {
     ApiError e;
     memset(&e, 0, sizeof e);
-    assert_null(api_chat_render(f, m, n, &tokens, &e));
+    assert_null(api_chat_render(f, m, n, API_CHAT_END_REPLY, &tokens, &e));
     assert_int_equal(e.status, 400);
     assert_string_equal(e.param, "messages");
     assert_string_equal(e.code, code);
@@ -199,6 +204,57 @@ static void test_deepseek3(void **state) {
 #undef AST
 #undef EOS_DS
 
+/* continue_final_message: the last message, an assistant's, is left open as each format
+ * writes an answer (leading whitespace trimmed where the format trims answers, the end
+ * kept) after the reply's opening of the turns before it; add_generation_prompt false:
+ * no opening at all. */
+#define USR "<" FW "User" FW ">"
+#define AST "<" FW "Assistant" FW ">"
+static void test_continue_and_no_reply(void **state) {
+    (void)state;
+    const ApiChatMessage c[] = {{"system", "Be brief."}, {"user", "Hi! "},
+                                {"assistant", " The answer is "}};
+    const ApiChatEnd k = API_CHAT_END_CONTINUE;
+    expect_render_end(API_CHAT_CHATML, c, 3, k,
+                      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi! <|im_end|>\n"
+                      "<|im_start|>assistant\n The answer is ");
+    expect_render_end(API_CHAT_LLAMA3, c, 3, k,
+                      "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is ");
+    expect_render_end(API_CHAT_LLAMA2, c, 3, k,
+                      "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi! [/INST] The answer is ");
+    expect_render_end(API_CHAT_MISTRAL_V3, c, 3, k, "[INST] Be brief.\n\nHi! [/INST] The answer is ");
+    expect_render_end(API_CHAT_MISTRAL_V3_TEKKEN, c, 3, k,
+                      "[INST]Be brief.\n\nHi! [/INST] The answer is ");
+    expect_render_end(API_CHAT_GEMMA, c, 3, k,
+                      "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
+                      "The answer is ");
+    expect_render_end(API_CHAT_DEEPSEEK, c, 3, k,
+                      "Be brief.\n\nUser: Hi! \n\nAssistant:  The answer is ");
+    /* R1's reply is not opened in <think>: a continued answer is all content */
+    expect_render_end(API_CHAT_DEEPSEEK_R1, c, 3, k, "Be brief." USR "Hi! " AST " The answer is ");
+    /* an assistant message alone, where the format has system turns */
+    expect_render_end(API_CHAT_CHATML, c + 2, 1, k, "<|im_start|>assistant\n The answer is ");
+
+    const ApiChatEnd none = API_CHAT_END_NONE;
+    expect_render_end(API_CHAT_CHATML, c, 2, none,
+                      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi! <|im_end|>\n");
+    expect_render_end(API_CHAT_GEMMA, c, 2, none,
+                      "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n");
+    expect_render_end(API_CHAT_DEEPSEEK_R1, c, 2, none, "Be brief." USR "Hi! ");
+    expect_render_end(API_CHAT_DEEPSEEK, c, 2, none, "Be brief.\n\nUser: Hi! \n\n");
+    expect_render_end(API_CHAT_LLAMA2, c, 2, none, "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi! [/INST]");
+
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    assert_null(api_chat_render(API_CHAT_CHATML, c, 2, k, &tokens, &e));
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "assistant message last"));
+}
+#undef USR
+#undef AST
+
 static void test_refusals(void **state) {
     (void)state;
     const ApiChatMessage tool[] = {{"user", "x"}, {"tool", "y"}};
@@ -229,7 +285,7 @@ int main(void) {
         cmocka_unit_test(test_mistral),          cmocka_unit_test(test_phi3_and_zephyr),
         cmocka_unit_test(test_gemma),            cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_mistral_variants), cmocka_unit_test(test_deepseek),
-        cmocka_unit_test(test_deepseek3),
+        cmocka_unit_test(test_deepseek3),        cmocka_unit_test(test_continue_and_no_reply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

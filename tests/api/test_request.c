@@ -1128,6 +1128,55 @@ static void test_chat_tools_errors(void **state) {
 #undef MSGS
 }
 
+/* vLLM's add_generation_prompt and continue_final_message: the prompt ends after the last
+ * message or inside it ("prefill"); the pair true together, non-booleans, and a continued
+ * answer under a grammar (tools, response_format) are refused; R1's continued reply is all
+ * content. */
+static void test_chat_prompt_end(void **state) {
+    (void)state;
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"A: \"}]"
+    ApiRequest *r = chat_ok("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true}");
+    assert_string_equal(r->prompts[0].text, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nA: ");
+    api_request_free(r);
+    r = chat_ok("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true,"
+                "\"add_generation_prompt\":false}");
+    assert_string_equal(r->prompts[0].text, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nA: ");
+    api_request_free(r);
+    r = chat_ok("{\"model\":\"m\"," MSGS ",\"add_generation_prompt\":false}");
+    assert_string_equal(r->prompts[0].text,
+                        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nA: <|im_end|>\n");
+    api_request_free(r);
+    r = chat_ok("{\"model\":\"m\"," MSGS ",\"add_generation_prompt\":null,"
+                "\"continue_final_message\":null}");
+    assert_string_equal(r->prompts[0].text + strlen(r->prompts[0].text) - 22,
+                        "<|im_start|>assistant\n"); /* the defaults: a reply opened */
+    api_request_free(r);
+
+    ApiRequest *x = NULL;
+    ApiError e;
+    assert_int_equal(chat_parse("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true}",
+                                API_CHAT_DEEPSEEK_R1, &x, &e), 0);
+    assert_false(x->reasoning);
+    api_request_free(x);
+
+    chat_error("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true,"
+               "\"add_generation_prompt\":true}", API_CHAT_CHATML, "continue_final_message",
+               "cannot be true");
+    chat_error("{\"model\":\"m\"," MSGS ",\"continue_final_message\":1}", API_CHAT_CHATML,
+               "continue_final_message", "boolean");
+    chat_error("{\"model\":\"m\"," MSGS ",\"add_generation_prompt\":\"no\"}", API_CHAT_CHATML,
+               "add_generation_prompt", "boolean");
+    chat_error("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true,"
+               "\"response_format\":{\"type\":\"json_object\"}}", API_CHAT_CHATML,
+               "continue_final_message", "response_format");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+               "\"continue_final_message\":true}", API_CHAT_CHATML, "messages",
+               "assistant message last");
+    chat_error("{\"model\":\"m\"," TOOLS "," MSGS ",\"continue_final_message\":true}",
+               API_CHAT_CHATML, "continue_final_message", "'tools'");
+#undef MSGS
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -1147,6 +1196,7 @@ int main(void) {
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_request),
         cmocka_unit_test(test_chat_request_errors),
+        cmocka_unit_test(test_chat_prompt_end),
         cmocka_unit_test(test_chat_neutral_fields),
         cmocka_unit_test(test_chat_tools),
         cmocka_unit_test(test_chat_tool_turns),

@@ -474,6 +474,42 @@ static const char *chat_content(json_t *j, size_t i)
     return json_string_value(json_object_get(msg, "content"));
 }
 
+/* continue_final_message: the reply continues the last (assistant) message, the prompt
+ * being CHAT_PROMPT and that message's text; content is only what was generated; /tokenize
+ * counts the same prompt. */
+static void test_chat_continue_final_message(void **state)
+{
+    (void)state;
+#define PREFILL_MSGS "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":" \
+                     "\"user\",\"content\":\"Tell me a story\"},{\"role\":\"assistant\"," \
+                     "\"content\":\"Once upon\"}],\"continue_final_message\":true," \
+                     "\"add_generation_prompt\":false"
+    const char *opts = "\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true";
+    int status = 0;
+    json_t *c = post_json(srv.port, "/v1/chat/completions",
+                          "{\"model\":\"random\"," PREFILL_MSGS ",\"max_tokens\":10,"
+                          "\"temperature\":0,\"ignore_eos\":true}", &status);
+    assert_int_equal(status, 200);
+    json_t *t = complete(CHAT_PROMPT "Once upon", opts);
+    assert_string_equal(chat_content(c, 0), choice_text(t, 0));
+    assert_int_equal(usage_field(c, "prompt_tokens"), usage_field(t, "prompt_tokens"));
+    json_t *tok = post_json(srv.port, "/tokenize", "{" PREFILL_MSGS "}", &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(json_integer_value(json_object_get(tok, "count")),
+                     usage_field(c, "prompt_tokens"));
+    json_decref(tok);
+    json_decref(c);
+    json_decref(t);
+    json_t *err = post_json(srv.port, "/v1/chat/completions",
+                            "{\"model\":\"random\"," PREFILL_MSGS ",\"tools\":[{\"type\":"
+                            "\"function\",\"function\":{\"name\":\"f\"}}]}", &status);
+    assert_int_equal(status, 400);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "param")),
+                        "continue_final_message");
+    json_decref(err);
+#undef PREFILL_MSGS
+}
+
 /* A chat is a completion of its rendered prompt: same greedy text, same usage; streamed,
  * the deltas add up to the same text, each choice's first delta naming the role. */
 static void test_chat_is_completion_of_rendered_prompt(void **state)
@@ -1021,6 +1057,7 @@ int main(void)
         cmocka_unit_test(test_eos_logprob),
         cmocka_unit_test(test_chat_is_completion_of_rendered_prompt),
         cmocka_unit_test(test_chat_default_length),
+        cmocka_unit_test(test_chat_continue_final_message),
         cmocka_unit_test(test_chat_eos_logprob),
         cmocka_unit_test(test_chat_reasoning_split),
         cmocka_unit_test(test_chat_tool_calls),
