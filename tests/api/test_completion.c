@@ -747,6 +747,27 @@ static void test_fail(void **state) {
 
 /* ---- latency metrics ---------------------------------------------------------------------- */
 
+/* A one-prompt, one-choice completion arriving at `arrival`, fed evs[i] at at[i]. */
+static void run_single(ApiMetrics *m, double arrival, const EngineEvent *evs, const double *at,
+                       int n) {
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", arrival, m);
+    ApiBuf out;
+    api_buf_init(&out);
+    for (int i = 0; i < n; i++) assert_int_equal(api_completion_feed(c, 0, &evs[i], at[i], &out), 0);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+}
+
+/* The four per-request histograms observed the same choices. */
+static void assert_request_counts(const ApiMetrics *m, uint64_t n) {
+    assert_int_equal(m->prompt_tokens.count, n);
+    assert_int_equal(m->generation_tokens.count, n);
+    assert_int_equal(m->decode_time.count, n);
+    assert_int_equal(m->prefill_time.count, n);
+}
+
 static void test_latency_metrics(void **state) {
     (void)state;
     ApiMetrics m;
@@ -788,36 +809,18 @@ static void test_latency_metrics(void **state) {
     api_request_free(r);
 
     /* a choice cancelled or failed did not run to its end: not observed */
-    r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
-    c = api_completion_new(r, &fake_vocab_bytes, "m", 20.0, &m);
-    api_buf_init(&out);
-    EngineEvent cancelled = ev_finish(0, FINISH_CANCELLED, "", 2, 1, 0);
-    assert_int_equal(api_completion_feed(c, 0, &a, 20.5, &out), 0);
-    assert_int_equal(api_completion_feed(c, 0, &cancelled, 21.0, &out), 0);
-    assert_int_equal(m.prompt_tokens.count, 2);
-    assert_int_equal(m.generation_tokens.count, 2);
-    assert_int_equal(m.decode_time.count, 2);
-    api_buf_free(&out);
-    api_completion_free(c);
-    api_request_free(r);
+    EngineEvent cancelled[] = {a, ev_finish(0, FINISH_CANCELLED, "", 2, 1, 0)};
+    run_single(&m, 20.0, cancelled, (const double[]){20.5, 21.0}, 2);
+    assert_request_counts(&m, 2);
 
     /* a choice that ends without a token (max_tokens 0, a JSON dead end) counts in all
      * four: decode 0, prefill to its end */
-    r = request("{\"model\":\"m\",\"prompt\":\"q\"}");
-    c = api_completion_new(r, &fake_vocab_bytes, "m", 30.0, &m);
-    api_buf_init(&out);
     EngineEvent empty = ev_finish(0, FINISH_LENGTH, "", 2, 0, 0);
     empty.queue_time = 0.5;
-    assert_int_equal(api_completion_feed(c, 0, &empty, 32.0, &out), 0);
-    assert_int_equal(m.prompt_tokens.count, 3);
-    assert_int_equal(m.generation_tokens.count, 3);
-    assert_int_equal(m.decode_time.count, 3);
+    run_single(&m, 30.0, &empty, (const double[]){32.0}, 1);
+    assert_request_counts(&m, 3);
     assert_near(m.decode_time.sum, 0.5);
-    assert_int_equal(m.prefill_time.count, 3);
     assert_near(m.prefill_time.sum, 0.5 + 1.5);
-    api_buf_free(&out);
-    api_completion_free(c);
-    api_request_free(r);
 }
 
 /* ---- chat ---------------------------------------------------------------------------------- */
