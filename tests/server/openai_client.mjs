@@ -2,8 +2,9 @@
 // check what the client hands its users: completions (plain, streamed with usage, n = 2,
 // logprobs, logit_bias, echo, stop with stop_reason, vLLM's stop_token_ids / min_tokens /
 // include_stop_str_in_output), chat completions (plain, streamed with n = 2 and
-// logprobs, errors), errors mapped to the client's error classes, the model list, and
-// API keys. Run by tests/server/test_conformance.c, which starts the servers:
+// logprobs, vLLM's continue_final_message, errors), errors mapped to the client's error
+// classes, the model list, and API keys. Run by tests/server/test_conformance.c, which
+// starts the servers:
 //
 //   node openai_client.mjs --openai-dir DIR --port N --model ID [--auth-port N --api-key KEY]
 //
@@ -458,6 +459,20 @@ await runCase("chat.completions.create: plain = the completion of its rendered p
                                               max_tokens: CHAT.max_tokens, temperature: 0 });
   checkEqual(c.message.content, t.choices[0].text, "chat: content = the prompt's completion");
   chatPlain = r;
+});
+
+// vLLM's assistant prefill, sent through the client as extra fields: the reply continues
+// the last message, and is the completion of the rendered prompt plus that message's text.
+await runCase("chat.completions.create: continue_final_message (prefill)", async () => {
+  const prefill = "Once upon";
+  const r = await client.chat.completions.create({
+    ...CHAT, messages: [...CHAT.messages, { role: "assistant", content: prefill }],
+    continue_final_message: true, add_generation_prompt: false });
+  const t = await client.completions.create({ model: MODEL, prompt: CHAT_PROMPT + prefill,
+                                              max_tokens: CHAT.max_tokens, temperature: 0 });
+  checkEqual(r.choices[0].message.content, t.choices[0].text,
+             "prefill: content = the completion of the prompt and the prefill");
+  checkEqual(r.usage.prompt_tokens, t.usage.prompt_tokens, "prefill: prompt_tokens");
 });
 
 await runCase("chat.completions.create: streamed, n = 2, logprobs", async () => {
