@@ -363,9 +363,15 @@ int api_sse_error(ApiBuf *b, const ApiError *e);             /* data: {"error":.
 
 /* ---- other endpoints -------------------------------------------------------------------------- */
 
-/* GET /v1/models: {"object":"list","data":[model]}; GET /v1/models/{id}: the model object
- * {"id","object":"model","created","owned_by":"pagedserve","max_model_len"}. */
-char *api_models_body(const char *model_id, int64_t created, int32_t max_model_len,
+/* The ids a server answers to (--model-name): one, or several separated by commas (vLLM's
+ * served model names: aliases of one model; the first is the one responses name).
+ * Whether `name` is one of them. */
+bool api_model_served(const char *served, const char *name);
+
+/* GET /v1/models: {"object":"list","data":[model, ...]}, one per served id; GET
+ * /v1/models/{id}: the model object {"id","object":"model","created","owned_by":
+ * "pagedserve","max_model_len"}. */
+char *api_models_body(const char *served, int64_t created, int32_t max_model_len,
                       size_t *len);
 char *api_model_body(const char *model_id, int64_t created, int32_t max_model_len,
                      size_t *len);

@@ -16,10 +16,27 @@ static json_t *model_object(const char *model_id, int64_t created, int32_t max_m
     return m;
 }
 
-char *api_models_body(const char *model_id, int64_t created, int32_t max_model_len,
+/* The id after the one at p in a comma-separated list, or NULL. */
+static const char *next_id(const char *p) {
+    const char *comma = strchr(p, ',');
+    return comma ? comma + 1 : NULL;
+}
+
+bool api_model_served(const char *served, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = served; p; p = next_id(p))
+        if (strcspn(p, ",") == n && memcmp(p, name, n) == 0) return true;
+    return false;
+}
+
+char *api_models_body(const char *served, int64_t created, int32_t max_model_len,
                       size_t *len) {
     json_t *data = json_array();
-    json_array_append_new(data, model_object(model_id, created, max_model_len));
+    for (const char *p = served; p; p = next_id(p)) {
+        char *id = strndup(p, strcspn(p, ","));
+        if (id) json_array_append_new(data, model_object(id, created, max_model_len));
+        free(id);
+    }
     json_t *root = json_object();
     json_object_set_new(root, "object", json_string("list"));
     json_object_set_new(root, "data", data);
@@ -77,7 +94,7 @@ static int check_model(const json_t *root, const char *served_model, ApiError *e
         api_error_set(e, 400, "model", "invalid_type", "'model' must be a string");
         return -1;
     }
-    if (served_model && strcmp(json_string_value(m), served_model) != 0) {
+    if (served_model && !api_model_served(served_model, json_string_value(m))) {
         api_error_set(e, 404, "model", "model_not_found",
                       "The model '%.200s' does not exist; this server serves '%.200s'",
                       json_string_value(m), served_model);

@@ -301,7 +301,7 @@ enum MHD_Result completion_start(ServerReq *r)
     if (api_request_tokenize(r->req, &s->vocab, s->ctx_len, &c->limits, &e) != 0 ||
         check_kv_fit(r, &st, &e) != 0)
         return server_send_error(r, &e);
-    r->comp = api_completion_new(r->req, &s->vocab, c->model_name, r->arrival, &s->metrics);
+    r->comp = api_completion_new(r->req, &s->vocab, c->model_id, r->arrival, &s->metrics);
     if (r->comp == NULL)
         return send_error(r, 503, NULL, "The server ran out of memory");
     api_completion_force_usage(r->comp, c->force_usage);

@@ -43,8 +43,10 @@ static const Flag flags[] = {
      "address to listen on (IPv4 or IPv6 literal)"},
     {"port", 0, FLAG_INT, FIELD(port), 0, 65535, "N", "8080",
      "TCP port to listen on (0: any free port, logged at start)"},
-    {"model-name", 0, FLAG_STRING, FIELD(model_name), 0, 0, "NAME", "file name without .gguf",
-     "model id clients must send and /v1/models lists"},
+    {"model-name", 0, FLAG_STRING, FIELD(model_name), 0, 0, "NAMES",
+     "file name without .gguf",
+     "model id clients must send and /v1/models lists; several, separated by commas, are "
+     "aliases (responses name the first)"},
     {"chat-template", 0, FLAG_STRING, FIELD(chat_template), 0, 0, "NAME", "auto",
      "format of /v1/chat/completions prompts: auto (recognise the file's template), none, "
      API_CHAT_FORMAT_NAMES},
@@ -424,6 +426,24 @@ static char *default_model_name(const char *path)
     return strndup(base, len);
 }
 
+/* --model-name: ids separated by commas, none empty, none twice. */
+static int check_model_names(const char *names, char *err, size_t err_len)
+{
+    for (const char *p = names;; p += strcspn(p, ",") + 1) {
+        size_t len = strcspn(p, ",");
+        bool twice = false;
+        for (const char *q = names; q < p; q += strcspn(q, ",") + 1)
+            twice = twice || (strcspn(q, ",") == len && memcmp(q, p, len) == 0);
+        if (len == 0 || twice) {
+            set_err(err, err_len, "--model-name: '%s' has an %s id (ids are separated by "
+                    "commas)", names, len == 0 ? "empty" : "repeated");
+            return -1;
+        }
+        if (p[len] == '\0')
+            return 0;
+    }
+}
+
 static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_len)
 {
     if (c->model_path == NULL) {
@@ -431,6 +451,10 @@ static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_l
         return -1;
     }
     if (c->model_name == NULL && (c->model_name = default_model_name(c->model_path)) == NULL)
+        return set_err(err, err_len, "out of memory"), -1;
+    if (check_model_names(c->model_name, err, err_len) != 0)
+        return -1;
+    if ((c->model_id = strndup(c->model_name, strcspn(c->model_name, ","))) == NULL)
         return set_err(err, err_len, "out of memory"), -1;
     if (c->chat_template && strcmp(c->chat_template, "auto") != 0 &&
         strcmp(c->chat_template, "none") != 0 &&
@@ -514,6 +538,7 @@ void server_config_free(ServerConfig *c)
     free(c->model_path);
     free(c->host);
     free(c->model_name);
+    free(c->model_id);
     free(c->chat_template);
     free(c->cors_origins);
     for (int i = 0; i < c->n_api_keys; i++)

@@ -264,14 +264,14 @@ static enum MHD_Result handle_model(ServerReq *r, const char *url)
 {
     Server *s = r->srv;
     const char *id = url + sizeof models_prefix - 1;
-    if (strcmp(id, s->cfg->model_name) != 0) {
+    if (!api_model_served(s->cfg->model_name, id)) {
         ApiError e;
         api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist",
                       id);
         return server_send_error(r, &e);
     }
     size_t len = 0;
-    char *body = api_model_body(s->cfg->model_name, s->created, s->ctx_len, &len);
+    char *body = api_model_body(id, s->created, s->ctx_len, &len);
     return server_send(r, 200, JSON_TYPE, body, len);
 }
 

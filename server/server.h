@@ -54,7 +54,9 @@ typedef struct {
     char *model_path;        /* -m/--model, required */
     char *host;              /* --host, 127.0.0.1 */
     int port;                /* --port, 8080; 0 = any free port (logged) */
-    char *model_name;        /* --model-name; NULL = model file's base name without .gguf */
+    char *model_name;        /* --model-name: one id or several (aliases) separated by
+                              * commas; NULL = model file's base name without .gguf */
+    char *model_id;          /* the first of them: what responses name (set by parsing) */
     char *chat_template;     /* --chat-template: a format name, "none", or NULL/"auto" (the
                               * file's tokenizer.chat_template, recognised) */
     ModelWeightType weight_type; /* --weight-type auto|f32|f16|bf16|int8|q4: matrices in memory */

@@ -120,6 +120,22 @@ static void test_models(void **state) {
     check_model_object(o);
     json_decref(o);
     free(body);
+
+    /* aliases: one object each, in order */
+    body = api_models_body("stories260K,tiny,t", 1700000000, 512, &len);
+    o = parse_json(body, len);
+    data = json_object_get(o, "data");
+    assert_int_equal(json_array_size(data), 3);
+    check_model_object(json_array_get(data, 0));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(data, 2), "id")), "t");
+    json_decref(o);
+    free(body);
+    assert_true(api_model_served("stories260K,tiny,t", "tiny"));
+    assert_true(api_model_served("stories260K,tiny,t", "t"));
+    assert_true(api_model_served("stories260K", "stories260K"));
+    assert_false(api_model_served("stories260K,tiny,t", "tin"));
+    assert_false(api_model_served("stories260K,tiny,t", "tiny,t"));
+    assert_false(api_model_served("stories260K,tiny,t", ""));
 }
 
 /* ---- /tokenize, /detokenize ------------------------------------------------------------------- */

@@ -94,6 +94,9 @@ static void test_bad_flags(void **state)
         {{"-m", model, "stray", NULL}, "stray"},
         {{"-m", model, "--threads", NULL}, "--threads"},
         {{"-m", model, "--kv-cache-mb", "0"}, "--kv-cache-mb"},
+        {{"-m", model, "--model-name", "a,,b"}, "empty id"},
+        {{"-m", model, "--model-name", "a,b,a"}, "repeated id"},
+        {{"-m", model, "--model-name", "a,"}, "empty id"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *argv[8] = {bin_path("pagedserve")};
@@ -141,6 +144,36 @@ static char *served_model_id(int port)
     return id;
 }
 
+/* --model-name with aliases: /v1/models lists each, a request may name any (responses
+ * name the first), /v1/models/{alias} answers, a name not listed is a 404. */
+static void check_aliases(ServerProc *sp)
+{
+    const char *extra[] = {"--model-name", "main,gpt-4o-mini", NULL};
+    assert_int_equal(start_random_server(sp, extra), 0);
+    int status = 0;
+    json_t *j = request_json(sp->port, "GET", "/v1/models", NULL, NULL, &status);
+    json_t *data = json_object_get(j, "data");
+    assert_int_equal(json_array_size(data), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(data, 1), "id")),
+                        "gpt-4o-mini");
+    json_decref(j);
+    j = request_json(sp->port, "GET", "/v1/models/gpt-4o-mini", NULL, NULL, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "gpt-4o-mini");
+    json_decref(j);
+    j = post_json(sp->port, "/v1/completions",
+                  "{\"model\":\"gpt-4o-mini\",\"prompt\":\"hi\",\"max_tokens\":2}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "main");
+    json_decref(j);
+    j = post_json(sp->port, "/v1/completions",
+                  "{\"model\":\"main,gpt-4o-mini\",\"prompt\":\"hi\",\"max_tokens\":2}",
+                  &status);
+    assert_int_equal(status, 404);
+    json_decref(j);
+    assert_int_equal(server_proc_stop(sp, 20.0), 0);
+}
+
 /* Variables set what flags do not; a flag wins over its variable. The start-up log says
  * what was loaded. */
 static void test_env_and_startup_log(void **state)
@@ -172,6 +205,7 @@ static void test_env_and_startup_log(void **state)
     assert_string_equal(id, "from-flag");
     free(id);
     assert_int_equal(server_proc_stop(&sp, 20.0), 0);
+    check_aliases(&sp);
     unsetenv("PAGEDSERVE_MODEL_NAME");
     unsetenv("PAGEDSERVE_BLOCK_SIZE");
 }
