@@ -206,13 +206,14 @@ static const InstStyle inst_styles[] = {
 };
 
 static void render_mistral(Text *t, const ApiChatMessage *m, int n, int first,
-                           const InstStyle *st, const ApiChatTokens *tok) {
+                           const InstStyle *st, const ApiChatTokens *tok, bool ends_in_answer) {
     /* v3's templates add the system text only when the last message is a user's (a chat
-     * that ends with an answer drops it); the others open the first turn with it. */
-    int system_at = first == 0                       ? -1
-                    : !st->system_last               ? first
-                    : role_is(&m[n - 1], "user") ? n - 1
-                                                     : -1;
+     * that ends with an answer drops it, a continued one too); the others open the first
+     * turn with it. */
+    int system_at = first == 0                                       ? -1
+                    : !st->system_last                               ? first
+                    : !ends_in_answer && role_is(&m[n - 1], "user") ? n - 1
+                                                                     : -1;
     for (int i = first; i < n; i++) {
         if (role_is(&m[i], "assistant")) {
             put(t, st->answer_lead);
@@ -266,6 +267,13 @@ static void render_deepseek(Text *t, const ApiChatMessage *m, int n, const ApiCh
  * one), then "<｜User｜>" user and "<｜Assistant｜>" answer "<｜end▁of▁sentence｜>", where an
  * answer keeps only what follows its last "</think>" (earlier reasoning is not replayed);
  * the reply opens with "<｜Assistant｜>", R1's also with "<think>\n". */
+/* What follows an answer's last "</think>": the template does not replay reasoning. */
+static const char *after_reasoning(const char *answer) {
+    const char *after;
+    while ((after = strstr(answer, "</think>"))) answer = after + strlen("</think>");
+    return answer;
+}
+
 static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think, bool reply) {
     for (int i = n - 1; i >= 0; i--)
         if (role_is(&m[i], "system")) {
@@ -277,10 +285,8 @@ static void render_deepseek3(Text *t, const ApiChatMessage *m, int n, bool think
             put(t, DS3_USER);
             put(t, m[i].content);
         } else if (role_is(&m[i], "assistant")) {
-            const char *answer = m[i].content, *after;
-            while ((after = strstr(answer, "</think>"))) answer = after + strlen("</think>");
             put(t, DS3_ASSISTANT);
-            put(t, answer);
+            put(t, after_reasoning(m[i].content));
             put(t, DS3_END);
         }
     }
@@ -300,9 +306,10 @@ ApiChatFormat api_chat_format_held(ApiChatFormat fmt, bool json)
     return fmt == API_CHAT_DEEPSEEK_R1 && json ? API_CHAT_DEEPSEEK3 : fmt;
 }
 
-/* The messages in format f, then the assistant's opening when reply. */
+/* The messages in format f, then the assistant's opening when reply; cont: an answer,
+ * continued, follows them (a template that looks at the last message sees it). */
 static void render_body(Text *t, ApiChatFormat f, const ApiChatMessage *m, int n, int first,
-                        const ApiChatTokens *tok, bool reply) {
+                        const ApiChatTokens *tok, bool reply, bool cont) {
     switch (f) {
     case API_CHAT_CHATML:
     case API_CHAT_LLAMA3:
@@ -312,7 +319,9 @@ static void render_body(Text *t, ApiChatFormat f, const ApiChatMessage *m, int n
     case API_CHAT_MISTRAL:
     case API_CHAT_MISTRAL_V1:
     case API_CHAT_MISTRAL_V3:
-    case API_CHAT_MISTRAL_V3_TEKKEN: render_mistral(t, m, n, first, &inst_styles[f], tok); break;
+    case API_CHAT_MISTRAL_V3_TEKKEN:
+        render_mistral(t, m, n, first, &inst_styles[f], tok, cont);
+        break;
     case API_CHAT_GEMMA: render_gemma(t, m, n, first, reply); break;
     case API_CHAT_DEEPSEEK: render_deepseek(t, m, n, tok, reply); break;
     case API_CHAT_DEEPSEEK3:
@@ -346,8 +355,8 @@ static void render_open_answer(Text *t, ApiChatFormat f, const char *content) {
         put(t, content);
         break;
     case API_CHAT_DEEPSEEK3:
-    case API_CHAT_DEEPSEEK_R1:
-    case API_CHAT_NONE: put(t, content); break;
+    case API_CHAT_DEEPSEEK_R1: put(t, after_reasoning(content)); break;
+    case API_CHAT_NONE: break; /* refused by the caller */
     }
 }
 
@@ -394,7 +403,7 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, ApiChatEn
     if (cont && f == API_CHAT_DEEPSEEK_R1) f = API_CHAT_DEEPSEEK3;
     Text t = {{0}, false};
     api_buf_init(&t.out);
-    render_body(&t, f, m, cont ? n - 1 : n, first, tok, end != API_CHAT_END_NONE);
+    render_body(&t, f, m, cont ? n - 1 : n, first, tok, end != API_CHAT_END_NONE, cont);
     if (cont) render_open_answer(&t, f, m[n - 1].content);
     size_t len;
     char *s = t.failed ? NULL : api_buf_take(&t.out, &len);

@@ -894,12 +894,26 @@ int api_chat_end_read(const json_t *root, ApiChatEnd *end, ApiError *e) {
     return 0;
 }
 
+/* A continued answer is text the model goes on writing: not under the tools' grammar,
+ * which starts at the reply's beginning, nor after a tool call, which is whole. */
+static int check_continued(const json_t *v, ApiChatEnd end, const char *tools_text,
+                           ApiError *e) {
+    if (end != API_CHAT_END_CONTINUE) return 0;
+    const json_t *last = json_array_get(v, json_array_size(v) - 1);
+    if (!tools_text && json_array_size(json_object_get(last, "tool_calls")) == 0) return 0;
+    api_error_set(e, 400, "continue_final_message", "invalid_value",
+                  "'continue_final_message' cannot be used with %s",
+                  tools_text ? "'tools'" : "a last message that makes tool calls");
+    return -1;
+}
+
 char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, ApiChatEnd end,
                                 const ApiChatTokens *tok, const char *tools_text, ApiError *e) {
     if (!json_is_array(v)) {
         bad(e, "messages", "an array of messages", v);
         return NULL;
     }
+    if (check_continued(v, end, tools_text, e) != 0) return NULL;
     size_t n = json_array_size(v);
     ApiChatMessage *msgs = calloc(n + 1, sizeof *msgs);
     char **owned = calloc(n + 1, sizeof *owned);
@@ -977,13 +991,12 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
     return read_int(root, field, 0, lim->max_tokens_cap, &r->max_tokens, e);
 }
 
-/* A continued answer is text already begun: a grammar (tools, response_format) would have
- * to start at the reply's beginning. */
+/* A continued answer is text already begun: response_format's grammar would have to start
+ * at the reply's beginning (tools: api_chat_prompt_from_json). */
 static int check_continue(const ApiRequest *r, ApiChatEnd end, ApiError *e) {
-    if (end != API_CHAT_END_CONTINUE || (!r->json_object && r->tools == API_TOOLS_OFF)) return 0;
+    if (end != API_CHAT_END_CONTINUE || !r->json_object || r->tools != API_TOOLS_OFF) return 0;
     api_error_set(e, 400, "continue_final_message", "invalid_value",
-                  "'continue_final_message' cannot be used with %s",
-                  r->tools != API_TOOLS_OFF ? "'tools'" : "'response_format'");
+                  "'continue_final_message' cannot be used with 'response_format'");
     return -1;
 }
 
@@ -1007,9 +1020,9 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                  ? -1
                  : 0;
     free(tools_text);
-    /* A reply held to JSON has no room to reason, nor has one that continues an answer:
-     * it is all content. */
-    r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object && end != API_CHAT_END_CONTINUE;
+    /* A reply held to JSON has no room to reason, nor has one that continues an answer or
+     * that no opening <think> began: it is all content. */
+    r->reasoning = fmt == API_CHAT_DEEPSEEK_R1 && !r->json_object && end == API_CHAT_END_REPLY;
     return rc;
 }
 

@@ -224,16 +224,28 @@ static void test_continue_and_no_reply(void **state) {
                       "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is ");
     expect_render_end(API_CHAT_LLAMA2, c, 3, k,
                       "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi! [/INST] The answer is ");
-    expect_render_end(API_CHAT_MISTRAL_V3, c, 3, k, "[INST] Be brief.\n\nHi! [/INST] The answer is ");
-    expect_render_end(API_CHAT_MISTRAL_V3_TEKKEN, c, 3, k,
-                      "[INST]Be brief.\n\nHi! [/INST] The answer is ");
+    /* v3 writes the system text only when a user's message is last: not before an answer */
+    expect_render_end(API_CHAT_MISTRAL_V3, c, 3, k, "[INST] Hi! [/INST] The answer is ");
+    expect_render_end(API_CHAT_MISTRAL_V3_TEKKEN, c, 3, k, "[INST]Hi! [/INST] The answer is ");
+    expect_render_end(API_CHAT_MISTRAL, c, 3, k, "[INST] Be brief.\n\nHi!  [/INST] The answer is ");
+    expect_render_end(API_CHAT_MISTRAL_V1, c, 3, k,
+                      " [INST] Be brief.\n\nHi!  [/INST]  The answer is ");
+    expect_render_end(API_CHAT_PHI3, c, 3, k,
+                      "<|system|>\nBe brief.<|end|>\n<|user|>\nHi! <|end|>\n<|assistant|>\n"
+                      " The answer is ");
+    expect_render_end(API_CHAT_ZEPHYR, c, 3, k,
+                      "<|system|>\nBe brief.</s>\n<|user|>\nHi! </s>\n<|assistant|>\n The answer is ");
     expect_render_end(API_CHAT_GEMMA, c, 3, k,
                       "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
                       "The answer is ");
     expect_render_end(API_CHAT_DEEPSEEK, c, 3, k,
                       "Be brief.\n\nUser: Hi! \n\nAssistant:  The answer is ");
-    /* R1's reply is not opened in <think>: a continued answer is all content */
+    /* R1's reply is not opened in <think>: a continued answer is all content; reasoning in
+     * it is dropped, as the template drops it from every answer */
     expect_render_end(API_CHAT_DEEPSEEK_R1, c, 3, k, "Be brief." USR "Hi! " AST " The answer is ");
+    const ApiChatMessage r1[] = {{"user", "q"}, {"assistant", "<think>\nplan\n</think>\n\nA: "}};
+    expect_render_end(API_CHAT_DEEPSEEK3, r1, 2, k, USR "q" AST "\n\nA: ");
+    expect_render_end(API_CHAT_DEEPSEEK_R1, r1, 2, k, USR "q" AST "\n\nA: ");
     /* an assistant message alone, where the format has system turns */
     expect_render_end(API_CHAT_CHATML, c + 2, 1, k, "<|im_start|>assistant\n The answer is ");
 
@@ -245,6 +257,11 @@ static void test_continue_and_no_reply(void **state) {
     expect_render_end(API_CHAT_DEEPSEEK_R1, c, 2, none, "Be brief." USR "Hi! ");
     expect_render_end(API_CHAT_DEEPSEEK, c, 2, none, "Be brief.\n\nUser: Hi! \n\n");
     expect_render_end(API_CHAT_LLAMA2, c, 2, none, "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi! [/INST]");
+    expect_render_end(API_CHAT_LLAMA3, c, 2, none,
+                      "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>");
+    /* v3 with an answer last and no reply: the template's own rule, the system text dropped */
+    expect_render_end(API_CHAT_MISTRAL_V3, c, 3, none, "[INST] Hi! [/INST] The answer is</s>");
 
     ApiError e;
     memset(&e, 0, sizeof e);

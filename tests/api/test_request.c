@@ -1158,6 +1158,15 @@ static void test_chat_prompt_end(void **state) {
                                 API_CHAT_DEEPSEEK_R1, &x, &e), 0);
     assert_false(x->reasoning);
     api_request_free(x);
+    assert_int_equal(chat_parse("{\"model\":\"m\"," MSGS ",\"add_generation_prompt\":false}",
+                                API_CHAT_DEEPSEEK_R1, &x, &e), 0);
+    assert_false(x->reasoning); /* no <think> opened: all content */
+    api_request_free(x);
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+               "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\","
+               "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]}],"
+               "\"continue_final_message\":true}", API_CHAT_CHATML, "continue_final_message",
+               "tool calls");
 
     chat_error("{\"model\":\"m\"," MSGS ",\"continue_final_message\":true,"
                "\"add_generation_prompt\":true}", API_CHAT_CHATML, "continue_final_message",

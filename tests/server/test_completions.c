@@ -507,6 +507,11 @@ static void test_chat_continue_final_message(void **state)
     assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "param")),
                         "continue_final_message");
     json_decref(err);
+    err = post_json(srv.port, "/tokenize",
+                    "{" PREFILL_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":"
+                    "{\"name\":\"f\"}}]}", &status);
+    assert_int_equal(status, 400); /* as chat answers it: no count of another prompt */
+    json_decref(err);
 #undef PREFILL_MSGS
 }
 
