@@ -260,6 +260,8 @@ typedef struct {
     bool ignore_eos;
     bool stream;
     bool include_usage;     /* stream_options.include_usage */
+    bool continuous_usage;  /* stream_options.continuous_usage_stats (vLLM): with
+                             * include_usage, every chunk says its choice's usage so far */
     char *cache_salt;       /* NULL when absent */
     uint64_t cache_salt_hash; /* 64-bit FNV-1a of cache_salt, never 0 when set; 0 = none */
     bool tokenized;         /* api_request_tokenize succeeded */

@@ -451,6 +451,27 @@ static bool wants_usage(const ApiCompletion *c) {
     return c->req->include_usage || c->force_usage;
 }
 
+/* What a streamed chunk of choice `index` says of usage when the final usage chunk comes:
+ * null, or with continuous_usage_stats the choice's own so far (vLLM's form: its prompt,
+ * its tokens). NULL: the chunk has no usage field. */
+static json_t *chunk_usage(const ApiCompletion *c, int32_t index) {
+    if (!wants_usage(c)) return NULL;
+    if (!c->req->include_usage || !c->req->continuous_usage) return json_null();
+    const Choice *ch = &c->choices[index];
+    int64_t prompt = c->req->prompts[index / c->req->n].n_tokens;
+    int64_t done = ch->finished ? ch->completion_tokens : ch->n_tokens;
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(done));
+    json_object_set_new(u, "total_tokens", json_integer(prompt + done));
+    return u;
+}
+
+static void set_chunk_usage(const ApiCompletion *c, json_t *root, int32_t index) {
+    json_t *u = chunk_usage(c, index);
+    if (u) json_object_set_new(root, "usage", u);
+}
+
 static int emit(ApiBuf *out, json_t *root) {
     size_t len;
     char *s = api_json_dump(root, &len);
@@ -469,7 +490,7 @@ static int emit_chunk(const ApiCompletion *c, int32_t index, const char *text, s
     json_array_append_new(choices, choice_json(c, index, api_json_string(text, len), why,
                                                logprobs, fin, false));
     json_t *root = envelope(c, choices);
-    if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+    set_chunk_usage(c, root, index);
     return emit(out, root);
 }
 
@@ -483,7 +504,7 @@ static int stream_start_choice(ApiCompletion *c, int32_t p, int32_t k, ApiBuf *o
         json_array_append_new(choices, choice_json(c, p * c->req->n + k, json_string(""), NULL,
                                                    NULL, FINISH_NONE, true));
         json_t *root = envelope(c, choices);
-        if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+        set_chunk_usage(c, root, p * c->req->n + k);
         return emit(out, root);
     }
     if (!c->req->echo) return 0;
@@ -637,7 +658,7 @@ static int emit_tool_reply(const ApiCompletion *c, const Choice *ch, int32_t ind
     json_t *choices = json_array();
     json_array_append_new(choices, tool_choice_json(c, index, ch));
     json_t *root = envelope(c, choices);
-    if (wants_usage(c)) json_object_set_new(root, "usage", json_null());
+    set_chunk_usage(c, root, index);
     return emit(out, root);
 }
 

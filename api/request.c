@@ -501,18 +501,18 @@ static int read_stream(const json_t *root, ApiRequest *r, ApiError *e) {
     const char *key;
     const json_t *item;
     json_object_foreach((json_t *)v, key, item) {
-        if (strcmp(key, "include_usage") != 0) {
+        bool continuous = strcmp(key, "continuous_usage_stats") == 0;
+        if (strcmp(key, "include_usage") != 0 && !continuous) {
             api_error_set(e, 400, "stream_options", "unsupported_parameter",
                           "Unrecognized field 'stream_options.%.100s'", key);
             return -1;
         }
         if (!json_is_null(item) && !json_is_boolean(item)) {
             api_error_set(e, 400, "stream_options", "invalid_type",
-                          "'stream_options.include_usage' must be a boolean, got %s",
-                          json_kind(item));
+                          "'stream_options.%s' must be a boolean, got %s", key, json_kind(item));
             return -1;
         }
-        r->include_usage = json_is_true(item);
+        *(continuous ? &r->continuous_usage : &r->include_usage) = json_is_true(item);
     }
     return 0;
 }

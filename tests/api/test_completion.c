@@ -142,13 +142,17 @@ static void check_envelope(const json_t *o, const ApiCompletion *c) {
     check_envelope_of(o, c, "text_completion");
 }
 
+/* cached < 0: no prompt_tokens_details (a chunk's continuous usage). */
 static void check_usage(const json_t *o, int prompt, int completion, int cached) {
     const json_t *u = json_object_get(o, "usage");
     assert_true(json_is_object(u));
     assert_int_equal(jint(u, "prompt_tokens"), prompt);
     assert_int_equal(jint(u, "completion_tokens"), completion);
     assert_int_equal(jint(u, "total_tokens"), prompt + completion);
-    assert_int_equal(jint(json_object_get(u, "prompt_tokens_details"), "cached_tokens"), cached);
+    if (cached < 0)
+        assert_null(json_object_get(u, "prompt_tokens_details"));
+    else
+        assert_int_equal(jint(json_object_get(u, "prompt_tokens_details"), "cached_tokens"), cached);
 }
 
 /* ---- non-streamed --------------------------------------------------------------------------- */
@@ -587,6 +591,55 @@ static void test_stream_usage(void **state) {
         api_completion_free(c);
         api_request_free(r);
     }
+}
+
+/* vLLM's stream_options.continuous_usage_stats: with include_usage every chunk carries its
+ * choice's usage so far (its prompt, its tokens); without include_usage it asks nothing. */
+static void test_stream_continuous_usage(void **state) {
+    (void)state;
+    ApiRequest *r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"stream\":true,"
+                            "\"stream_options\":{\"include_usage\":true,"
+                            "\"continuous_usage_stats\":true}}");
+    ApiCompletion *c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    ApiBuf out;
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('x'), "x", 0), &out);
+    feed(c, 0, ev_token(1, T('y'), "y", 0), &out);
+    feed(c, 0, ev_token(0, T('z'), "z", 0), &out);
+    feed(c, 0, ev_finish(0, FINISH_LENGTH, "", 3, 2, 0), &out);
+    feed(c, 0, ev_finish(1, FINISH_LENGTH, "", 3, 1, 0), &out);
+    Frames f;
+    frames_parse(&out, &f);
+    assert_int_equal(f.n, 7); /* 3 tokens, 2 finishes, the usage chunk, [DONE] */
+    static const int want_index[] = {0, 1, 0, 0, 1}, want_done[] = {1, 1, 2, 2, 1};
+    for (int i = 0; i < 5; i++) {
+        json_t *o = frame_json(&f, i);
+        json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+        assert_int_equal(json_integer_value(json_object_get(ch, "index")), want_index[i]);
+        check_usage(o, 3, want_done[i], -1);
+        json_decref(o);
+    }
+    json_t *o = frame_json(&f, 5);
+    check_usage(o, 3, 3, 0);
+    json_decref(o);
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
+
+    r = request("{\"model\":\"m\",\"prompt\":\"hi\",\"stream\":true,"
+                "\"stream_options\":{\"continuous_usage_stats\":true}}");
+    c = api_completion_new(r, &fake_vocab_bytes, "m", 0.0, NULL);
+    api_buf_init(&out);
+    feed(c, 0, ev_token(0, T('x'), "x", 0), &out);
+    frames_parse(&out, &f);
+    o = frame_json(&f, 0);
+    assert_null(json_object_get(o, "usage"));
+    json_decref(o);
+    frames_free(&f);
+    api_buf_free(&out);
+    api_completion_free(c);
+    api_request_free(r);
 }
 
 static void test_stream_n2_echo_logprobs(void **state) {
@@ -1284,6 +1337,7 @@ int main(void) {
         cmocka_unit_test(test_events_out_of_range_ignored),
         cmocka_unit_test(test_stream_basic),
         cmocka_unit_test(test_stream_usage),
+        cmocka_unit_test(test_stream_continuous_usage),
         cmocka_unit_test(test_stream_n2_echo_logprobs),
         cmocka_unit_test(test_engine_error),
         cmocka_unit_test(test_fail),
