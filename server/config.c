@@ -435,8 +435,8 @@ static int check_model_names(const char *names, char *err, size_t err_len)
         for (const char *q = names; q < p; q += strcspn(q, ",") + 1)
             twice = twice || (strcspn(q, ",") == len && memcmp(q, p, len) == 0);
         if (len == 0 || twice) {
-            set_err(err, err_len, "--model-name: '%s' has an %s id (ids are separated by "
-                    "commas)", names, len == 0 ? "empty" : "repeated");
+            set_err(err, err_len, "--model-name: '%s' has %s id (ids are separated by "
+                    "commas)", names, len == 0 ? "an empty" : "a repeated");
             return -1;
         }
         if (p[len] == '\0')
