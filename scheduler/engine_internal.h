@@ -223,9 +223,9 @@ bool engine_is_eog(const Engine *e, int32_t token); /* ops.is_eog, else the EOS 
  * after it with include_stop). */
 bool seq_may_stop(const Seq *s);
 bool seq_stop_find(const Seq *s, int *which, size_t *end);
-/* Sample s's next token from its raw logits row into *drawn (-1 when none fits its JSON
- * output: a dead end) and apply every stop condition; true when that ended s (s is then
- * freed). */
+/* Sample s's next token from its raw logits row into *drawn unless NULL (-1 when none fits
+ * its JSON output: a dead end) and apply every stop condition; true when that ended s (s is
+ * then freed). */
 bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn);
 
 /* engine_spec.c: guesses for s's next tokens (at most max) written at s->tokens[n_tokens]

@@ -151,7 +151,8 @@ bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn)
 {
     Request *r = s->req;
     int32_t token;
-    *drawn = -1;
+    if (drawn)
+        *drawn = -1;
     bool mask = seq_masks_ends(e, s);
     if (sampler_is_plain_greedy(&r->sampling) && !r->json_schema && !mask) { /* row as is */
         token = sampler_argmax(raw, e->ops.n_vocab);
@@ -166,7 +167,8 @@ bool seq_sample(Engine *e, Seq *s, const float *raw, int32_t *drawn)
         token = sampler_sample(e->sampler, &r->sampling, &s->rng, e->scratch_logits,
                                s->tokens + r->n_prompt, s->n_generated);
     }
-    *drawn = token;
+    if (drawn)
+        *drawn = token;
     bool json_done = r->json_schema && engine_json_advance(e, s, token);
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
@@ -237,10 +239,9 @@ static void request_prompt_done(Engine *e, Seq *s, const float *raw)
         if (!seq_fork(e, s, c))
             engine_emit_finish(e, r, c, FINISH_ERROR, "", 0, "out of memory");
     }
-    int32_t drawn;
     for (int32_t c = 0; c < r->n; c++) {
         if (r->seqs[c])
-            seq_sample(e, r->seqs[c], raw, &drawn);
+            seq_sample(e, r->seqs[c], raw, NULL);
     }
     if (--r->n_open == 0)
         engine_forget_request(e, r);
@@ -270,10 +271,9 @@ void engine_process_outputs(Engine *e, const float *logits)
         if (s->n_computed < s->n_tokens)
             continue; /* a prefill chunk that is not the last */
         const float *last = rows + (size_t)(n_logit_rows - 1) * row_floats;
-        int32_t drawn;
         if (!s->req->forked)
             request_prompt_done(e, s, last);
         else
-            seq_sample(e, s, last, &drawn);
+            seq_sample(e, s, last, NULL);
     }
 }

@@ -98,14 +98,13 @@ void engine_spec_verify(Engine *e, const ScheduledSeq *x, const float *rows)
         prefix_publish_full_blocks(e, s);
         int32_t drawn;
         bool ended = seq_sample(e, s, rows + (size_t)i * row_floats, &drawn);
-        if (i == n_draft || drawn != guess[i]) {
-            if (ended)
-                return; /* it is gone, its blocks with it */
-            break;
-        }
-        e->spec_accepted++;
+        bool guessed = i < n_draft && drawn == guess[i];
+        if (guessed)
+            e->spec_accepted++; /* even one that ends s: EOS, a stop, a complete JSON value */
         if (ended)
-            return; /* on a right guess: EOS, a stop, a complete JSON value */
+            return; /* s is gone, its blocks with it */
+        if (!guessed)
+            break;
         s->n_computed++; /* drawn as guessed: its K/V, computed this step, stands */
         right++;
     }
