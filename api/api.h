@@ -369,6 +369,8 @@ int api_sse_error(ApiBuf *b, const ApiError *e);             /* data: {"error":.
  * served model names: aliases of one model; the first is the one responses name).
  * Whether `name` is one of them. */
 bool api_model_served(const char *served, const char *name);
+/* What is wrong with such a list: "an empty" or "a repeated" (id), or NULL when nothing. */
+const char *api_model_names_fault(const char *served);
 
 /* GET /v1/models: {"object":"list","data":[model, ...]}, one per served id; GET
  * /v1/models/{id}: the model object {"id","object":"model","created","owned_by":

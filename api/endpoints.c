@@ -22,11 +22,24 @@ static const char *next_id(const char *p) {
     return comma ? comma + 1 : NULL;
 }
 
-bool api_model_served(const char *served, const char *name) {
-    size_t n = strlen(name);
-    for (const char *p = served; p; p = next_id(p))
-        if (strcspn(p, ",") == n && memcmp(p, name, n) == 0) return true;
+/* Whether the id at `id` (up to its comma) is among those from `served` up to `end`. */
+static bool id_among(const char *served, const char *end, const char *id, size_t n) {
+    for (const char *p = served; p && p < end; p = next_id(p))
+        if (strcspn(p, ",") == n && memcmp(p, id, n) == 0) return true;
     return false;
+}
+
+bool api_model_served(const char *served, const char *name) {
+    return id_among(served, served + strlen(served) + 1, name, strlen(name));
+}
+
+const char *api_model_names_fault(const char *served) {
+    for (const char *p = served; p; p = next_id(p)) {
+        size_t n = strcspn(p, ",");
+        if (n == 0) return "an empty";
+        if (id_among(served, p, p, n)) return "a repeated";
+    }
+    return NULL;
 }
 
 char *api_models_body(const char *served, int64_t created, int32_t max_model_len,

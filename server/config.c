@@ -427,23 +427,6 @@ static char *default_model_name(const char *path)
 }
 
 /* --model-name: ids separated by commas, none empty, none twice. */
-static int check_model_names(const char *names, char *err, size_t err_len)
-{
-    for (const char *p = names;; p += strcspn(p, ",") + 1) {
-        size_t len = strcspn(p, ",");
-        bool twice = false;
-        for (const char *q = names; q < p; q += strcspn(q, ",") + 1)
-            twice = twice || (strcspn(q, ",") == len && memcmp(q, p, len) == 0);
-        if (len == 0 || twice) {
-            set_err(err, err_len, "--model-name: '%s' has %s id (ids are separated by "
-                    "commas)", names, len == 0 ? "an empty" : "a repeated");
-            return -1;
-        }
-        if (p[len] == '\0')
-            return 0;
-    }
-}
-
 static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_len)
 {
     if (c->model_path == NULL) {
@@ -452,8 +435,12 @@ static int config_finish(ServerConfig *c, Pending *pend, char *err, size_t err_l
     }
     if (c->model_name == NULL && (c->model_name = default_model_name(c->model_path)) == NULL)
         return set_err(err, err_len, "out of memory"), -1;
-    if (check_model_names(c->model_name, err, err_len) != 0)
+    const char *fault = api_model_names_fault(c->model_name);
+    if (fault) {
+        set_err(err, err_len, "--model-name: '%s' has %s id (ids are separated by commas)",
+                c->model_name, fault);
         return -1;
+    }
     if ((c->model_id = strndup(c->model_name, strcspn(c->model_name, ","))) == NULL)
         return set_err(err, err_len, "out of memory"), -1;
     if (c->chat_template && strcmp(c->chat_template, "auto") != 0 &&

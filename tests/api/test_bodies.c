@@ -136,6 +136,13 @@ static void test_models(void **state) {
     assert_false(api_model_served("stories260K,tiny,t", "tin"));
     assert_false(api_model_served("stories260K,tiny,t", "tiny,t"));
     assert_false(api_model_served("stories260K,tiny,t", ""));
+    assert_null(api_model_names_fault("stories260K,tiny,t"));
+    assert_null(api_model_names_fault("a,ab,b"));
+    assert_string_equal(api_model_names_fault("a,,b"), "an empty");
+    assert_string_equal(api_model_names_fault("a,"), "an empty");
+    assert_string_equal(api_model_names_fault(""), "an empty");
+    assert_string_equal(api_model_names_fault("ab,b,ab"), "a repeated");
+    assert_string_equal(api_model_names_fault("a,b,b"), "a repeated");
 }
 
 /* ---- /tokenize, /detokenize ------------------------------------------------------------------- */
