@@ -29,7 +29,8 @@
  * multiplies quads of bytes: a quarter of F32's bytes, 4x F32's multiply-adds per cycle,
  * at 255 levels of the row's (block's) largest |value| on both sides: an absolute step,
  * not a relative precision like BF16's (matmul_i8.c). Without VNNI, AVX2 multiplies byte
- * pairs (matmul_i8_avx2.c): ~1.6x F32's multiply-adds, x at 129 levels (matmul_i8_x_max).
+ * pairs (matmul_i8_avx2.c): 1.2x (Zen 2) to ~1.6x (Zen 3) F32's multiply-adds, x at 129
+ * levels (matmul_i8_x_max).
  * Or Q4: 4-bit weights by GGUF Q4_0's rule (blocks of 32 inputs of an output row, scale
  * d = the block's value of largest |w| / -8 held as F16, q = w / d + 8 in 0..15; Q4_0
  * tensors made by ggml's reference rule come back exactly), 4.5 bits a weight; x quantised to int8 per block of

@@ -2,32 +2,33 @@
  *
  * Same packed weights as matmul_i8.c (q + 128 as unsigned bytes, 16 outputs x 4 inputs a
  * 64-byte quad, one scale per output row) and the same block sums: y[r][o] = sw[o] * sum
- * over blocks b of sx[b] * (S[b] - Z[b]). Only the multiply differs. AVX2 has no 4-byte
- * dot product into int32; VPMADDUBSW multiplies unsigned by signed bytes and adds pairs
- * into int16, then VPMADDWD against ones adds the pairs into int32 lanes: the quad sums
- * VPDPBUSD makes, in three instructions (with the add) per 32 multiply-adds where an F32
- * FMA does 8. The int16 pair sum saturates above 32767: with weight bytes up to 255 the
- * inputs must stay within 64 (2 * 255 * 64 = 32640), so x is quantised to 64 levels each
- * side (matmul_i8_x_max), not 127: half the input resolution of the VNNI kernel, on top of
- * the weights' 255 levels.
+ * over blocks b of sx[b] * S[b], S[b] the block's exact int32 sum of q * qx (VNNI's S - Z).
+ * Only the multiply differs. AVX2 has no 4-byte dot product into int32: VPMADDUBSW
+ * multiplies unsigned by signed bytes and adds pairs into int16, VPMADDWD against ones
+ * adds int16 pairs into int32 lanes. Here the unsigned operand is |q| (q is the byte with
+ * its top bit flipped) and x's quad takes q's sign (VPSIGNB), so a pair sum is at most
+ * 2 * 127 * 64 and the pair sums of two quads add in int16 (at most 32512 < 32767) before
+ * one VPMADDWD: 3 multiplies per 64 multiply-adds, where the plain chain (q + 128 against
+ * qx, S - Z) takes 4. On Zen 2 the rate follows that count, as if one pipe took the
+ * multiplies (bench matmul --type int8 --best, gate_up, 32 and 256 rows: 181.8 and 181.3 GFLOP/s
+ * with the plain chain and 4 rows, 213.4 and 217.7 with this and 6; one row unchanged).
+ * It needs x within 64 levels each side (matmul_i8_x_max), not 127: half the input
+ * resolution of the VNNI kernel, on top of the weights' 255 levels.
  *
- * Microbenchmark on Zen 3, one core: 58 G multiply-adds/s for the three-instruction
- * chain against 37 for F32 FMAs (1.6x), and the kernel runs at the chain's rate (215-238
- * GFLOP/s on two cores); the weights are a quarter of F32's bytes. Tried: x at 127 levels
- * by the sign trick (|q| as the unsigned operand, VPSIGNB giving x q's sign: no
- * saturation, results equal to VNNI's), 20-25% slower for the one more instruction.
- *
- * Register block: 4 rows x 1 panel (8 int32 sums, 2 weight vectors, the broadcast quad of
- * x, the ones and a product: 13 of 16 ymm; GCC keeps the 8 F32 sums across blocks, touched
- * once a 128-input block, on the stack). Fewer rows take more panels, as the F32 kernel
- * does: 2 rows x 2 panels, 1 row x 4 (8 sums).
+ * Register block: from 3 rows up to 6 rows x one weight vector (8 outputs) at a time over
+ * a 128-input block (6 int32 sums, |q| and q of two quads, ones, the flip: no spills),
+ * then the next vector; 2 rows take 2 panels (4 vectors) at a time and 1 row 4 panels (8),
+ * interleaved within the block, because a decode product streams W and more streams keep
+ * more of it in flight (one vector at a time: 1 row 1.8x slower). The F32 sums of a
+ * chunk, touched once a block, GCC keeps on the stack.
  */
 #include "model/matmul_kernel.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 
-#define MR_MAX 4
+#define MR_MAX 6
 #define NP_MAX 4
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
 
@@ -46,10 +47,62 @@ static inline void store8(float *y, __m256 v, int n, float beta)
     _mm256_maskstore_ps(y, m, v);
 }
 
-/* The 8 int32 quad sums of one weight vector (8 outputs x 4 inputs) against x's quad. */
-static inline __attribute__((always_inline)) __m256i quad_dot(__m256i w, __m256i xv, __m256i ones)
+/* A packed weight vector as signed q (the bytes hold q + 128) and its |q|. */
+typedef struct {
+    __m256i q, abs;
+} SignedW;
+
+static inline __attribute__((always_inline)) SignedW signed_w(const __m256i *at)
 {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+    SignedW w;
+    w.q = _mm256_xor_si256(_mm256_loadu_si256(at), _mm256_set1_epi8((char)0x80));
+    w.abs = _mm256_abs_epi8(w.q);
+    return w;
+}
+
+/* The int16 pair sums of one weight vector (8 outputs x 4 inputs) against x's quad:
+ * |q| * (qx with q's sign), at most 2 * 127 * 64 = 16256 a pair. */
+static inline __attribute__((always_inline)) __m256i pair_sums(SignedW w, __m256i xv)
+{
+    return _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(xv, w.q));
+}
+
+static inline __attribute__((always_inline)) __m256i broadcast_quad(const int8_t *at)
+{
+    int32_t quad;
+    __builtin_memcpy(&quad, at, sizeof quad);
+    return _mm256_set1_epi32(quad);
+}
+
+/* acc[i][j] = the int32 sums of q * qx of weight vectors j < nv (8 outputs each; vector
+ * j's quad k at w[j] + 2k) against rows x + i * stride over input quads [k0, k1). Two
+ * quads' pair sums add in int16 (4 * 127 * 64 = 32512 at most) before one VPMADDWD widens
+ * them: 3 multiplies per 64 multiply-adds, not 4. */
+static inline __attribute__((always_inline)) void
+block_sums(__m256i acc[][2 * NP_MAX], const __m256i *const *w, int nv, const int8_t *x,
+           size_t stride, int k0, int k1, int mr)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = _mm256_setzero_si256();
+    for (int k = k0; k < k1; k += 2) {
+        bool two = k + 1 < k1; /* else an odd last quad */
+        for (int j = 0; j < nv; j++) {
+            SignedW w0 = signed_w(w[j] + 2 * (size_t)k);
+            SignedW w1 = two ? signed_w(w[j] + 2 * (size_t)k + 2) : w0;
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xk = x + (size_t)i * stride + 4 * (size_t)k;
+                __m256i sums = pair_sums(w0, broadcast_quad(xk));
+                if (two)
+                    sums = _mm256_add_epi16(sums, pair_sums(w1, broadcast_quad(xk + 4)));
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(sums, ones));
+                /* in a register: without this GCC stores two sums an input quad
+                 * (gate_up, 256 rows: 5-9% slower) */
+                __asm__("" : "+v"(acc[i][j]));
+            }
+        }
+    }
 }
 
 /* Rows [r, r + mr) (rows xrow.. of xr) against panels [p, p + np) over one chunk of input
@@ -63,40 +116,27 @@ run_block(const MatmulTask *t, const I8Rows *xr, int xrow, const I8Layout *lay, 
     size_t panel_vecs = lay->panel_bytes / sizeof(__m256i);
     int b0 = (kq0 - xr->kq_base) / BLOCK_QUADS; /* the chunk's first block in xr */
     const int8_t *xq = xr->q + 4 * (size_t)(kq0 - xr->kq_base);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 facc[MR_MAX][2 * NP_MAX];
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < 2 * np; v++)
             facc[i][v] = _mm256_setzero_ps();
     for (int q0 = 0, b = b0; q0 < nkq; q0 += BLOCK_QUADS, b++) {
         int nq = nkq - q0 < BLOCK_QUADS ? nkq - q0 : BLOCK_QUADS;
-        __m256i acc[MR_MAX][2 * NP_MAX];
-        for (int i = 0; i < mr; i++)
-            for (int v = 0; v < 2 * np; v++)
-                acc[i][v] = _mm256_setzero_si256();
-        for (int k = q0; k < q0 + nq; k++) {
-            __m256i xv[MR_MAX];
+        /* From 3 rows one weight vector (8 outputs) at a time over the block: mr sums
+         * live, not 2 * np * mr, so nothing spills. Fewer rows stream all np panels at
+         * once, as a decode product wants (one vector at a time: 1 row 1.8x slower). */
+        int nv = mr >= 3 ? 1 : 2 * np;
+        for (int v0 = 0; v0 < 2 * np; v0 += nv) {
+            const __m256i *wv[2 * NP_MAX];
+            for (int j = 0; j < nv; j++)
+                wv[j] = w + (size_t)((v0 + j) / 2) * panel_vecs + (v0 + j) % 2;
+            __m256i acc[MR_MAX][2 * NP_MAX];
+            block_sums(acc, wv, nv, xq + (size_t)xrow * xr->stride, xr->stride, q0, q0 + nq, mr);
             for (int i = 0; i < mr; i++) {
-                int32_t quad;
-                __builtin_memcpy(&quad, xq + (size_t)(xrow + i) * xr->stride + 4 * (size_t)k, sizeof quad);
-                xv[i] = _mm256_set1_epi32(quad);
+                __m256 s = _mm256_set1_ps(xr->sx[(size_t)(xrow + i) * xr->blocks + b]);
+                for (int j = 0; j < nv; j++)
+                    facc[i][v0 + j] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(acc[i][j]), facc[i][v0 + j]);
             }
-            for (int v = 0; v < 2 * np; v++) {
-                __m256i wv = _mm256_loadu_si256(w + 2 * (size_t)k + (size_t)(v / 2) * panel_vecs + v % 2);
-                for (int i = 0; i < mr; i++) {
-                    acc[i][v] = _mm256_add_epi32(acc[i][v], quad_dot(wv, xv[i], ones));
-                    /* in a register: without this GCC stores two sums an input quad
-                     * (gate_up, 256 rows: 5-9% slower) */
-                    __asm__("" : "+v"(acc[i][v]));
-                }
-            }
-        }
-        for (int i = 0; i < mr; i++) {
-            size_t at = (size_t)(xrow + i) * xr->blocks + b;
-            __m256 s = _mm256_set1_ps(xr->sx[at]);
-            __m256i z = _mm256_set1_epi32(xr->zsum[at]);
-            for (int v = 0; v < 2 * np; v++)
-                facc[i][v] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][v], z)), facc[i][v]);
         }
     }
     const float *sw = (const float *)(panels + lay->scales_offset) + (size_t)p * MATMUL_PANEL;
@@ -127,6 +167,8 @@ static void sweep_rows(const MatmulTask *t, const I8Rows *xr, int xrow, const I8
                        int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
 {
     switch (mr) {
+    case 6: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 6, 1); break;
+    case 5: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 5, 1); break;
     case 4: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 4, 1); break;
     case 3: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 3, 1); break;
     case 2: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 2, 2); break;

@@ -335,9 +335,9 @@ static void test_i8_special_inputs(void **state)
     matmul_weights_free(&m);
 }
 
-/* int8 products at the extremes of both operands, where the AVX2 kernel's int16 pair sums
- * come closest to saturating (2 * 255 * 64): weight rows of one magnitude, all + (q = 127,
- * bytes 255), all - (bytes 1) or in sign patterns, against x rows of one magnitude in
+/* int8 products at the extremes of both operands, where the AVX2 kernel's int16 sums (two
+ * quads, 4 * 127 * 64) come closest to saturating: weight rows of one magnitude, all +
+ * (q = 127, bytes 255), all - (bytes 1) or in sign patterns, against x rows of one magnitude in
  * patterns (q = +-matmul_i8_x_max()). Quantising them is exact, so y is w . x. One more x
  * level on AVX2 (65) saturates and fails this. And the levels themselves: 127 on VNNI
  * unless PAGEDSERVE_NO_AVX512_VNNI says no (make test-portable), else 64. */
@@ -797,6 +797,50 @@ static void test_avx512_kernel_matches_avx2(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The int8 product written out in scalar code on a task whose x is quantised beforehand:
+ * per output and chunk of MATMUL_I8_CHUNK_INPUTS inputs, each block's exact int32 sum of q
+ * * qx (q = byte - 128) folded as f = sx * S + f, then sw * f, then beta * y added (beta 1
+ * after the first chunk): the F32 operations both int8 kernels make, in their order. */
+static void i8_scalar_run(const MatmulTask *t, int p0, int p1)
+{
+    I8Layout lay = matmul_i8_layout(t->in, t->out);
+    const uint8_t *bytes = t->panels;
+    const float *sw = (const float *)(bytes + lay.scales_offset);
+    const I8Rows *xr = t->xq;
+    for (int r = 0; r < t->rows; r++)
+        for (int o = 16 * p0; o < 16 * p1 && o < t->out; o++) {
+            float *y = t->y + (size_t)r * t->ldy + o;
+            for (int c0 = 0; c0 == 0 || c0 < t->in; c0 += MATMUL_I8_CHUNK_INPUTS) {
+                float f = 0.0f, beta = c0 == 0 ? t->beta : 1.0f;
+                for (int b0 = c0; b0 < t->in && b0 < c0 + MATMUL_I8_CHUNK_INPUTS; b0 += MATMUL_I8_BLOCK) {
+                    int32_t sum = 0;
+                    for (int k = b0; k < t->in && k < b0 + MATMUL_I8_BLOCK; k++) {
+                        int q = bytes[(size_t)o / 16 * lay.panel_bytes + (size_t)k / 4 * 64 + o % 16 * 4 + k % 4] - 128;
+                        sum += q * xr->q[(size_t)r * xr->stride + k];
+                    }
+                    f = fmaf(xr->sx[(size_t)r * xr->blocks + b0 / MATMUL_I8_BLOCK], (float)sum, f);
+                }
+                float v = sw[o] * f;
+                *y = beta != 0.0f ? fmaf(beta, *y, v) : v;
+            }
+        }
+}
+
+/* The AVX2 int8 kernel gives the scalar product's results bit for bit: its int16 pair sums
+ * of two quads (with |q| against qx carrying q's sign) add up to the exact int32 block
+ * sums. Row counts to 33 (6-, 5-, 4-, 3-row blocks and the 2- and 1-row sweeps over several
+ * panels), an odd last quad (100 inputs: 25 quads; 2050: a second chunk of one), a row
+ * padded to whole quads (7), partial last panels, split panel ranges, beta 0 and not. */
+static void test_i8_avx2_kernel_matches_scalar(void **state)
+{
+    (void)state;
+    static const int ins[] = {7, 100, 768, 2050};
+    static const int outs[] = {1, 27, 100, 257};
+    assert_int_equal(shapes_mismatches(MATMUL_I8, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS, 0,
+                                       i8_scalar_run, matmul_kernel_i8_avx2_run, "int8 scalar and AVX2"),
+                     0);
+}
+
 /* The VNNI int8 kernel and the AVX2 one give the same results bit for bit on the same
  * quantised x (at 64 levels, which both can take): the same exact int32 block sums, then
  * the same F32 operations in the same order. Every row count to 33 (from 12 the VNNI
@@ -925,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_i8_extremes),
         cmocka_unit_test(test_prefetch_schedule),
         cmocka_unit_test(test_avx512_kernel_matches_avx2),
+        cmocka_unit_test(test_i8_avx2_kernel_matches_scalar),
         cmocka_unit_test(test_i8_vnni_kernel_matches_avx2),
         cmocka_unit_test(test_i8_amx_kernel_matches_vnni),
         cmocka_unit_test(test_bf16_amx_kernel_near_avx512),
