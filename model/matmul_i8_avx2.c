@@ -10,16 +10,18 @@
  * 2 * 127 * 64 and the pair sums of two quads add in int16 (at most 32512 < 32767) before
  * one VPMADDWD: 3 multiplies per 64 multiply-adds, where the plain chain (q + 128 against
  * qx, S - Z) takes 4. On Zen 2 the rate follows that count, as if one pipe took the
- * multiplies (bench matmul --type int8 --best, gate_up, 32 and 256 rows: 181.8 and 181.3 GFLOP/s
- * with the plain chain and 4 rows, 213.4 and 217.7 with this and 6; one row unchanged).
+ * multiplies (bench matmul --type int8 --best, gate_up, 32 and 256 rows: 181.8 and 181.3
+ * GFLOP/s with the plain chain and 4 rows; 213.4 and 217.7 with this and 6 rows, 8 rows
+ * +3-4% more in alternation; one row unchanged).
  * It needs x within 64 levels each side (matmul_i8_x_max), not 127: half the input
  * resolution of the VNNI kernel, on top of the weights' 255 levels.
  *
- * Register block: from 3 rows up to 6 rows x one weight vector (8 outputs) at a time over
- * a 128-input block (6 int32 sums, |q| and q of two quads, ones, the flip: no spills),
- * then the next vector; 2 rows take 2 panels (4 vectors) at a time and 1 row 4 panels (8),
- * interleaved within the block, because a decode product streams W and more streams keep
- * more of it in flight (one vector at a time: 1 row 1.8x slower). The F32 sums of a
+ * Register block: from 3 rows up to 8 rows x one weight vector (8 outputs) at a time over
+ * a 128-input block (8 int32 sums, |q| and q of two quads, ones, the flip: no spills; 10
+ * rows spill and run 10% slower), then the next vector; 2 rows take 2 panels (4 vectors)
+ * at a time and 1 row 4 panels (8), interleaved within the block, because a decode
+ * product streams W and more streams keep more of it in flight (one vector at a time:
+ * 1 row 1.8x slower). The F32 sums of a
  * chunk, touched once a block, GCC keeps on the stack.
  */
 #include "model/matmul_kernel.h"
@@ -28,7 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define MR_MAX 6
+#define MR_MAX MATMUL_I8_ROWS_LOCAL
 #define NP_MAX 4
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
 
@@ -167,6 +169,8 @@ static void sweep_rows(const MatmulTask *t, const I8Rows *xr, int xrow, const I8
                        int kq0, int nkq, float beta, int r, int p0, int p1, int mr)
 {
     switch (mr) {
+    case 8: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 8, 1); break;
+    case 7: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 7, 1); break;
     case 6: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 6, 1); break;
     case 5: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 5, 1); break;
     case 4: sweep(t, xr, xrow, lay, kq0, nkq, beta, r, p0, p1, 4, 1); break;

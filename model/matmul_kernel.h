@@ -106,9 +106,10 @@ void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type);
 void i8_row_quantise_at(int8_t *q, float *sx, int32_t *zsum, const float *x, int n, int qmax);
 /* The same at the levels this process's int8 kernel takes (matmul_i8_x_max()). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
-/* Rows of x per register block of the int8 kernel (and the most rows matmul() quantises
- * on its stack); with t->xq NULL each work item quantises x itself, any row count. */
-#define MATMUL_I8_ROWS_LOCAL 6
+/* The most rows of x an int8 kernel's register block takes (VNNI 6, AVX2 8), and so the
+ * most rows matmul() may leave to each work item to quantise (t->xq NULL: when x is too
+ * long for its stack copy) and i8_run_chunks then quantises at a time on its stack. */
+#define MATMUL_I8_ROWS_LOCAL 8
 
 /* Y[rows][out] = X[rows][in] · W^T + beta·Y, W given as panels (layout in matmul.h). */
 typedef struct {

@@ -270,18 +270,19 @@ static void test_thread_counts(void **state)
 
 /* Inputs of several 2048-input chunks, later chunks of several 128-input blocks and a
  * partial last one (4500: three chunks; 2307: two, the second of two blocks and a partial
- * quad), on one thread. 60001 inputs: an int8 product of up to 6 such rows quantises x
- * in each work item (too long for matmul.c's stack copy), 7 and more in a buffer; shorter
- * ones of up to 6 rows on matmul.c's stack. */
+ * quad), on one thread. 60001 inputs: an int8 product of up to MATMUL_I8_ROWS_LOCAL (8)
+ * such rows quantises x in each work item (too long for matmul.c's stack copy), 9 and more
+ * in a buffer; shorter ones on matmul.c's stack. 5..9 rows: the VNNI kernel's 6-row and
+ * the AVX2 kernel's 8-row blocks and their tails. */
 static void test_long_inputs(void **state)
 {
     (void)state;
-    static const int rows[] = {1, 5, 6, 7, 13, 40};
+    static const int rows[] = {1, 5, 6, 7, 8, 9, 13, 40};
     assert_int_equal(matmul_init(1), 1);
-    assert_int_equal(check_shape(4500, 40, rows, 6), 0);
-    assert_int_equal(check_shape(2307, 33, rows, 6), 0);
-    static const int few_and_more[] = {1, 6, 7};
-    assert_int_equal(check_shape(60001, 17, few_and_more, 3), 0);
+    assert_int_equal(check_shape(4500, 40, rows, 8), 0);
+    assert_int_equal(check_shape(2307, 33, rows, 8), 0);
+    static const int few_and_more[] = {1, 6, 8, 9};
+    assert_int_equal(check_shape(60001, 17, few_and_more, 4), 0);
 }
 
 /* int8 products on rows the quantiser must treat apart: a NaN (not in a block's last 16
