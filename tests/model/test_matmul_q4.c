@@ -4,7 +4,8 @@
  * product against a double-precision reference that quantises x per block of 32 by the
  * documented rule, over every row-block shape, partial blocks and panels, strides, beta,
  * thread counts, special inputs, and x quantised by matmul() or by the kernel itself; the
- * AMX and AVX2 kernels against the VNNI one, bit for bit; packing in row ranges writing
+ * AMX and AVX2 kernels against the VNNI one, bit for bit, and the AVX2 one against a
+ * scalar product written out here on every CPU; packing in row ranges writing
  * every byte, and on AVX-512 and portable code alike. (Every AVX2 CPU runs Q4 products; on
  * one without, packing must refuse (-3) and the rest is skipped, saying so.) */
 #include <float.h>
@@ -623,6 +624,52 @@ static void check_kernels_agree(Kernel *want, Kernel *got, const char *name, con
         }
 }
 
+/* The Q4 product written out in scalar code on a task whose x is quantised beforehand: per
+ * output and block, the exact sum S of nibble times qx, then f = (d * sx) * (S - Z) + f
+ * and, for Q4M, f = (8 d + m) * (sx * Z / 8) + f (d, m from F16), and y = f + beta * y:
+ * the operations every Q4 kernel makes, in their order (matmul_kernel.h's helpers). */
+static void q4_scalar_run(const MatmulTask *t, int p0, int p1)
+{
+    Q4Layout lay = matmul_q4_layout(t->in, t->out, t->type);
+    const I8Rows *xr = t->xq;
+    for (int r = 0; r < t->rows; r++)
+        for (int o = 16 * p0; o < 16 * p1 && o < t->out; o++) {
+            const uint8_t *panel = (const uint8_t *)t->panels + (size_t)(o / 16) * lay.panel_bytes;
+            float f = 0.0f;
+            for (int c = 0; c < lay.blocks; c++) {
+                const int8_t *qx = xr->q + (size_t)r * xr->stride + (size_t)c * 32;
+                int32_t sum = 0;
+                for (int k = 0; k < 32; k++) {
+                    uint8_t byte = panel[(size_t)c * 256 + k / 8 * 64 + o % 16 * 4 + k % 4];
+                    sum += (k % 8 < 4 ? byte & 15 : byte >> 4) * qx[k];
+                }
+                size_t at = (size_t)r * xr->blocks + c;
+                uint16_t h;
+                memcpy(&h, panel + lay.scales_offset + (size_t)c * lay.halves_stride + 2 * (o % 16), 2);
+                float d = _cvtsh_ss(h), sx = xr->sx[at];
+                f = fmaf(d * sx, (float)(sum - xr->zsum[at]), f);
+                if (t->type == MATMUL_Q4M) {
+                    memcpy(&h, panel + lay.mins_offset + (size_t)c * lay.halves_stride + 2 * (o % 16), 2);
+                    f = fmaf(fmaf(d, 8.0f, _cvtsh_ss(h)), q4_block_x_sum(sx, xr->zsum[at]), f);
+                }
+            }
+            float *y = t->y + (size_t)r * t->ldy + o;
+            *y = t->beta != 0.0f ? fmaf(t->beta, *y, f) : f;
+        }
+}
+
+/* The AVX2 kernel gives the scalar product's bits on every CPU (the VNNI comparison below
+ * needs AVX512_VNNI): every register block (4 rows, 3, 2 x 2 panels, 1 x 4) and their
+ * tails, x quantised beforehand or by the kernel. */
+static void test_avx2_kernel_matches_scalar(void **state)
+{
+    (void)state;
+    if (skip_unless_supported())
+        return;
+    static const int rows_list[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 17};
+    check_kernels_agree(q4_scalar_run, matmul_kernel_q4_avx2_run, "AVX2 against scalar", rows_list, 10, 1);
+}
+
 /* Where the CPU has AMX-INT8 (and the process may use it), products of many rows run on
  * tiles with the same bits as the VNNI kernel: every row-group shape (16 + 16, a tail
  * split in two, one block). */
@@ -721,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_special_inputs),
         cmocka_unit_test(test_kernel_quantises_x_itself),
         cmocka_unit_test(test_amx_kernel_matches_vnni),
+        cmocka_unit_test(test_avx2_kernel_matches_scalar),
         cmocka_unit_test(test_avx2_kernel_matches_vnni),
         cmocka_unit_test(test_pack_same_bytes_portable),
     };
