@@ -367,7 +367,9 @@ static void min_depths(JsonSchema *s) {
     }
 }
 
-int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t err_len) {
+/* json_schema_finish, the top level an object only when object_root. */
+static int finish(JsonSchema *s, int root, bool object_root, int *bad_node, char *err,
+                  size_t err_len) {
     uint8_t *seen = calloc((size_t)s->n_nodes, 1);
     if (!seen) return set_err(err, err_len, "out of memory");
     int rc = 0;
@@ -396,10 +398,35 @@ int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t
                        "none is finite: a required property that contains itself)",
                        JSON_SCHEMA_MAX_DEPTH);
     const uint64_t *top = s->nodes[root].first;
-    if (top[0] != 0 || top[1] != 1ull << ('{' - 64) || top[2] != 0 || top[3] != 0)
+    if (object_root && (top[0] != 0 || top[1] != 1ull << ('{' - 64) || top[2] != 0 || top[3] != 0))
         return set_err(err, err_len, "the schema's top level must be an object");
     s->root = root;
     return 0;
+}
+
+int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t err_len) {
+    return finish(s, root, true, bad_node, err, err_len);
+}
+
+JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, int n, char *err,
+                                size_t err_len) {
+    JsonSchema *s = json_schema_new();
+    if (!s) {
+        set_err(err, err_len, "out of memory");
+        return NULL;
+    }
+    int node = json_schema_add_node(s, err, err_len), bad;
+    int rc = node < 0 ? -1 : 0;
+    if (rc == 0) json_schema_set_kind(s, node, JS_LITERALS);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = json_schema_add_literal(s, node, texts[i], lens[i], err, err_len);
+    json_schema_set_compact(s); /* nothing around the text */
+    if (rc == 0) rc = finish(s, node, false, &bad, err, err_len);
+    if (rc != 0) {
+        json_schema_free(s);
+        return NULL;
+    }
+    return s;
 }
 
 JsonSchema *json_schema_any_object(void) {
@@ -453,6 +480,11 @@ void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws
     st->max_ws = (uint8_t)(max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws);
     st->compact = s->compact && max_ws > 0; /* 0: judging a text, any whitespace */
     push(st, s->root);
+    const Node *root = &s->nodes[s->root];
+    if (root->kind == JS_LITERALS) { /* choices: their first bytes too, spaces included */
+        st->frames[0].phase = P_LITERAL;
+        st->frames[0].cand = low_bits(root->count);
+    }
 }
 
 void json_schema_state_trial(JsonSchemaState *trial, const JsonSchemaState *st) {
@@ -461,6 +493,16 @@ void json_schema_state_trial(JsonSchemaState *trial, const JsonSchemaState *st) 
 
 bool json_schema_complete(const JsonSchemaState *st) {
     return !st->failed && st->done;
+}
+
+bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s) {
+    if (json_schema_complete(st)) return true;
+    const JsonSchemaFrame *f = &st->frames[0];
+    if (st->failed || st->depth != 1 || f->phase != P_LITERAL) return false;
+    const Lit *lits = s->lits + s->nodes[f->node].first_lit;
+    for (uint64_t m = f->cand; m; m &= m - 1)
+        if (lits[__builtin_ctzll(m)].len == f->pos) return true;
+    return false;
 }
 
 void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out) {

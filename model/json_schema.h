@@ -103,6 +103,12 @@ int json_schema_finish(JsonSchema *s, int root, int *bad_node, char *err, size_t
 
 /* The schema json_object asks for: any object. NULL when out of memory. */
 JsonSchema *json_schema_any_object(void);
+/* A grammar whose whole output is one of n texts, byte for byte, nothing around it (vLLM's
+ * structured_outputs choice): texts[i] of lens[i] bytes (1..JSON_SCHEMA_MAX_LITERAL, any
+ * bytes), n in 1..JSON_SCHEMA_MAX_CHOICES. NULL with a message in err past a limit or out
+ * of memory. */
+JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, int n, char *err,
+                                size_t err_len);
 
 typedef struct {
     int16_t node;   /* what this level reads */
@@ -136,6 +142,10 @@ void json_schema_state_trial(JsonSchemaState *trial, const JsonSchemaState *st);
 bool json_schema_feed(JsonSchemaState *st, const JsonSchema *s, const char *bytes, size_t n);
 /* The text fed so far is a whole value of the schema. */
 bool json_schema_complete(const JsonSchemaState *st);
+/* The output may end here: it is complete, or (a choices grammar) one text is read whole
+ * while a longer one it begins still matches ("1" of "1" and "10"): complete would wait
+ * for the next byte. */
+bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s);
 /* st with what its position will not read zeroed (and an array's count clamped where its
  * bounds no longer care): equal results accept the same bytes. */
 void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out);

@@ -120,7 +120,8 @@ static bool bytes_fit(const Seq *s, const char *bytes, size_t n)
 }
 
 /* Would token t keep s's output on its schema? (A token with no text is never drawn:
- * end-of-generation comes from the object closing, not from EOS.) */
+ * end-of-generation comes from the object closing, not from EOS, except where a choice
+ * may end: engine_json_mask.) */
 static bool token_fits(const Engine *e, const Seq *s, int32_t t)
 {
     if (e->token_len[t] <= 0)
@@ -178,9 +179,13 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
 int32_t engine_json_mask(Engine *e, const Seq *s, float *logits)
 {
     const JsonMaskSlot *m = mask_for(e, s);
+    /* A choice read whole that a longer one begins ("1" of "1" and "10"): the output may
+     * end here, by end-of-generation (whose token_len is -1) unless the request ignores it. */
+    bool may_end = !s->req->ignore_eos && json_schema_may_end(&s->json, s->req->json_schema);
     int32_t allowed = 0;
     for (int32_t t = 0; t < e->ops.n_vocab; t++) {
         bool fits = m ? (m->bits[t / 64] >> (t % 64)) & 1 : token_fits(e, s, t);
+        fits = fits || (may_end && e->token_len[t] < 0 && engine_is_eog(e, t));
         allowed += fits && logits[t] > -INFINITY; /* -inf: masked already (min_tokens) */
         if (!fits)
             logits[t] = -INFINITY;

@@ -255,6 +255,59 @@ static void compile_error(const char *schema_text, const char *words) {
     json_decref(j);
 }
 
+/* A choices grammar (json_schema_choices): the output is one of the texts byte for byte,
+ * leading spaces included, nothing after it; a text that a longer one begins may end the
+ * output (json_schema_may_end) but is not complete until nothing else can follow. */
+static void test_choices(void **state) {
+    (void)state;
+    static const char *const texts[] = { "yes", "yes sir", " no", "1", "10" };
+    size_t lens[5];
+    for (int i = 0; i < 5; i++) lens[i] = strlen(texts[i]);
+    JsonSchema *s = json_schema_choices(texts, lens, 5, NULL, 0);
+    assert_non_null(s);
+    static const struct {
+        const char *text;
+        int walk;     /* as walk() */
+        bool may_end;
+    } cases[] = {
+        { "", 0, false },       { "y", 0, false },     { "yes", 0, true },
+        { "yes ", 0, false },   { "yes sir", 1, true }, { "yes sir ", -1, false },
+        { " no", 1, true },     { "no", -1, false },    { " no\n", -1, false },
+        { "1", 0, true },       { "10", 1, true },      { "100", -1, false },
+        { "2", -1, false },     { "yess", -1, false },  { "{}", -1, false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        JsonSchemaState st;
+        json_schema_state_init(&st, s, 64);
+        bool fed = json_schema_feed(&st, s, cases[i].text, strlen(cases[i].text));
+        int got = !fed ? -1 : json_schema_complete(&st) ? 1 : 0;
+        if (got != cases[i].walk || json_schema_may_end(&st, s) != cases[i].may_end)
+            fail_msg("'%s': walk %d may_end %d", cases[i].text, got, json_schema_may_end(&st, s));
+    }
+    json_schema_free(s);
+    /* An object schema may end only when complete. */
+    JsonSchema *o = compile_ok("{\"type\": \"object\"}");
+    JsonSchemaState st;
+    json_schema_state_init(&st, o, 64);
+    assert_true(json_schema_feed(&st, o, "{", 1));
+    assert_false(json_schema_may_end(&st, o));
+    assert_true(json_schema_feed(&st, o, "}", 1));
+    assert_true(json_schema_may_end(&st, o));
+    json_schema_free(o);
+    /* Limits: an empty text, more than JSON_SCHEMA_MAX_CHOICES texts. */
+    char err[128] = "";
+    static const char *const empty[] = { "a", "" };
+    static const size_t empty_lens[] = { 1, 0 };
+    assert_null(json_schema_choices(empty, empty_lens, 2, err, sizeof err));
+    assert_true(err[0] != '\0');
+    const char *many[JSON_SCHEMA_MAX_CHOICES + 1];
+    size_t many_lens[JSON_SCHEMA_MAX_CHOICES + 1];
+    for (int i = 0; i <= JSON_SCHEMA_MAX_CHOICES; i++) many[i] = "x", many_lens[i] = 1;
+    assert_non_null(s = json_schema_choices(many, many_lens, JSON_SCHEMA_MAX_CHOICES, NULL, 0));
+    json_schema_free(s);
+    assert_null(json_schema_choices(many, many_lens, JSON_SCHEMA_MAX_CHOICES + 1, NULL, 0));
+}
+
 static void test_refused(void **state) {
     (void)state;
     compile_error("{\"type\":\"object\",\"properties\":{\"email\":{\"type\":\"string\","
@@ -947,6 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_compact),
         cmocka_unit_test(test_lenient),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_ref_pointers),
         cmocka_unit_test(test_walks_are_valid),

@@ -1031,6 +1031,62 @@ static void test_json_schema_output(void **state)
     h_fake_free(f);
 }
 
+/* A choices grammar ("1", "10", "2"): the output is one of the texts. After "1" the
+ * model's favourite is EOS, which may end the output there because "1" is whole (though
+ * "10" still matches): text "1". With ignore_eos, or with "0" the favourite, it goes on to
+ * "10", which nothing extends: that ends it. A favourite that fits no text gives way to the
+ * lowest id that does. */
+static HChoice *run_choice(FakeModel *f, Harness *h, bool ignore_eos, Engine **e_out)
+{
+    static const char *const texts[] = { "1", "10", "2" };
+    static const size_t lens[] = { 1, 2, 1 };
+    JsonSchema *schema = json_schema_choices(texts, lens, 3, NULL, 0);
+    assert_non_null(schema);
+    Engine *e = h_engine(f, 4, 64, 4, 64, false);
+    int32_t p[2] = {30, 2};
+    EngineRequest q = h_request(p, 2, 20);
+    q.json_object = true;
+    q.json_schema = schema;
+    q.ignore_eos = ignore_eos;
+    uint64_t id = h_submit(e, &q);
+    json_schema_free(schema);
+    h_run(h, e, f, 200);
+    *e_out = e;
+    return &h_req(h, id)->ch[0];
+}
+
+static void test_choice_output(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    f->noise = 0.0f;
+    f->pieces[10] = "1";
+    f->pieces[11] = "0";
+    f->pieces[12] = "2";
+    f->succ[2] = 40;         /* "<40>": fits no choice; the lowest id that fits is "1" */
+    f->succ[10] = f->eos_id; /* after "1": EOS */
+    f->allow_eos = true;
+    static const struct {
+        bool ignore_eos;
+        int32_t after_one;
+        const char *text;
+    } cases[] = { { false, 0, "1" }, { true, 0, "10" }, { false, 11, "10" } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        f->succ[10] = cases[i].after_one;
+        Harness *h = calloc(1, sizeof *h);
+        Engine *e;
+        HChoice *c = run_choice(f, h, cases[i].ignore_eos, &e);
+        assert_int_equal(c->reason, FINISH_STOP);
+        if (strcmp(c->text, cases[i].text) != 0)
+            fail_msg("case %zu: \"%s\", want \"%s\"", i, c->text, cases[i].text);
+        h_assert_pool_idle(e);
+        engine_destroy(e);
+        h_free(h);
+        free(h);
+    }
+    h_fake_free(f);
+}
+
 /* EOS (a control token) is never drawn inside the object: here it is the favourite after
  * every key, so values nest to the depth limit, and the object still closes. */
 static void test_json_object_masks_eos(void **state)
@@ -1463,6 +1519,7 @@ int main(void)
         cmocka_unit_test(test_json_object_output),
         cmocka_unit_test(test_json_schema_output),
         cmocka_unit_test(test_json_object_masks_eos),
+        cmocka_unit_test(test_choice_output),
         cmocka_unit_test(test_json_object_with_min_tokens),
         cmocka_unit_test(test_json_object_long_token),
         cmocka_unit_test(test_cancel_everywhere),
