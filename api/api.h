@@ -283,6 +283,15 @@ void api_request_free(ApiRequest *r);
  * with a 400 (code invalid_json_schema) naming the schema's part. */
 typedef struct json_t json_t;
 int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e);
+/* The same for a schema given elsewhere: errors name `param` and the path `where`. */
+int api_json_schema_compile_at(const json_t *schema, const char *param, const char *where,
+                               JsonSchema **out, ApiError *e);
+/* vLLM's structured outputs (api/structured_outputs.c), after response_format: a body's
+ * "structured_outputs" ({"choice": [...]}, {"json": schema} or {"json_object": true}) or
+ * older "guided_choice" / "guided_json" set r->json_object and r->json_schema (a choice:
+ * the reply is one of the strings, byte for byte). 0, or -1 with a 400 naming the field
+ * (also for regex, grammar and structural-tag forms, and with response_format set). */
+int api_structured_outputs_read(const json_t *root, ApiRequest *r, ApiError *e);
 /* The same into s beside the nodes it has (tools' parameters share one grammar), checked as
  * json_schema_finish checks a whole one: its top node, or -1 with a 400 whose param is
  * `param` and whose message names `where` and the schema's part. lenient: a constraint the

@@ -608,14 +608,19 @@ int api_json_schema_add(JsonSchema *s, const json_t *schema, const char *param,
 }
 
 int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e) {
+    return api_json_schema_compile_at(schema, "response_format",
+                                      "response_format.json_schema.schema", out, e);
+}
+
+int api_json_schema_compile_at(const json_t *schema, const char *param, const char *where,
+                               JsonSchema **out, ApiError *e) {
     JsonSchema *s = json_schema_new();
     *out = NULL;
     if (!s) {
         api_error_set(e, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    if (api_json_schema_add(s, schema, "response_format", "response_format.json_schema.schema",
-                            false, e) < 0) {
+    if (api_json_schema_add(s, schema, param, where, false, e) < 0) {
         json_schema_free(s);
         return -1;
     }

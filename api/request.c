@@ -156,12 +156,17 @@ static int read_string(const json_t *obj, const char *field, bool non_empty, cha
 
 /* ---- the known fields ----------------------------------------------------------------------- */
 
+/* vLLM's structured outputs (api_structured_outputs_read), in both APIs. */
+#define STRUCTURED_FIELDS                                                                       \
+    "structured_outputs", "guided_choice", "guided_json", "guided_regex", "guided_grammar",      \
+        "guided_whitespace_pattern", "guided_decoding_backend", "structural_tag"
+
 static const char *const known_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo",
     "ignore_eos", "user", "stream", "stream_options", "cache_salt", "best_of", "suffix",
     "logit_bias", "response_format", "safety_identifier", "prompt_cache_key",
-    "stop_token_ids", "min_tokens", "include_stop_str_in_output", NULL,
+    "stop_token_ids", "min_tokens", "include_stop_str_in_output", STRUCTURED_FIELDS, NULL,
 };
 
 /* Chat Completions: messages instead of prompt, logprobs a boolean with top_logprobs. */
@@ -172,7 +177,7 @@ static const char *const chat_known_fields[] = {
     "stream_options", "cache_salt", "logit_bias", "response_format", "tools", "tool_choice",
     "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "stop_token_ids",
     "min_tokens", "include_stop_str_in_output", "add_generation_prompt",
-    "continue_final_message", NULL,
+    "continue_final_message", STRUCTURED_FIELDS, NULL,
 };
 
 /* Unknown fields are a 400; chat also takes the fields it does not implement at their
@@ -669,7 +674,8 @@ static int read_common(const json_t *root, const ApiLimits *lim, ApiRequest *r, 
     /* End-user ids (user, and safety_identifier, its successor in OpenAI's SDKs) and
      * prompt_cache_key (a routing hint for OpenAI's cache; the prefix cache here needs
      * none): checked for type, then ignored. */
-    static const char *const ignored[] = { "user", "safety_identifier", "prompt_cache_key" };
+    static const char *const ignored[] = { "user", "safety_identifier", "prompt_cache_key",
+                                           "guided_decoding_backend" /* vLLM < 0.12 */ };
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
         char *s = NULL;
         if (read_string(root, ignored[i], false, &s, e) != 0) return -1;
@@ -691,7 +697,8 @@ static int read_fields(const json_t *root, const ApiLimits *lim, const char *ser
                    read_logprobs(root, lim, r, e) != 0 ||
                    read_bool(root, "echo", &r->echo, e) != 0 ||
                    read_best_of_and_suffix(root, r, e) != 0 ||
-                   read_response_format(root, r, e) != 0
+                   read_response_format(root, r, e) != 0 ||
+                   api_structured_outputs_read(root, r, e) != 0
                ? -1
                : 0;
 }
@@ -996,7 +1003,8 @@ static int read_chat_max_tokens(const json_t *root, const ApiLimits *lim, ApiReq
 static int check_continue(const ApiRequest *r, ApiChatEnd end, ApiError *e) {
     if (end != API_CHAT_END_CONTINUE || !r->json_object || r->tools != API_TOOLS_OFF) return 0;
     api_error_set(e, 400, "continue_final_message", "invalid_value",
-                  "'continue_final_message' cannot be used with 'response_format'");
+                  "'continue_final_message' cannot be used with 'response_format' or "
+                  "structured outputs");
     return -1;
 }
 
@@ -1012,6 +1020,7 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                      read_common(root, lim, r, e) != 0 ||
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
+                     api_structured_outputs_read(root, r, e) != 0 ||
                      api_tools_read(root, r, &tools_text, e) != 0 ||
                      api_chat_end_read(root, &end, e) != 0 ||
                      check_continue(r, end, e) != 0 ||

@@ -891,6 +891,88 @@ static ApiRequest *tools_ok(const char *fields) {
     return chat_ok(body);
 }
 
+/* vLLM's structured outputs in both APIs: a choice holds the reply to one of the strings
+ * (raw text, may end at a string another begins), json to the schema (compact with
+ * disable_any_whitespace), json_object to any object; the legacy guided_choice /
+ * guided_json too. Refused by name: other forms, unknown keys, bad shapes, two forms, one
+ * with response_format or with tools. */
+static void test_structured_outputs(void **state) {
+    (void)state;
+    ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":"
+                             "{\"choice\":[\"yes\",\" no\",\"1\",\"10\"]}}");
+    assert_true(r->json_object);
+    assert_non_null(r->json_schema);
+    assert_int_equal(walk(r, "yes"), 1);
+    assert_int_equal(walk(r, " no"), 1);
+    assert_int_equal(walk(r, "1"), 0);
+    assert_int_equal(walk(r, "10"), 1);
+    assert_int_equal(walk(r, "\"yes\""), -1);
+    assert_int_equal(walk(r, "no"), -1);
+    api_request_free(r);
+    r = chat_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"guided_choice\":[\"positive\",\"negative\"],\"guided_decoding_backend\":\"x\"}");
+    assert_true(r->json_object);
+    assert_int_equal(walk(r, "negative"), 1);
+    assert_int_equal(walk(r, "neutral"), -1);
+    api_request_free(r);
+    static const char *const json_forms[] = {
+        "\"structured_outputs\":{\"json\":{\"type\":\"object\",\"properties\":{\"a\":"
+        "{\"type\":\"integer\"}},\"required\":[\"a\"]}}",
+        "\"structured_outputs\":{\"json\":\"{\\\"type\\\":\\\"object\\\",\\\"properties\\\":"
+        "{\\\"a\\\":{\\\"type\\\":\\\"integer\\\"}},\\\"required\\\":[\\\"a\\\"]}\"}",
+        "\"guided_json\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+        "\"required\":[\"a\"]}",
+        "\"structured_outputs\":{\"json\":{\"type\":\"object\",\"properties\":{\"a\":"
+        "{\"type\":\"integer\"}},\"required\":[\"a\"]},\"disable_any_whitespace\":true}",
+    };
+    for (size_t i = 0; i < sizeof json_forms / sizeof json_forms[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",%s}", json_forms[i]);
+        r = parse_ok(body);
+        assert_true(r->json_object);
+        assert_int_equal(walk(r, "{\"a\":1}"), 1);
+        assert_int_equal(walk(r, "{\"a\": 1}"), i == 3 ? -1 : 1); /* compact: no space */
+        assert_int_equal(walk(r, "{\"b\":1}"), -1);
+        api_request_free(r);
+    }
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":{\"json_object\":true}}");
+    assert_true(r->json_object);
+    assert_null(r->json_schema); /* any object */
+    api_request_free(r);
+    static const struct {
+        const char *fields, *param, *words;
+    } bad[] = {
+        {"\"structured_outputs\":{\"regex\":\"a+\"}", "structured_outputs", "regex"},
+        {"\"structured_outputs\":{\"choice\":[\"a\"],\"json\":{}}", "structured_outputs", "exactly one"},
+        {"\"structured_outputs\":{}", "structured_outputs", "exactly one"},
+        {"\"structured_outputs\":{\"json_object\":false}", "structured_outputs", "exactly one"},
+        {"\"structured_outputs\":[\"a\"]", "structured_outputs", "object"},
+        {"\"structured_outputs\":{\"choice\":[]}", "structured_outputs.choice", "1 to 64"},
+        {"\"structured_outputs\":{\"choice\":\"a\"}", "structured_outputs.choice", "array"},
+        {"\"structured_outputs\":{\"choice\":[\"a\",\"\"]}", "structured_outputs.choice", "item 1"},
+        {"\"structured_outputs\":{\"choice\":[\"a\",2]}", "structured_outputs.choice", "item 1"},
+        {"\"structured_outputs\":{\"json\":{\"type\":\"array\"}}", "structured_outputs.json", "object"},
+        {"\"structured_outputs\":{\"json\":\"{nope\"}", "structured_outputs.json", "JSON schema"},
+        {"\"structured_outputs\":{\"choice\":[\"a\"],\"disable_fallback\":1}", "structured_outputs", "boolean"},
+        {"\"guided_regex\":\"a+\"", "guided_regex", "not supported"},
+        {"\"guided_grammar\":\"root ::= x\"", "guided_grammar", "not supported"},
+        {"\"guided_choice\":[\"a\"],\"guided_json\":{\"type\":\"object\"}", "guided_choice", "one of"},
+        {"\"guided_choice\":[\"a\"],\"response_format\":{\"type\":\"json_object\"}", "guided_choice",
+         "response_format"},
+        {"\"guided_decoding_backend\":3", "guided_decoding_backend", "string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",%s}", bad[i].fields);
+        expect_error(body, 400, bad[i].param, bad[i].words);
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"x\"}],%s}", bad[i].fields);
+        chat_error(body, API_CHAT_CHATML, bad[i].param, bad[i].words);
+    }
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+               "\"guided_choice\":[\"a\"]," TOOLS "}", API_CHAT_CHATML, "response_format", "tools");
+}
+
 /* The tools are described in the system message and the reply is held to their JSON:
  * {"content"} or {"tool_calls"} with auto, calls only with required, calls of the named
  * function, one call without parallel_tool_calls, no whitespace. */
@@ -1210,6 +1292,7 @@ int main(void) {
         cmocka_unit_test(test_chat_prompt_end),
         cmocka_unit_test(test_chat_neutral_fields),
         cmocka_unit_test(test_chat_tools),
+        cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_chat_tool_turns),
         cmocka_unit_test(test_chat_tools_errors),
         cmocka_unit_test(test_chat_tools_review),

@@ -563,6 +563,27 @@ await runCase("chat.completions.create: response_format json_schema", async () =
         `${e?.constructor?.name} ${e?.param} ${e?.code}: ${e?.message}`);
 });
 
+// vLLM's structured outputs through the client's extra body fields (how vLLM's docs send
+// them): the text or content is one of the choices, streamed or not; a regex is a
+// BadRequestError naming the field.
+const CHOICES = ["positive", "negative", " neutral"];
+await runCase("structured_outputs choice (completions, chat, stream)", async () => {
+  const r = await client.completions.create({ ...GREEDY, n: 2, temperature: 1, seed: 7,
+    structured_outputs: { choice: CHOICES } });
+  for (const c of r.choices)
+    check(CHOICES.includes(c.text) && c.finish_reason === "stop", "completions: a choice", c);
+  const ch = await client.chat.completions.create({ ...CHAT, max_tokens: 16,
+    guided_choice: CHOICES });
+  check(CHOICES.includes(ch.choices[0].message.content), "chat: a choice", ch.choices[0]);
+  const s = await collectStream({ ...GREEDY, structured_outputs: { choice: CHOICES } },
+                                "choice stream");
+  check(CHOICES.includes(s.text[0]), "stream: a choice", s.text[0]);
+  const e = await thrown("structured_outputs regex", () => client.completions.create({
+    ...GREEDY, structured_outputs: { regex: "a+" } }));
+  check(e instanceof BadRequestError && e.param === "structured_outputs",
+        "regex: a 400 naming structured_outputs", `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
+});
+
 await runCase("chat: a conversation kept from OpenAI (refusal: null, ...) = the plain one", async () => {
   check(chatPlain, "needs the plain chat case's result");
   const answer = chatPlain.choices[0].message.content;

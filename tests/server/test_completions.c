@@ -866,6 +866,54 @@ static void test_json_schema(void **state)
     json_decref(err);
 }
 
+/* vLLM's structured outputs end to end: with a choice the reply is one of the strings
+ * ("stop"), whatever the random model would say: three sampled choices, streamed,
+ * through chat and the legacy guided_choice; a json form is held like response_format's;
+ * a regex is a 400 naming it. */
+#define CHOICES "[\"alpha\",\"beta\",\"gamma delta\",\"1\",\"10\"]"
+static void check_choice(const char *text, const char *finish)
+{
+    static const char *const ok[] = { "alpha", "beta", "gamma delta", "1", "10" };
+    bool found = false;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        found |= strcmp(text, ok[i]) == 0;
+    if (!found || strcmp(finish, "stop") != 0)
+        fail_msg("not one of the choices (%s): '%s'", finish, text);
+}
+
+static void test_structured_outputs(void **state)
+{
+    (void)state;
+    json_t *t = complete("Numbers", "\"max_tokens\":20,\"n\":3,\"temperature\":1,\"seed\":3,"
+                                    "\"structured_outputs\":{\"choice\":" CHOICES "}");
+    for (size_t i = 0; i < 3; i++)
+        check_choice(choice_text(t, i), choice_finish(t, i));
+    json_decref(t);
+    StreamResult sr;
+    stream_complete("Numbers", "\"max_tokens\":20,\"stream\":true,\"temperature\":0.8,\"seed\":5,"
+                               "\"guided_choice\":" CHOICES, &sr);
+    check_choice(sr.text[0] ? sr.text[0] : "", sr.finish[0]);
+    stream_result_free(&sr);
+    int status = 0;
+    json_t *c = chat("\"max_tokens\":20,\"temperature\":0,\"guided_choice\":" CHOICES, &status);
+    assert_int_equal(status, 200);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    check_choice(chat_content(c, 0), json_string_value(json_object_get(ch, "finish_reason")));
+    json_decref(c);
+    c = chat("\"max_tokens\":400,\"temperature\":0,\"structured_outputs\":{\"json\":"
+             SCHEMA_FIXED "}", &status);
+    ch = json_array_get(json_object_get(c, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    check_schema_reply(SCHEMA_FIXED, chat_content(c, 0), "stop");
+    json_decref(c);
+    json_t *err = chat("\"guided_regex\":\"a+\"", &status);
+    assert_int_equal(status, 400);
+    json_t *eo = json_object_get(err, "error");
+    assert_string_equal(json_string_value(json_object_get(eo, "param")), "guided_regex");
+    json_decref(err);
+}
+#undef CHOICES
+
 static void test_echo(void **state)
 {
     (void)state;
@@ -1069,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_chat_follow_up_hits_prefix_cache),
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_json_schema),
+        cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),
