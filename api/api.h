@@ -286,11 +286,12 @@ int api_json_schema_compile(const json_t *schema, JsonSchema **out, ApiError *e)
 /* The same for a schema given elsewhere: errors name `param` and the path `where`. */
 int api_json_schema_compile_at(const json_t *schema, const char *param, const char *where,
                                JsonSchema **out, ApiError *e);
-/* vLLM's structured outputs (api/structured_outputs.c), after response_format: a body's
- * "structured_outputs" ({"choice": [...]}, {"json": schema} or {"json_object": true}) or
- * older "guided_choice" / "guided_json" set r->json_object and r->json_schema (a choice:
- * the reply is one of the strings, byte for byte). 0, or -1 with a 400 naming the field
- * (also for regex, grammar and structural-tag forms, and with response_format set). */
+/* vLLM's structured outputs (api/structured_outputs.c), read after response_format and
+ * tools: a body's "structured_outputs" ({"choice": [...]}, {"json": schema} or
+ * {"json_object": true}) or older "guided_choice" / "guided_json" set r->json_object and
+ * r->json_schema (a choice: the reply is one of the strings, byte for byte). 0, or -1 with
+ * a 400 naming the field (also for regex, grammar and structural-tag forms, and beside
+ * response_format or tools). */
 int api_structured_outputs_read(const json_t *root, ApiRequest *r, ApiError *e);
 /* The same into s beside the nodes it has (tools' parameters share one grammar), checked as
  * json_schema_finish checks a whole one: its top node, or -1 with a 400 whose param is

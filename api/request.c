@@ -1020,8 +1020,8 @@ static int read_chat_fields(const json_t *root, const ApiLimits *lim, const char
                      read_common(root, lim, r, e) != 0 ||
                      read_chat_logprobs(root, lim, r, e) != 0 ||
                      read_response_format(root, r, e) != 0 ||
-                     api_structured_outputs_read(root, r, e) != 0 ||
                      api_tools_read(root, r, &tools_text, e) != 0 ||
+                     api_structured_outputs_read(root, r, e) != 0 ||
                      api_chat_end_read(root, &end, e) != 0 ||
                      check_continue(r, end, e) != 0 ||
                      read_messages(root, lim, api_chat_format_held(fmt, r->json_object), end,

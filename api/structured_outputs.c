@@ -98,7 +98,7 @@ static int read_structured(const json_t *so, ApiRequest *r, ApiError *e) {
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)so, key, v) {
-        bool known = false;
+        bool known = json_is_null(v); /* clients that send every field, unset ones null */
         for (int i = 0; so_known[i]; i++) known |= strcmp(key, so_known[i]) == 0;
         if (!known) {
             api_error_set(e, 400, FIELD, "unsupported_parameter", "'" FIELD ".%s' is not "
@@ -122,12 +122,7 @@ static int read_structured(const json_t *so, ApiRequest *r, ApiError *e) {
                     "'json_object': true");
     if (choice) return read_choice(choice, FIELD ".choice", r, e);
     if (json) return read_json(json, FIELD ".json", compact, r, e);
-    r->json_object = true; /* any object: json_schema NULL, as response_format json_object */
-    if (compact && !(r->json_schema = json_schema_any_object())) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
-        return -1;
-    }
-    if (compact) json_schema_set_compact(r->json_schema);
+    r->json_object = true; /* any object (disable_any_whitespace: see docs/server.md) */
     return 0;
 }
 
@@ -154,8 +149,10 @@ int api_structured_outputs_read(const json_t *root, ApiRequest *r, ApiError *e) 
         return fail(e, param, "give one of 'structured_outputs', 'guided_choice' and "
                     "'guided_json'");
     if (r->json_object) {
-        api_error_set(e, 400, param, "invalid_value", "'%s' cannot be combined with "
-                      "'response_format', which already holds the reply to a form", param);
+        api_error_set(e, 400, param, "invalid_value", "'%s' cannot be combined with %s, which "
+                      "already hold%s the reply to a form", param,
+                      r->tools != API_TOOLS_OFF ? "tools" : "'response_format'",
+                      r->tools != API_TOOLS_OFF ? "" : "s");
         return -1;
     }
     if (so) return read_structured(so, r, e);

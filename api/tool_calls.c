@@ -266,8 +266,8 @@ int api_tools_read(const json_t *root, ApiRequest *r, char **system_text, ApiErr
     if (rc != 0) return -1;
     if (mode == API_TOOLS_OFF) return 0;
     if (r->json_object)
-        return fail(e, "response_format", "'response_format' or structured outputs cannot "
-                    "be combined with tools: the reply is held to the tool call format");
+        return fail(e, "response_format", "'response_format' cannot be combined with tools: "
+                    "the reply is held to the tool call format");
     if (r->logprobs >= 0)
         return fail(e, "logprobs", "'logprobs' is not available with tools");
     bool parallel = !json_is_false(par) && mode != API_TOOLS_NAMED; /* named: one call of it */

@@ -970,7 +970,16 @@ static void test_structured_outputs(void **state) {
         chat_error(body, API_CHAT_CHATML, bad[i].param, bad[i].words);
     }
     chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-               "\"guided_choice\":[\"a\"]," TOOLS "}", API_CHAT_CHATML, "response_format", "tools");
+               "\"guided_choice\":[\"a\"]," TOOLS "}", API_CHAT_CHATML, "guided_choice", "tools");
+    chat_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+               "\"structured_outputs\":{\"json_object\":true}," TOOLS "}", API_CHAT_CHATML,
+               "structured_outputs", "tools");
+    /* Every field of vLLM's StructuredOutputsParams sent, the unset ones null. */
+    r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[\"a\"],"
+                 "\"json\":null,\"regex\":null,\"grammar\":null,\"json_object\":null,"
+                 "\"structural_tag\":null,\"whitespace_pattern\":null}}");
+    assert_int_equal(walk(r, "a"), 1);
+    api_request_free(r);
 }
 
 /* The tools are described in the system message and the reply is held to their JSON:

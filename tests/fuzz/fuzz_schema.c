@@ -14,6 +14,9 @@
  *     at the nesting limit: what would not fit is not started);
  *   - once the walk is complete, the text is a JSON object jansson parses (or refuses only
  *     for a number too large for it or a lone surrogate escape, which RFC 8259 allows).
+ * A JSON array of strings instead of a schema is a choices grammar (json_schema_choices,
+ * structured_outputs choice): the same walk, and wherever json_schema_may_end says the
+ * output may end (always once complete), the text is one of the strings.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +49,17 @@ static bool feed_both(JsonSchemaState *st, const JsonSchema *s, char c) {
     return ok;
 }
 
-static void walk(const JsonSchema *s, const uint8_t *choices, size_t n) {
+/* Whether text[0, len) is one of the strings of the array doc. */
+static bool is_choice(const json_t *doc, const char *text, size_t len) {
+    for (size_t i = 0; i < json_array_size(doc); i++) {
+        const json_t *c = json_array_get(doc, i);
+        if (json_string_length(c) == len && memcmp(json_string_value(c), text, len) == 0)
+            return true;
+    }
+    return false;
+}
+
+static void walk(const JsonSchema *s, const json_t *choices_doc, const uint8_t *choices, size_t n) {
     JsonSchemaState st;
     json_schema_state_init(&st, s, 64);
     char text[MAX_WALK + 1];
@@ -64,8 +77,10 @@ static void walk(const JsonSchema *s, const uint8_t *choices, size_t n) {
         char c = (char)ok[choices[i] % n_ok];
         FZ_CHECK(feed_both(&st, s, c), "a byte the trial accepted was refused");
         text[len++] = c;
+        if (choices_doc && json_schema_may_end(&st, s))
+            FZ_CHECK(is_choice(choices_doc, text, len), "may end but not a choice: %.*s", (int)len, text);
     }
-    if (!json_schema_complete(&st)) return;
+    if (!json_schema_complete(&st) || choices_doc) return;
     json_error_t err;
     json_t *v = json_loadb(text, len, JSON_ALLOW_NUL, &err);
     if (!v && (strstr(err.text, "overflow") || strstr(err.text, "too big") ||
@@ -75,11 +90,40 @@ static void walk(const JsonSchema *s, const uint8_t *choices, size_t n) {
     json_decref(v);
 }
 
+/* An array of 1..JSON_SCHEMA_MAX_CHOICES strings of 1..JSON_SCHEMA_MAX_LITERAL bytes as a
+ * choices grammar, walked; other arrays are not fuzzed here (the API refuses them). */
+static void fuzz_choices(const json_t *doc, const uint8_t *bytes, size_t n) {
+    size_t count = json_array_size(doc);
+    if (count == 0 || count > JSON_SCHEMA_MAX_CHOICES) return;
+    const char *texts[JSON_SCHEMA_MAX_CHOICES];
+    size_t lens[JSON_SCHEMA_MAX_CHOICES];
+    for (size_t i = 0; i < count; i++) {
+        const json_t *c = json_array_get(doc, i);
+        if (!json_is_string(c) || json_string_length(c) == 0 ||
+            json_string_length(c) > JSON_SCHEMA_MAX_LITERAL)
+            return;
+        texts[i] = json_string_value(c);
+        lens[i] = json_string_length(c);
+    }
+    JsonSchema *s = json_schema_choices(texts, lens, (int)count, NULL, 0);
+    FZ_CHECK(s != NULL, "json_schema_choices refused %zu strings", count);
+    JsonSchema *copy = json_schema_copy(s);
+    FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
+    json_schema_free(copy);
+    walk(s, doc, bytes, n);
+    json_schema_free(s);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nul = memchr(data, 0, size);
     size_t schema_len = nul ? (size_t)(nul - data) : size;
     json_t *doc = json_loadb((const char *)data, schema_len, 0, NULL);
     if (!doc) return 0;
+    if (json_is_array(doc)) {
+        if (nul) fuzz_choices(doc, nul + 1, size - schema_len - 1);
+        json_decref(doc);
+        return 0;
+    }
     JsonSchema *s = NULL;
     ApiError e;
     memset(&e, 0, sizeof e);
@@ -103,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         JsonSchema *copy = json_schema_copy(s);
         FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
         json_schema_free(copy);
-        if (nul) walk(s, nul + 1, size - schema_len - 1);
+        if (nul) walk(s, NULL, nul + 1, size - schema_len - 1);
         json_schema_free(s);
     }
     json_decref(doc);
