@@ -381,6 +381,9 @@ int api_sse_error(ApiBuf *b, const ApiError *e);             /* data: {"error":.
 bool api_model_served(const char *served, const char *name);
 /* What is wrong with such a list: "an empty" or "a repeated" (id), or NULL when nothing. */
 const char *api_model_names_fault(const char *served);
+/* The 404 (param "model", code model_not_found) for a request naming `name`, which the
+ * server does not serve: the message lists the served ids, each quoted (cut at 255 bytes). */
+void api_model_not_found(ApiError *e, const char *served, const char *name);
 
 /* GET /v1/models: {"object":"list","data":[model, ...]}, one per served id; GET
  * /v1/models/{id}: the model object {"id","object":"model","created","owned_by":

@@ -1,4 +1,5 @@
 /* The small endpoints: /v1/models, /tokenize, /detokenize. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,18 @@ const char *api_model_names_fault(const char *served) {
         if (id_among(served, p, p, n)) return "a repeated";
     }
     return NULL;
+}
+
+void api_model_not_found(ApiError *e, const char *served, const char *name) {
+    char ids[256] = "";
+    size_t used = 0;
+    for (const char *p = served; p && used < sizeof ids; p = next_id(p)) {
+        int n = snprintf(ids + used, sizeof ids - used, "%s'%.*s'", p == served ? "" : ", ",
+                         (int)strcspn(p, ","), p);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    api_error_set(e, 404, "model", "model_not_found",
+                  "The model '%.200s' does not exist; this server serves %s", name, ids);
 }
 
 char *api_models_body(const char *served, int64_t created, int32_t max_model_len,
@@ -108,9 +121,7 @@ static int check_model(const json_t *root, const char *served_model, ApiError *e
         return -1;
     }
     if (served_model && !api_model_served(served_model, json_string_value(m))) {
-        api_error_set(e, 404, "model", "model_not_found",
-                      "The model '%.200s' does not exist; this server serves '%.200s'",
-                      json_string_value(m), served_model);
+        api_model_not_found(e, served_model, json_string_value(m));
         return -1;
     }
     return 0;

@@ -243,9 +243,7 @@ static int read_model(const json_t *root, const char *served_model, ApiRequest *
     }
     if (read_string(root, "model", true, &r->model, e) != 0) return -1;
     if (served_model && !api_model_served(served_model, r->model)) {
-        api_error_set(e, 404, "model", "model_not_found",
-                      "The model '%.200s' does not exist; this server serves '%.200s'",
-                      r->model, served_model);
+        api_model_not_found(e, served_model, r->model);
         return -1;
     }
     return 0;

@@ -143,6 +143,15 @@ static void test_models(void **state) {
     assert_string_equal(api_model_names_fault(""), "an empty");
     assert_string_equal(api_model_names_fault("ab,b,ab"), "a repeated");
     assert_string_equal(api_model_names_fault("a,b,b"), "a repeated");
+    ApiError e;
+    api_model_not_found(&e, "stories260K,tiny,t", "x");
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.param, "model");
+    assert_string_equal(e.code, "model_not_found");
+    assert_string_equal(e.message, "The model 'x' does not exist; this server serves "
+                                   "'stories260K', 'tiny', 't'");
+    api_model_not_found(&e, "m", "x");
+    assert_string_equal(e.message, "The model 'x' does not exist; this server serves 'm'");
 }
 
 /* ---- /tokenize, /detokenize ------------------------------------------------------------------- */
