@@ -106,8 +106,9 @@ static int read_structured(const json_t *so, ApiRequest *r, ApiError *e) {
             return -1;
         }
     }
-    /* disable_fallback: a backend choice (there is one); disable_additional_properties:
-     * a schema's output never has properties outside it here either way. */
+    /* Accepted and ignored: disable_fallback (a choice of grammar backend: there is one)
+     * and disable_additional_properties (the grammar writes a schema's properties only,
+     * and any keys where it gives none, whichever the value). */
     bool object = false, compact = false, unused;
     if (read_option(so, "json_object", &object, e) != 0 ||
         read_option(so, "disable_any_whitespace", &compact, e) != 0 ||
