@@ -159,6 +159,25 @@ int matmul_bf16_amx(void)
     return decided_once(&known, bf16_amx_decide);
 }
 
+/* The AVX2 int8 chain: pair sums added in int16 (3 multiplies per 64 multiply-adds) where
+ * they were measured faster, on Zen 1/2, whose one integer-multiply pipe bounds the plain
+ * chain (4 per 64); elsewhere the plain chain, whose extra multiply other cores absorb
+ * (Zen 3: a sign-trick variant with one more instruction ran 20-25% slower there).
+ * PAGEDSERVE_I8_PAIR_SUMS=1 or 0 chooses. Both give the same bits. */
+static int i8_pairs_decide(void)
+{
+    const char *v = getenv("PAGEDSERVE_I8_PAIR_SUMS");
+    if (v && *v)
+        return strcmp(v, "0") != 0;
+    return __builtin_cpu_is("znver1") || __builtin_cpu_is("znver2");
+}
+
+int matmul_i8_avx2_pairs(void)
+{
+    static _Atomic int known = -1;
+    return decided_once(&known, i8_pairs_decide);
+}
+
 int matmul_i8_x_max(void)
 {
     return matmul_i8_vnni() ? 127 : 64;
@@ -568,7 +587,7 @@ void matmul(float *y, int ldy, const float *x, int ldx, const MatmulWeights *w, 
     if (w->type == MATMUL_I8 || matmul_type_q4(w->type)) {
         I8RowsShape shape = i8_rows_shape(w->type, w->in, rows);
         void *mem = shape.bytes <= sizeof local ? local
-                  : rows > MATMUL_I8_ROWS_LOCAL || matmul_type_q4(w->type) ? (heap = malloc(shape.bytes)) : NULL;
+                  : rows > MATMUL_I8_ITEM_ROWS || matmul_type_q4(w->type) ? (heap = malloc(shape.bytes)) : NULL;
         if (mem)
             p.task.xq = quantise_rows(mem, shape, x, ldx, w->in, rows, parallel && rows >= QUANTISE_PARALLEL_ROWS);
     } else if (w->type == MATMUL_BF16 && matmul_bf16_amx() && matmul_bf16_amx_fits(rows, w->in)) {

@@ -100,6 +100,9 @@ int matmul_bf16_amx(void);
 /* The levels each side that int8 products quantise x to: 127 on AVX512_VNNI, 64 on AVX2,
  * whose byte products sum pairs in int16 (matmul_i8_avx2.c says why). */
 int matmul_i8_x_max(void);
+/* Whether AVX2 int8 products (no VNNI) add two quads' pair sums in int16 before widening
+ * them (matmul_i8_avx2.c), decided once: on Zen 1/2, or as PAGEDSERVE_I8_PAIR_SUMS says. */
+int matmul_i8_avx2_pairs(void);
 /* Whether F32 and F16 products run on the AVX-512 kernel (AVX512F; else AVX2, same results);
  * PAGEDSERVE_NO_AVX512_F says no. Decided at the first call, for the whole process. */
 int matmul_avx512_supported(void);

@@ -48,7 +48,8 @@
 #define I8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define I8_INLINE static inline __attribute__((always_inline)) I8_TARGET
 
-#define MR_MAX 6 /* <= MATMUL_I8_ROWS_LOCAL */
+#define MR_MAX 6
+_Static_assert(MR_MAX <= MATMUL_I8_ROWS_LOCAL, "i8_run_chunks quantises a block's rows");
 #define NP_MAX 8
 #define BLOCK_QUADS (MATMUL_I8_BLOCK / 4)
 

@@ -106,10 +106,14 @@ void q4_unpack(const void *buf, float *w, int in, int out, MatmulType type);
 void i8_row_quantise_at(int8_t *q, float *sx, int32_t *zsum, const float *x, int n, int qmax);
 /* The same at the levels this process's int8 kernel takes (matmul_i8_x_max()). */
 void i8_row_quantise(int8_t *q, float *sx, int32_t *zsum, const float *x, int n);
-/* The most rows of x an int8 kernel's register block takes (VNNI 6, AVX2 8), and so the
- * most rows matmul() may leave to each work item to quantise (t->xq NULL: when x is too
- * long for its stack copy) and i8_run_chunks then quantises at a time on its stack. */
+/* The most rows of x an int8 kernel's register block takes (VNNI 6, AVX2 8 with pair sums,
+ * 4 without): i8_run_chunks quantises that many at a time on its stack when x was left to
+ * the work items. */
 #define MATMUL_I8_ROWS_LOCAL 8
+/* matmul() leaves x to each work item to quantise (t->xq NULL) only for this many rows or
+ * fewer, when x is too long for its stack copy (such a product is bound by reading W);
+ * more rows get a buffer quantised once (and AMX products need one). */
+#define MATMUL_I8_ITEM_ROWS 6
 
 /* Y[rows][out] = X[rows][in] · W^T + beta·Y, W given as panels (layout in matmul.h). */
 typedef struct {
@@ -334,6 +338,9 @@ void matmul_kernel_bf16_run(const MatmulTask *t, int p0, int p1);
 void matmul_kernel_i8_run(const MatmulTask *t, int p0, int p1);
 /* The same for int8 panels on AVX2 (matmul_i8_avx2.c), x quantised to 64 levels. */
 void matmul_kernel_i8_avx2_run(const MatmulTask *t, int p0, int p1);
+/* Its two chains (matmul_i8_avx2_pairs() picks), the same bits. */
+void matmul_kernel_i8_avx2_pairs_run(const MatmulTask *t, int p0, int p1);
+void matmul_kernel_i8_avx2_plain_run(const MatmulTask *t, int p0, int p1);
 /* The same for Q4 panels (matmul_q4.c; AVX512_VNNI): x from t->xq (as q4_row_quantise
  * leaves it), or, when that is NULL, quantised here a block at a time. */
 void matmul_kernel_q4_run(const MatmulTask *t, int p0, int p1);

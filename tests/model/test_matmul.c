@@ -270,10 +270,10 @@ static void test_thread_counts(void **state)
 
 /* Inputs of several 2048-input chunks, later chunks of several 128-input blocks and a
  * partial last one (4500: three chunks; 2307: two, the second of two blocks and a partial
- * quad), on one thread. 60001 inputs: an int8 product of up to MATMUL_I8_ROWS_LOCAL (8)
- * such rows quantises x in each work item (too long for matmul.c's stack copy), 9 and more
+ * quad), on one thread. 60001 inputs: an int8 product of up to MATMUL_I8_ITEM_ROWS (6)
+ * such rows quantises x in each work item (too long for matmul.c's stack copy), 7 and more
  * in a buffer; shorter ones on matmul.c's stack. 5..9 rows: the VNNI kernel's 6-row and
- * the AVX2 kernel's 8-row blocks and their tails. */
+ * the AVX2 kernel's 4- or 8-row blocks and their tails. */
 static void test_long_inputs(void **state)
 {
     (void)state;
@@ -281,7 +281,7 @@ static void test_long_inputs(void **state)
     assert_int_equal(matmul_init(1), 1);
     assert_int_equal(check_shape(4500, 40, rows, 8), 0);
     assert_int_equal(check_shape(2307, 33, rows, 8), 0);
-    static const int few_and_more[] = {1, 6, 8, 9};
+    static const int few_and_more[] = {1, 6, 7, 9};
     assert_int_equal(check_shape(60001, 17, few_and_more, 4), 0);
 }
 
@@ -827,10 +827,11 @@ static void i8_scalar_run(const MatmulTask *t, int p0, int p1)
         }
 }
 
-/* The AVX2 int8 kernel gives the scalar product's results bit for bit: its int16 pair sums
- * of two quads (with |q| against qx carrying q's sign) add up to the exact int32 block
- * sums. Row counts to 33 (6-, 5-, 4-, 3-row blocks and the 2- and 1-row sweeps over several
- * panels), an odd last quad (100 inputs: 25 quads; 2050: a second chunk of one), a row
+/* The AVX2 int8 kernel's two chains give the scalar product's results bit for bit: the
+ * int16 pair sums of two quads (|q| against qx carrying q's sign) and the plain chain's
+ * (q + 128 against qx, less Z) add up to the exact int32 block sums. Row counts to 33 (the
+ * pair chain's 8- down to 3-row blocks, the plain one's 4 and 3, the 2- and 1-row sweeps
+ * over several panels), an odd last quad (100 inputs: 25 quads; 2050: a second chunk of one), a row
  * padded to whole quads (7), partial last panels, split panel ranges, beta 0 and not. */
 static void test_i8_avx2_kernel_matches_scalar(void **state)
 {
@@ -838,7 +839,12 @@ static void test_i8_avx2_kernel_matches_scalar(void **state)
     static const int ins[] = {7, 100, 768, 2050};
     static const int outs[] = {1, 27, 100, 257};
     assert_int_equal(shapes_mismatches(MATMUL_I8, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS, 0,
-                                       i8_scalar_run, matmul_kernel_i8_avx2_run, "int8 scalar and AVX2"),
+                                       i8_scalar_run, matmul_kernel_i8_avx2_pairs_run,
+                                       "int8 scalar and AVX2 pair sums"),
+                     0);
+    assert_int_equal(shapes_mismatches(MATMUL_I8, ins, COUNT_OF(ins), outs, COUNT_OF(outs), KERNEL_PAIR_ROWS, 0,
+                                       i8_scalar_run, matmul_kernel_i8_avx2_plain_run,
+                                       "int8 scalar and AVX2 plain chain"),
                      0);
 }
 
