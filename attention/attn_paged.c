@@ -28,6 +28,7 @@
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,8 +413,11 @@ static void pack_queries(const ItemState *it, const TileVecs *tv, float *qt)
 
 /* Scores st[j][v] of positions [t0, t0 + n) become probabilities e^(s - m_new), 0 where
  * the causal mask hides the position; each vector's running max m and sum l move on,
- * and tv->rescale[v] = e^(m_old - m_new) is what its accumulator must shrink by. */
-static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, float *l)
+ * and tv->rescale[v] = e^(m_old - m_new) is what its accumulator must shrink by. `masked`
+ * (a compile-time constant): false where every vector sees the whole tile (most tiles of
+ * a long prompt), which skips the mask's compare, blend and and. */
+ATTN_INLINE void tile_softmax_as(float *st, int n, int32_t t0, TileVecs *tv, float *m, float *l,
+                                 bool masked)
 {
     int nvp = tv->nvp;
     for (int v = 0; v < nvp; v += 8) {
@@ -422,8 +426,9 @@ static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, f
                                        _mm256_set1_epi32(t0 - 1));
         __m256 neg_inf = _mm256_set1_ps(-INFINITY), vmax = neg_inf;
         for (int j = 0; j < n; j++) {
+            __m256 sj = _mm256_loadu_ps(st + (size_t)j * nvp + v);
             __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(see, _mm256_set1_epi32(j)));
-            vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(st + (size_t)j * nvp + v), live));
+            vmax = _mm256_max_ps(vmax, masked ? _mm256_blendv_ps(neg_inf, sj, live) : sj);
         }
         __m256 m_old = _mm256_loadu_ps(m + v), m_new = _mm256_max_ps(m_old, vmax);
         /* A padding vector never sees anything and keeps m = -inf: subtract a finite
@@ -432,7 +437,9 @@ static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, f
         for (int j = 0; j < n; j++) {
             float *sj = st + (size_t)j * nvp + v;
             __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(see, _mm256_set1_epi32(j)));
-            __m256 p = _mm256_and_ps(live, exp256(_mm256_sub_ps(_mm256_loadu_ps(sj), m_sub)));
+            __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj), m_sub));
+            if (masked)
+                p = _mm256_and_ps(live, p);
             _mm256_storeu_ps(sj, p);
             sum = _mm256_add_ps(sum, p);
         }
@@ -441,6 +448,19 @@ static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, f
         _mm256_storeu_ps(l + v, _mm256_fmadd_ps(_mm256_loadu_ps(l + v), shrink, sum));
         _mm256_storeu_ps(tv->rescale + v, shrink);
     }
+}
+
+/* Padding vectors (last -1) may take the unmasked path too: their scores are zeros (zero
+ * query columns), their states are never read. */
+static void tile_softmax(float *st, int n, int32_t t0, TileVecs *tv, float *m, float *l)
+{
+    int32_t first_last = INT32_MAX;
+    for (int v = 0; v < tv->n_vecs; v++)
+        first_last = tv->last[v] < first_last ? tv->last[v] : first_last;
+    if (first_last >= t0 + n - 1)
+        tile_softmax_as(st, n, t0, tv, m, l, false);
+    else
+        tile_softmax_as(st, n, t0, tv, m, l, true);
 }
 
 /* Fold one gathered tile (n positions from t0, K rows kbuf[n][hd], V rows
