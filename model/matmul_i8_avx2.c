@@ -98,18 +98,27 @@ block_sums(__m256i acc[][2 * NP_MAX], const __m256i *const *w, int nv, const int
         for (int j = 0; j < nv; j++)
             acc[i][j] = _mm256_setzero_si256();
     for (int k = k0; k < k1; k += pairs ? 2 : 1) {
-        bool two = pairs && k + 1 < k1; /* else one quad: plain, or an odd last one */
+        bool two = pairs && k + 1 < k1; /* else an odd last quad */
         for (int j = 0; j < nv; j++) {
             const __m256i *wk = w[j] + 2 * (size_t)k;
-            __m256i plain = pairs ? ones : _mm256_loadu_si256(wk); /* q + 128 */
-            SignedW w0 = pairs ? signed_w(wk) : (SignedW){ plain, plain };
-            SignedW w1 = two ? signed_w(wk + 2) : w0;
+            SignedW w0, w1;
+            __m256i plain; /* q + 128 */
+            if (pairs) {
+                w0 = signed_w(wk);
+                w1 = two ? signed_w(wk + 2) : w0;
+            } else {
+                plain = _mm256_loadu_si256(wk);
+            }
             for (int i = 0; i < mr; i++) {
                 const int8_t *xk = x + (size_t)i * stride + 4 * (size_t)k;
-                __m256i sums = pairs ? pair_sums(w0, broadcast_quad(xk))
-                                     : _mm256_maddubs_epi16(plain, broadcast_quad(xk));
-                if (two)
-                    sums = _mm256_add_epi16(sums, pair_sums(w1, broadcast_quad(xk + 4)));
+                __m256i sums;
+                if (pairs) {
+                    sums = pair_sums(w0, broadcast_quad(xk));
+                    if (two)
+                        sums = _mm256_add_epi16(sums, pair_sums(w1, broadcast_quad(xk + 4)));
+                } else {
+                    sums = _mm256_maddubs_epi16(plain, broadcast_quad(xk));
+                }
                 acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(sums, ones));
                 /* in a register: without this GCC stores two sums an input quad
                  * (gate_up, 256 rows: 5-9% slower) */
