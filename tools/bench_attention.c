@@ -33,6 +33,7 @@ typedef struct {
     int f16, f32, q8;
     int ctx, batch; /* 0: the standard sweep; else only decode at this context / batch */
     int shared, own;     /* --shared N: decode rows whose first N positions are shared blocks */
+    int chunk;           /* --chunk N: only one prefill case, N rows after --ctx positions */
     int decode, prefill, shared_cases; /* which kinds of case to run */
     int cpu_time;        /* time by process CPU time, not wall clock */
 } BenchOptions;
@@ -279,6 +280,8 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             o->min_time = atof(argv[++i]);
         } else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
             o->ctx = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+            o->chunk = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             o->batch = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--shared") && i + 1 < argc) {
@@ -306,6 +309,7 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
             printf("usage: bench %s [--threads N (2)] [--min-time SECONDS per case (0.25)]%s\n", name,
                    strcmp(name, "attention") ? "" : " [--dtype f16|f32|q8|both (f16 and f32)|all (the default)]\n"
                    "       [--only decode|prefill|shared] [--ctx N] [--batch N] (decode at this context / batch)\n"
+                   "       [--chunk N [--ctx P]] (one prefill case: N rows after P positions)\n"
                    "       [--shared N [--own M (40)]] (decode whose first N positions are blocks shared\n"
                    "       by the whole batch, then M own positions each; --batch default 16)\n"
                    "       [--cpu-time] (process CPU time instead of wall time: with --threads 1,\n"
@@ -316,7 +320,7 @@ static int parse_options(int argc, char **argv, BenchOptions *o, const char *nam
         }
     }
     if (o->threads < 1 || o->min_time <= 0 || (!o->f16 && !o->f32 && !o->q8) ||
-        (!o->decode && !o->prefill && !o->shared_cases) || o->ctx < 0 || o->batch < 0 ||
+        (!o->decode && !o->prefill && !o->shared_cases) || o->ctx < 0 || o->batch < 0 || o->chunk < 0 ||
         o->shared < 0 || o->own < 1 || SHAPE_110M.n_kv_heads < 1 || 12 % SHAPE_110M.n_kv_heads != 0) {
         fprintf(stderr, "bench %s: bad option value\n", name);
         return 2;
@@ -342,6 +346,11 @@ int bench_attention_main(int argc, char **argv)
         KvDtype dtype = dt == 0 ? KV_DTYPE_F16 : dt == 1 ? KV_DTYPE_F32 : KV_DTYPE_Q8;
         if (o.shared) {
             if (bench_shared(&o, dtype, o.shared, o.own, o.batch ? o.batch : 16) != 0)
+                return 1;
+            continue;
+        }
+        if (o.chunk) {
+            if (bench_prefill(&o, dtype, o.ctx, o.chunk) != 0)
                 return 1;
             continue;
         }

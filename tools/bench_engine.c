@@ -36,12 +36,25 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
+            "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
+            "                    [--weight-type auto|f32|f16|bf16|int8|q4] [--kv-dtype f16|f32|q8]\n"
+            "                    [--batch-invariant 0|1] [--spec-ngram N]\n");
+}
+
+/* 0: run; 1: --help was asked (usage printed); -1: bad arguments. */
 static int parse(int argc, char **argv, EngineBenchArgs *a)
 {
     *a = (EngineBenchArgs){ .seqs = { 1, 8, 32 }, .n_levels = 3, .prompt = 32, .gen = 64,
                             .prefix = 512, .kv_mb = 1024, .kv_dtype = KV_DTYPE_F16 };
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        }
         if (!v) {
             fprintf(stderr, "bench engine: %s needs a value\n", argv[i]);
             return -1;
@@ -76,10 +89,7 @@ static int parse(int argc, char **argv, EngineBenchArgs *a)
         i++;
     }
     if (!a->model_path || a->prompt < 1 || a->gen < 1 || a->prefix < 1) {
-        fprintf(stderr, "usage: bench engine -m MODEL.gguf [--seqs 1,8,32] [--prompt 32] "
-                "[--gen 64] [--prefix 512] [--threads N] [--kv-cache-mb 1024]\n"
-                "                    [--weight-type auto|f32|f16|bf16|int8|q4] [--kv-dtype f16|f32|q8]\n"
-                "                    [--batch-invariant 0|1] [--spec-ngram N]\n");
+        usage(stderr);
         return -1;
     }
     return 0;
@@ -237,8 +247,9 @@ static int prefix_run(const Model *m, const EngineBenchArgs *a, bool cache)
 int bench_engine_main(int argc, char **argv)
 {
     EngineBenchArgs a;
-    if (parse(argc, argv, &a) != 0)
-        return 2;
+    int parsed = parse(argc, argv, &a);
+    if (parsed != 0)
+        return parsed == 1 ? 0 : 2;
     Model *m;
     char err[256];
     model_threads_set(a.threads);
