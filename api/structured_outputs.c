@@ -1,12 +1,13 @@
 /* structured_outputs — vLLM's fields that hold a reply to a form, in both APIs:
- * "structured_outputs": {"choice": [...]} (the text is one of the strings), {"json": schema}
- * (as response_format json_schema) or {"json_object": true}, and the top-level
- * "guided_choice" / "guided_json" that vLLM took before 0.12 (clients still send them).
+ * "structured_outputs": {"choice": [...]} (the text is one of the strings), {"regex": "..."}
+ * (the whole text matches it), {"json": schema} (as response_format json_schema) or
+ * {"json_object": true}, and the top-level "guided_choice" / "guided_regex" /
+ * "guided_json" that vLLM took before 0.12 (clients still send them).
  *
- * A choice becomes the grammar of model/json_schema.h's json_schema_choices; everything
- * downstream (the engine's mask, the end of the choice) is the JSON path's. Forms the
- * engine cannot hold (regex, grammar, structural tags) are refused by name rather than
- * ignored: a client that asks for one counts on it.
+ * A choice or a regex becomes a grammar of model/json_schema.h (json_schema_choices,
+ * json_schema_regex); everything downstream (the engine's mask, the end of the text) is
+ * the JSON path's. Forms the engine cannot hold (grammar, structural tags) are refused by
+ * name rather than ignored: a client that asks for one counts on it.
  */
 #include <jansson.h>
 #include <string.h>
@@ -53,6 +54,25 @@ static int read_choice(const json_t *v, const char *param, ApiRequest *r, ApiErr
     return 0;
 }
 
+/* A regular expression (model/regex_dfa.h's syntax) the whole reply must match. */
+static int read_regex(const json_t *v, const char *param, ApiRequest *r, ApiError *e) {
+    if (!json_is_string(v)) {
+        api_error_set(e, 400, param, "invalid_type", "'%s' must be a string", param);
+        return -1;
+    }
+    char err[200];
+    if (!(r->json_schema = json_schema_regex(json_string_value(v), json_string_length(v), err,
+                                             sizeof err))) {
+        if (strcmp(err, "out of memory") == 0)
+            api_error_set(e, 500, NULL, NULL, "%s", err);
+        else
+            api_error_set(e, 400, param, "invalid_value", "'%s': %s", param, err);
+        return -1;
+    }
+    r->json_object = true;
+    return 0;
+}
+
 /* A JSON schema as an object, or as a string holding one (vLLM takes both). */
 static int read_json(const json_t *v, const char *param, bool compact, ApiRequest *r,
                      ApiError *e) {
@@ -89,7 +109,7 @@ static int read_option(const json_t *so, const char *key, bool *out, ApiError *e
 }
 
 static const char *const so_known[] = {
-    "choice", "json", "json_object", "disable_any_whitespace", "disable_fallback",
+    "choice", "regex", "json", "json_object", "disable_any_whitespace", "disable_fallback",
     "disable_additional_properties", NULL,
 };
 
@@ -102,7 +122,7 @@ static int read_structured(const json_t *so, ApiRequest *r, ApiError *e) {
         for (int i = 0; so_known[i]; i++) known |= strcmp(key, so_known[i]) == 0;
         if (!known) {
             api_error_set(e, 400, FIELD, "unsupported_parameter", "'" FIELD ".%s' is not "
-                          "supported here: the forms are 'choice', 'json' and 'json_object'", key);
+                          "supported here: the forms are 'choice', 'regex', 'json' and 'json_object'", key);
             return -1;
         }
     }
@@ -115,13 +135,16 @@ static int read_structured(const json_t *so, ApiRequest *r, ApiError *e) {
         read_option(so, "disable_fallback", &unused, e) != 0 ||
         read_option(so, "disable_additional_properties", &unused, e) != 0)
         return -1;
-    const json_t *choice = json_object_get(so, "choice"), *json = json_object_get(so, "json");
+    const json_t *choice = json_object_get(so, "choice"), *json = json_object_get(so, "json"),
+                 *regex = json_object_get(so, "regex");
     if (json_is_null(choice)) choice = NULL;
     if (json_is_null(json)) json = NULL;
-    if ((choice != NULL) + (json != NULL) + object != 1)
-        return fail(e, FIELD, "'" FIELD "' needs exactly one of 'choice', 'json' and "
+    if (json_is_null(regex)) regex = NULL;
+    if ((choice != NULL) + (regex != NULL) + (json != NULL) + object != 1)
+        return fail(e, FIELD, "'" FIELD "' needs exactly one of 'choice', 'regex', 'json' and "
                     "'json_object': true");
     if (choice) return read_choice(choice, FIELD ".choice", r, e);
+    if (regex) return read_regex(regex, FIELD ".regex", r, e);
     if (json) return read_json(json, FIELD ".json", compact, r, e);
     r->json_object = true; /* any object (disable_any_whitespace: see docs/server.md) */
     return 0;
@@ -133,22 +156,22 @@ static const json_t *given(const json_t *root, const char *key) {
 }
 
 int api_structured_outputs_read(const json_t *root, ApiRequest *r, ApiError *e) {
-    static const char *const refused[] = { "guided_regex", "guided_grammar",
-                                           "guided_whitespace_pattern", "structural_tag", NULL };
+    static const char *const refused[] = { "guided_grammar", "guided_whitespace_pattern",
+                                           "structural_tag", NULL };
     for (int i = 0; refused[i]; i++)
         if (given(root, refused[i])) {
             api_error_set(e, 400, refused[i], "unsupported_parameter", "'%s' is not supported "
-                          "here: the forms are choices and JSON schemas", refused[i]);
+                          "here: the forms are choices, regular expressions and JSON schemas", refused[i]);
             return -1;
         }
     const json_t *so = given(root, FIELD), *choice = given(root, "guided_choice"),
-                 *json = given(root, "guided_json");
-    int forms = (so != NULL) + (choice != NULL) + (json != NULL);
+                 *regex = given(root, "guided_regex"), *json = given(root, "guided_json");
+    int forms = (so != NULL) + (choice != NULL) + (regex != NULL) + (json != NULL);
     if (forms == 0) return 0;
-    const char *param = so ? FIELD : choice ? "guided_choice" : "guided_json";
+    const char *param = so ? FIELD : choice ? "guided_choice" : regex ? "guided_regex" : "guided_json";
     if (forms > 1)
-        return fail(e, param, "give one of 'structured_outputs', 'guided_choice' and "
-                    "'guided_json'");
+        return fail(e, param, "give one of 'structured_outputs', 'guided_choice', "
+                    "'guided_regex' and 'guided_json'");
     if (r->json_object) {
         api_error_set(e, 400, param, "invalid_value", "'%s' cannot be combined with %s, which "
                       "already hold%s the reply to a form", param,
@@ -157,6 +180,7 @@ int api_structured_outputs_read(const json_t *root, ApiRequest *r, ApiError *e) 
         return -1;
     }
     if (so) return read_structured(so, r, e);
-    return choice ? read_choice(choice, "guided_choice", r, e)
-                  : read_json(json, "guided_json", false, r, e);
+    if (choice) return read_choice(choice, "guided_choice", r, e);
+    if (regex) return read_regex(regex, "guided_regex", r, e);
+    return read_json(json, "guided_json", false, r, e);
 }

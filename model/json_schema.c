@@ -8,6 +8,7 @@
  * extend it; that byte is then offered to the frame below.
  */
 #include "model/json_schema.h"
+#include "model/regex_dfa.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,6 +50,7 @@ struct JsonSchema {
     int32_t cap_nodes, cap_lits, cap_choices, cap_text;
     int32_t root;
     bool compact;   /* no whitespace between its tokens (json_schema_set_compact) */
+    RegexDfa *regex; /* a JS_REGEX root's automaton (json_schema_regex), else NULL */
 };
 
 typedef enum {
@@ -65,6 +67,7 @@ typedef enum {
     P_ARR_AFTER,  /* after an item: ',' or ']' */
     P_FORMAT,     /* inside a string of a format: index and cand are its JsonFormatPos */
     P_MAP_KEY,    /* a map's name, read by st->scalar; then P_OBJ_COLON and on as objects */
+    P_REGEX,      /* text of the regex: index is its automaton's state */
 } Phase;
 
 /* What a frame did with a byte: refused it, took it, or ended before it (or opened a
@@ -93,6 +96,7 @@ void json_schema_free(JsonSchema *s) {
     free(s->lits);
     free(s->choices);
     free(s->text);
+    regex_dfa_free(s->regex);
     free(s);
 }
 
@@ -122,11 +126,12 @@ JsonSchema *json_schema_copy(const JsonSchema *s) {
     c->lits = dup_bytes(s->lits, (size_t)s->n_lits * sizeof *s->lits);
     c->choices = dup_bytes(s->choices, (size_t)s->n_choices * sizeof *s->choices);
     c->text = dup_bytes(s->text, (size_t)s->n_text);
+    c->regex = s->regex ? regex_dfa_copy(s->regex) : NULL;
     c->cap_nodes = s->n_nodes;
     c->cap_lits = s->n_lits;
     c->cap_choices = s->n_choices;
     c->cap_text = s->n_text;
-    if (!c->nodes || !c->lits || !c->choices || !c->text) {
+    if (!c->nodes || !c->lits || !c->choices || !c->text || (s->regex && !c->regex)) {
         json_schema_free(c);
         return NULL;
     }
@@ -145,7 +150,8 @@ bool json_schema_equal(const JsonSchema *a, const JsonSchema *b) {
            same(a->nodes, b->nodes, (size_t)a->n_nodes * sizeof *a->nodes) &&
            same(a->lits, b->lits, (size_t)a->n_lits * sizeof *a->lits) &&
            same(a->choices, b->choices, (size_t)a->n_choices * sizeof *a->choices) &&
-           same(a->text, b->text, (size_t)a->n_text);
+           same(a->text, b->text, (size_t)a->n_text) &&
+           (a->regex == b->regex || (a->regex && b->regex && regex_dfa_equal(a->regex, b->regex)));
 }
 
 int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
@@ -282,6 +288,7 @@ static int first_bytes(JsonSchema *s, int node, uint8_t *seen, char *err, size_t
     case JS_INTEGER: first_add(set, digits); break;
     case JS_BOOLEAN: first_add(set, "tf"); break;
     case JS_NULL: first_add(set, "n"); break;
+    case JS_REGEX: break; /* a root only, read from its first byte in P_REGEX */
     case JS_LITERALS:
         if (n->count == 0) return set_err(err, err_len, "an enum without values");
         for (int i = 0; i < n->count; i++)
@@ -429,6 +436,26 @@ JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, in
     return s;
 }
 
+JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t err_len) {
+    JsonSchema *s = json_schema_new();
+    RegexDfa *dfa = s ? regex_dfa_compile(pattern, len, err, err_len) : NULL;
+    int node = dfa ? json_schema_add_node(s, err, err_len) : -1, bad;
+    if (!s) set_err(err, err_len, "out of memory");
+    if (node < 0) {
+        regex_dfa_free(dfa);
+        json_schema_free(s);
+        return NULL;
+    }
+    s->regex = dfa;
+    json_schema_set_kind(s, node, JS_REGEX);
+    json_schema_set_compact(s); /* nothing around the text */
+    if (finish(s, node, false, &bad, err, err_len) != 0) {
+        json_schema_free(s);
+        return NULL;
+    }
+    return s;
+}
+
 JsonSchema *json_schema_any_object(void) {
     JsonSchema *s = json_schema_new();
     int node = s ? json_schema_add_node(s, NULL, 0) : -1;
@@ -484,6 +511,9 @@ void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws
     if (root->kind == JS_LITERALS) { /* choices: their first bytes too, spaces included */
         st->frames[0].phase = P_LITERAL;
         st->frames[0].cand = low_bits(root->count);
+    } else if (root->kind == JS_REGEX) {
+        st->frames[0].phase = P_REGEX;
+        st->frames[0].index = (int16_t)regex_dfa_start(s->regex);
     }
 }
 
@@ -498,6 +528,7 @@ bool json_schema_complete(const JsonSchemaState *st) {
 bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s) {
     if (json_schema_complete(st)) return true;
     const JsonSchemaFrame *f = &st->frames[0];
+    if (!st->failed && st->depth == 1 && f->phase == P_REGEX) return regex_dfa_accepts(s->regex, f->index);
     if (st->failed || st->depth != 1 || f->phase != P_LITERAL) return false;
     const Lit *lits = s->lits + s->nodes[f->node].first_lit;
     for (uint64_t m = f->cand; m; m &= m - 1)
@@ -877,6 +908,17 @@ static ByteResult format_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
     return B_TAKEN;
 }
 
+/* A byte of a regex's text: its automaton moves on; once no longer text could match, the
+ * output is whole. */
+static ByteResult regex_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                             unsigned char c) {
+    int next = regex_dfa_next(s->regex, f->index, c);
+    if (next < 0) return fail(st);
+    f->index = (int16_t)next;
+    if (regex_dfa_final(s->regex, next)) pop(st, s);
+    return B_TAKEN;
+}
+
 static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned char c) {
     if (st->depth == 0) return st->done && is_ws(c) ? take_ws(st, c) : fail(st);
     JsonSchemaFrame *f = &st->frames[st->depth - 1];
@@ -896,6 +938,7 @@ static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned 
     case P_ARR_AFTER: return array_byte(st, s, f, c);
     case P_FORMAT: return format_byte(st, s, f, c);
     case P_MAP_KEY: return map_key_byte(st, f, c);
+    case P_REGEX: return regex_byte(st, s, f, c);
     }
     return fail(st);
 }

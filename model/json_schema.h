@@ -52,6 +52,7 @@ typedef enum {
     JS_LITERALS,   /* one of the JSON texts added to it (enum, const) */
     JS_ANY_OF,     /* one of the nodes added to it, told apart by their first byte */
     JS_MAP,        /* an object of any names, each value of one node (set_items) */
+    JS_REGEX,      /* text matching a regular expression (json_schema_regex's root only) */
 } JsonSchemaKind;
 
 typedef struct JsonSchema JsonSchema;
@@ -110,13 +111,18 @@ JsonSchema *json_schema_any_object(void);
 JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, int n, char *err,
                                 size_t err_len);
 
+/* A grammar whose whole output matches a regular expression (vLLM's structured_outputs
+ * regex; syntax: model/regex_dfa.h), nothing around it: complete once no longer text
+ * could match. NULL with a message in err when the pattern is refused or out of memory. */
+JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t err_len);
+
 typedef struct {
     int16_t node;   /* what this level reads */
     uint8_t phase;  /* where in it (json_schema.c's Phase) */
     uint8_t unused;
     uint16_t pos;   /* bytes of the current key or literal matched */
     int16_t index;  /* object: the next property that may come; array: items so far;
-                     * string of a format: characters read */
+                     * string of a format: characters read; regex: its automaton's state */
     uint64_t cand;  /* key or literal: which of the node's choices still match; string
                      * of a format: the values its next characters depend on */
 } JsonSchemaFrame;
@@ -143,8 +149,9 @@ bool json_schema_feed(JsonSchemaState *st, const JsonSchema *s, const char *byte
 /* The text fed so far is a whole value of the schema. */
 bool json_schema_complete(const JsonSchemaState *st);
 /* The output may end here: it is complete, or (a choices grammar) one text is read whole
- * while a longer one it begins still matches ("1" of "1" and "10"): complete would wait
- * for the next byte. */
+ * while a longer one it begins still matches ("1" of "1" and "10"), or (a regex) the
+ * text matches while longer ones could too ("a+" after "a"): complete would wait for the
+ * next byte. */
 bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s);
 /* st with what its position will not read zeroed (and an array's count clamped where its
  * bounds no longer care): equal results accept the same bytes. */

@@ -258,6 +258,57 @@ static void compile_error(const char *schema_text, const char *words) {
 /* A choices grammar (json_schema_choices): the output is one of the texts byte for byte,
  * leading spaces included, nothing after it; a text that a longer one begins may end the
  * output (json_schema_may_end) but is not complete until nothing else can follow. */
+/* A regex grammar: whole matches complete once nothing longer could match, may end where
+ * a match could still grow; equal patterns give equal grammars (the engine's mask cache
+ * key), different ones do not; a copy walks the same; a refused pattern says why. */
+static void test_regex(void **state) {
+    (void)state;
+    const char *pattern = "(yes|no)!*|\\d{2}";
+    JsonSchema *s = json_schema_regex(pattern, strlen(pattern), NULL, 0);
+    assert_non_null(s);
+    static const struct {
+        const char *text;
+        int walk;     /* as walk() */
+        bool may_end;
+    } cases[] = {
+        { "", 0, false },   { "y", 0, false },   { "yes", 0, true },  { "yes!!", 0, true },
+        { "yes?", -1, false }, { "1", 0, false }, { "12", 1, true },  { "123", -1, false },
+        { " yes", -1, false }, { "yes ", -1, false }, { "no!", 0, true },
+    };
+    JsonSchema *copy = json_schema_copy(s);
+    assert_non_null(copy);
+    assert_true(json_schema_equal(s, copy));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int k = 0; k < 2; k++) {
+            const JsonSchema *g = k ? copy : s;
+            JsonSchemaState st;
+            json_schema_state_init(&st, g, 64);
+            bool fed = json_schema_feed(&st, g, cases[i].text, strlen(cases[i].text));
+            int got = !fed ? -1 : json_schema_complete(&st) ? 1 : 0;
+            if (got != cases[i].walk || json_schema_may_end(&st, g) != cases[i].may_end)
+                fail_msg("'%s': walk %d may_end %d", cases[i].text, got, json_schema_may_end(&st, g));
+        }
+    JsonSchema *same = json_schema_regex(pattern, strlen(pattern), NULL, 0);
+    const char *longer = "(yes|no)!*|\\d{3}";
+    JsonSchema *other = json_schema_regex(longer, strlen(longer), NULL, 0);
+    assert_non_null(same);
+    assert_non_null(other);
+    assert_true(json_schema_equal(s, same));
+    assert_false(json_schema_equal(s, other));
+    const char *choice[] = { "yes" };
+    size_t choice_len[] = { 3 };
+    JsonSchema *lits = json_schema_choices(choice, choice_len, 1, NULL, 0);
+    assert_false(json_schema_equal(s, lits));
+    json_schema_free(lits);
+    json_schema_free(same);
+    json_schema_free(other);
+    json_schema_free(copy);
+    json_schema_free(s);
+    char err[160] = "";
+    assert_null(json_schema_regex("(?<=a)b", 7, err, sizeof err));
+    assert_non_null(strstr(err, "not supported"));
+}
+
 static void test_choices(void **state) {
     (void)state;
     static const char *const texts[] = { "yes", "yes sir", " no", "1", "10" };
@@ -1001,6 +1052,7 @@ int main(void) {
         cmocka_unit_test(test_lenient),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_choices),
+        cmocka_unit_test(test_regex),
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_ref_pointers),
         cmocka_unit_test(test_walks_are_valid),

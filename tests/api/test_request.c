@@ -892,10 +892,10 @@ static ApiRequest *tools_ok(const char *fields) {
 }
 
 /* vLLM's structured outputs in both APIs: a choice holds the reply to one of the strings
- * (raw text, may end at a string another begins), json to the schema (compact with
- * disable_any_whitespace), json_object to any object; the legacy guided_choice /
- * guided_json too. Refused by name: other forms, unknown keys, bad shapes, two forms, one
- * with response_format or with tools. */
+ * (raw text, may end at a string another begins), a regex to its whole matches, json to
+ * the schema (compact with disable_any_whitespace), json_object to any object; the legacy
+ * guided_choice / guided_regex / guided_json too. Refused by name: other forms, unknown
+ * keys, bad shapes and patterns, two forms, one with response_format or with tools. */
 static void test_structured_outputs(void **state) {
     (void)state;
     ApiRequest *r = parse_ok("{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":"
@@ -915,6 +915,28 @@ static void test_structured_outputs(void **state) {
     assert_int_equal(walk(r, "negative"), 1);
     assert_int_equal(walk(r, "neutral"), -1);
     api_request_free(r);
+    /* A regex, both spellings and both APIs: the whole text matches it, complete once
+     * nothing longer could. */
+    static const char *const regex_forms[] = {
+        "\"structured_outputs\":{\"regex\":\"\\\\d{3}-(\\\\d{4}|x)\"}",
+        "\"guided_regex\":\"\\\\d{3}-(\\\\d{4}|x)\"",
+    };
+    for (size_t i = 0; i < 4; i++) {
+        char body[1024];
+        if (i < 2)
+            snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",%s}", regex_forms[i]);
+        else
+            snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"x\"}],%s}", regex_forms[i - 2]);
+        r = i < 2 ? parse_ok(body) : chat_ok(body);
+        assert_true(r->json_object);
+        assert_int_equal(walk(r, "555-1234"), 1);
+        assert_int_equal(walk(r, "555-x"), 1);
+        assert_int_equal(walk(r, "555-12"), 0);
+        assert_int_equal(walk(r, "555-12345"), -1);
+        assert_int_equal(walk(r, "55a"), -1);
+        api_request_free(r);
+    }
     static const char *const json_forms[] = {
         "\"structured_outputs\":{\"json\":{\"type\":\"object\",\"properties\":{\"a\":"
         "{\"type\":\"integer\"}},\"required\":[\"a\"]}}",
@@ -942,7 +964,13 @@ static void test_structured_outputs(void **state) {
     static const struct {
         const char *fields, *param, *words;
     } bad[] = {
-        {"\"structured_outputs\":{\"regex\":\"a+\"}", "structured_outputs", "regex"},
+        {"\"structured_outputs\":{\"grammar\":\"root ::= x\"}", "structured_outputs", "grammar"},
+        {"\"structured_outputs\":{\"regex\":\"a+\",\"choice\":[\"a\"]}", "structured_outputs", "exactly one"},
+        {"\"structured_outputs\":{\"regex\":\"(a\"}", "structured_outputs.regex", "without its ')'"},
+        {"\"structured_outputs\":{\"regex\":[\"a\"]}", "structured_outputs.regex", "string"},
+        {"\"guided_regex\":\"(?=a)b\"", "guided_regex", "not supported"},
+        {"\"guided_regex\":\"\"", "guided_regex", "only the empty text"},
+        {"\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]", "guided_choice", "one of"},
         {"\"structured_outputs\":{\"choice\":[\"a\"],\"json\":{}}", "structured_outputs", "exactly one"},
         {"\"structured_outputs\":{}", "structured_outputs", "exactly one"},
         {"\"structured_outputs\":{\"json_object\":false}", "structured_outputs", "exactly one"},
@@ -954,7 +982,6 @@ static void test_structured_outputs(void **state) {
         {"\"structured_outputs\":{\"json\":{\"type\":\"array\"}}", "structured_outputs.json", "object"},
         {"\"structured_outputs\":{\"json\":\"{nope\"}", "structured_outputs.json", "JSON schema"},
         {"\"structured_outputs\":{\"choice\":[\"a\"],\"disable_fallback\":1}", "structured_outputs", "boolean"},
-        {"\"guided_regex\":\"a+\"", "guided_regex", "not supported"},
         {"\"guided_grammar\":\"root ::= x\"", "guided_grammar", "not supported"},
         {"\"guided_choice\":[\"a\"],\"guided_json\":{\"type\":\"object\"}", "guided_choice", "one of"},
         {"\"guided_choice\":[\"a\"],\"response_format\":{\"type\":\"json_object\"}", "guided_choice",

@@ -1087,6 +1087,56 @@ static void test_choice_output(void **state)
     h_fake_free(f);
 }
 
+/* A regex grammar: the output is a whole match. With "10*", "1" is a match that may go on:
+ * the favourite EOS ends it there (stop); with ignore_eos the lowest id that fits, "0",
+ * follows until max_tokens (length). With "1(0|2)", "1" is no match yet, so EOS is masked
+ * after it, and "10" ends the output (stop) as nothing longer matches. */
+static void test_regex_output(void **state)
+{
+    (void)state;
+    FakeModel *f = h_fake_new(FAKE_SUCC);
+    f->noise = 0.0f;
+    f->pieces[10] = "1";
+    f->pieces[11] = "0";
+    f->pieces[12] = "2";
+    f->succ[2] = 40; /* "<40>": no match; the lowest id that fits is "1" */
+    f->succ[10] = f->eos_id;
+    f->allow_eos = true;
+    static const struct {
+        const char *pattern;
+        bool ignore_eos;
+        const char *text;
+        FinishReason reason;
+    } cases[] = {
+        { "10*", false, "1", FINISH_STOP },
+        { "10*", true, "1000", FINISH_LENGTH },
+        { "1(0|2)", false, "10", FINISH_STOP },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        JsonSchema *schema = json_schema_regex(cases[i].pattern, strlen(cases[i].pattern), NULL, 0);
+        assert_non_null(schema);
+        Harness *h = calloc(1, sizeof *h);
+        Engine *e = h_engine(f, 4, 64, 4, 64, false);
+        int32_t p[2] = {30, 2};
+        EngineRequest q = h_request(p, 2, 4);
+        q.json_object = true;
+        q.json_schema = schema;
+        q.ignore_eos = cases[i].ignore_eos;
+        uint64_t id = h_submit(e, &q);
+        json_schema_free(schema);
+        h_run(h, e, f, 200);
+        HChoice *c = &h_req(h, id)->ch[0];
+        if (strcmp(c->text, cases[i].text) != 0 || c->reason != cases[i].reason)
+            fail_msg("case %zu: \"%s\" (%d), want \"%s\" (%d)", i, c->text, (int)c->reason,
+                     cases[i].text, (int)cases[i].reason);
+        h_assert_pool_idle(e);
+        engine_destroy(e);
+        h_free(h);
+        free(h);
+    }
+    h_fake_free(f);
+}
+
 /* EOS (a control token) is never drawn inside the object: here it is the favourite after
  * every key, so values nest to the depth limit, and the object still closes. */
 static void test_json_object_masks_eos(void **state)
@@ -1520,6 +1570,7 @@ int main(void)
         cmocka_unit_test(test_json_schema_output),
         cmocka_unit_test(test_json_object_masks_eos),
         cmocka_unit_test(test_choice_output),
+        cmocka_unit_test(test_regex_output),
         cmocka_unit_test(test_json_object_with_min_tokens),
         cmocka_unit_test(test_json_object_long_token),
         cmocka_unit_test(test_cancel_everywhere),

@@ -564,10 +564,11 @@ await runCase("chat.completions.create: response_format json_schema", async () =
 });
 
 // vLLM's structured outputs through the client's extra body fields (how vLLM's docs send
-// them): the text or content is one of the choices, streamed or not; a regex is a
-// BadRequestError naming the field.
+// them): the text or content is one of the choices, streamed or not; a regex holds the
+// whole text (JavaScript's RegExp judges); a bad regex or a grammar is a BadRequestError
+// naming the field.
 const CHOICES = ["positive", "negative", " neutral"];
-await runCase("structured_outputs choice (completions, chat, stream)", async () => {
+await runCase("structured_outputs choice and regex (completions, chat, stream)", async () => {
   const r = await client.completions.create({ ...GREEDY, n: 2, temperature: 1, seed: 7,
     structured_outputs: { choice: CHOICES } });
   for (const c of r.choices)
@@ -578,10 +579,22 @@ await runCase("structured_outputs choice (completions, chat, stream)", async () 
   const s = await collectStream({ ...GREEDY, structured_outputs: { choice: CHOICES } },
                                 "choice stream");
   check(CHOICES.includes(s.text[0]), "stream: a choice", s.text[0]);
+  const PATTERN = "[a-c]{2,4}-(x|yz)";
+  const rr = await client.completions.create({ ...GREEDY, n: 2, temperature: 1, seed: 3,
+    structured_outputs: { regex: PATTERN } });
+  for (const c of rr.choices)
+    check(new RegExp(`^(?:${PATTERN})$`).test(c.text) && c.finish_reason === "stop",
+          "completions: the regex's whole text", c);
+  const sr = await collectStream({ ...GREEDY, guided_regex: PATTERN }, "regex stream");
+  check(new RegExp(`^(?:${PATTERN})$`).test(sr.text[0]), "stream: the regex's whole text", sr.text[0]);
   const e = await thrown("structured_outputs regex", () => client.completions.create({
-    ...GREEDY, structured_outputs: { regex: "a+" } }));
-  check(e instanceof BadRequestError && e.param === "structured_outputs",
-        "regex: a 400 naming structured_outputs", `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
+    ...GREEDY, structured_outputs: { regex: "(a" } }));
+  check(e instanceof BadRequestError && e.param === "structured_outputs.regex",
+        "bad regex: a 400 naming structured_outputs.regex", `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
+  const g = await thrown("structured_outputs grammar", () => client.completions.create({
+    ...GREEDY, structured_outputs: { grammar: "root ::= x" } }));
+  check(g instanceof BadRequestError && g.param === "structured_outputs",
+        "grammar: a 400 naming structured_outputs", `${g?.constructor?.name} ${g?.param}: ${g?.message}`);
 });
 
 await runCase("chat: a conversation kept from OpenAI (refusal: null, ...) = the plain one", async () => {

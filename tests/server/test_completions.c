@@ -6,6 +6,8 @@
  * blocks come back. */
 #include "tests/server/server_test.h"
 
+#include <regex.h>
+
 #include "api/api.h"
 #include "model/json_prefix.h"
 
@@ -906,13 +908,61 @@ static void test_structured_outputs(void **state)
     assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
     check_schema_reply(SCHEMA_FIXED, chat_content(c, 0), "stop");
     json_decref(c);
-    json_t *err = chat("\"guided_regex\":\"a+\"", &status);
+    json_t *err = chat("\"guided_regex\":\"(?=a)b\"", &status);
     assert_int_equal(status, 400);
     json_t *eo = json_object_get(err, "error");
     assert_string_equal(json_string_value(json_object_get(eo, "param")), "guided_regex");
+    assert_non_null(strstr(json_string_value(json_object_get(eo, "message")), "not supported"));
     json_decref(err);
 }
 #undef CHOICES
+
+/* The whole text matches ERE (glibc's regexec judges; the pattern reads alike in
+ * Python's syntax, which the server takes). */
+static void check_regex_reply(const char *ere, const char *text, const char *finish,
+                              const char *want_finish)
+{
+    char anchored[256];
+    snprintf(anchored, sizeof anchored, "^(%s)$", ere);
+    regex_t re;
+    assert_int_equal(regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB), 0);
+    bool ok = regexec(&re, text, 0, NULL, 0) == 0;
+    regfree(&re);
+    if (!ok || strcmp(finish, want_finish) != 0)
+        fail_msg("'%s' (%s) against %s (want %s)", text, finish, ere, want_finish);
+}
+
+/* vLLM's structured_outputs regex: a finite language ends with stop once nothing longer
+ * could match; an unbounded one with ignore_eos runs to max_tokens, every prefix a match;
+ * completions (n=3), stream, chat. */
+static void test_structured_outputs_regex(void **state)
+{
+    (void)state;
+#define FINITE "[a-c]{2,4}-(x|yz)"
+    json_t *t = complete("Codes", "\"max_tokens\":20,\"n\":3,\"temperature\":1,\"seed\":7,"
+                                  "\"structured_outputs\":{\"regex\":\"" FINITE "\"}");
+    for (size_t i = 0; i < 3; i++)
+        check_regex_reply(FINITE, choice_text(t, i), choice_finish(t, i), "stop");
+    json_decref(t);
+    StreamResult sr;
+    stream_complete("Codes", "\"max_tokens\":20,\"stream\":true,\"temperature\":0.9,\"seed\":2,"
+                             "\"guided_regex\":\"" FINITE "\"", &sr);
+    check_regex_reply(FINITE, sr.text[0] ? sr.text[0] : "", sr.finish[0], "stop");
+    stream_result_free(&sr);
+    int status = 0;
+    json_t *c = chat("\"max_tokens\":20,\"temperature\":0,\"guided_regex\":\"" FINITE "\"", &status);
+    assert_int_equal(status, 200);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    check_regex_reply(FINITE, chat_content(c, 0), json_string_value(json_object_get(ch, "finish_reason")),
+                      "stop");
+    json_decref(c);
+#undef FINITE
+    t = complete("Words", "\"max_tokens\":8,\"ignore_eos\":true,\"temperature\":1,\"seed\":4,"
+                          "\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}");
+    check_regex_reply("[a-z]+( [a-z]+)*", choice_text(t, 0), choice_finish(t, 0), "length");
+    assert_int_equal(usage_field(t, "completion_tokens"), 8);
+    json_decref(t);
+}
 
 static void test_echo(void **state)
 {
@@ -1118,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_json_schema),
         cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_structured_outputs_regex),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),
