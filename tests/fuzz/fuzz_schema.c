@@ -16,7 +16,10 @@
  *     for a number too large for it or a lone surrogate escape, which RFC 8259 allows).
  * A JSON array of strings instead of a schema is a choices grammar (json_schema_choices,
  * structured_outputs choice): the same walk, and wherever json_schema_may_end says the
- * output may end (always once complete), the text is one of the strings.
+ * output may end (always once complete), the text is one of the strings. A JSON string is
+ * a regex (json_schema_regex, structured_outputs regex): refused with a message, or the
+ * same walk, and wherever it may end the text matches whole (model/regex_dfa.h's
+ * regex_dfa_matches on the pattern compiled apart).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +29,7 @@
 
 #include "api/api.h"
 #include "fuzz_util.h"
+#include "model/regex_dfa.h"
 
 #define MAX_WALK 400
 
@@ -59,7 +63,10 @@ static bool is_choice(const json_t *doc, const char *text, size_t len) {
     return false;
 }
 
-static void walk(const JsonSchema *s, const json_t *choices_doc, const uint8_t *choices, size_t n) {
+/* choices_doc (an array of strings) or dfa, when given: what the text must be wherever it
+ * may end. */
+static void walk(const JsonSchema *s, const json_t *choices_doc, const RegexDfa *dfa,
+                 const uint8_t *choices, size_t n) {
     JsonSchemaState st;
     json_schema_state_init(&st, s, 64);
     char text[MAX_WALK + 1];
@@ -79,8 +86,12 @@ static void walk(const JsonSchema *s, const json_t *choices_doc, const uint8_t *
         text[len++] = c;
         if (choices_doc && json_schema_may_end(&st, s))
             FZ_CHECK(is_choice(choices_doc, text, len), "may end but not a choice: %.*s", (int)len, text);
+        if (dfa)
+            FZ_CHECK(json_schema_may_end(&st, s) == regex_dfa_matches(dfa, text, len),
+                     "may end %d but a whole match %d: %.*s", json_schema_may_end(&st, s),
+                     regex_dfa_matches(dfa, text, len), (int)len, text);
     }
-    if (!json_schema_complete(&st) || choices_doc) return;
+    if (!json_schema_complete(&st) || choices_doc || dfa) return;
     json_error_t err;
     json_t *v = json_loadb(text, len, JSON_ALLOW_NUL, &err);
     if (!v && (strstr(err.text, "overflow") || strstr(err.text, "too big") ||
@@ -110,17 +121,40 @@ static void fuzz_choices(const json_t *doc, const uint8_t *bytes, size_t n) {
     JsonSchema *copy = json_schema_copy(s);
     FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
     json_schema_free(copy);
-    walk(s, doc, bytes, n);
+    walk(s, doc, NULL, bytes, n);
+    json_schema_free(s);
+}
+
+/* A string as a regex grammar, walked beside the pattern's automaton compiled apart. */
+static void fuzz_regex(const json_t *doc, const uint8_t *bytes, size_t n) {
+    char err[256] = "";
+    JsonSchema *s = json_schema_regex(json_string_value(doc), json_string_length(doc), err, sizeof err);
+    RegexDfa *dfa = regex_dfa_compile(json_string_value(doc), json_string_length(doc), NULL, 0);
+    FZ_CHECK((s != NULL) == (dfa != NULL), "the grammar and the automaton disagree on the pattern");
+    if (!s) {
+        FZ_CHECK(err[0] != '\0', "a refused regex without a message");
+        return;
+    }
+    JsonSchema *copy = json_schema_copy(s);
+    FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
+    json_schema_free(copy);
+    walk(s, NULL, dfa, bytes, n);
+    regex_dfa_free(dfa);
     json_schema_free(s);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nul = memchr(data, 0, size);
     size_t schema_len = nul ? (size_t)(nul - data) : size;
-    json_t *doc = json_loadb((const char *)data, schema_len, 0, NULL);
+    json_t *doc = json_loadb((const char *)data, schema_len, JSON_DECODE_ANY, NULL);
     if (!doc) return 0;
-    if (json_is_array(doc)) {
-        if (nul) fuzz_choices(doc, nul + 1, size - schema_len - 1);
+    if (!json_is_array(doc) && !json_is_string(doc) && !json_is_object(doc)) {
+        json_decref(doc); /* numbers, true, null: no grammar */
+        return 0;
+    }
+    if (json_is_array(doc) || json_is_string(doc)) {
+        if (nul && json_is_array(doc)) fuzz_choices(doc, nul + 1, size - schema_len - 1);
+        if (nul && json_is_string(doc)) fuzz_regex(doc, nul + 1, size - schema_len - 1);
         json_decref(doc);
         return 0;
     }
@@ -147,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         JsonSchema *copy = json_schema_copy(s);
         FZ_CHECK(copy && json_schema_equal(s, copy), "a copy differs");
         json_schema_free(copy);
-        if (nul) walk(s, NULL, nul + 1, size - schema_len - 1);
+        if (nul) walk(s, NULL, NULL, nul + 1, size - schema_len - 1);
         json_schema_free(s);
     }
     json_decref(doc);
