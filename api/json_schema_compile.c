@@ -3,12 +3,12 @@
  *
  * The subset is what structured-output clients send (OpenAI's strict mode, Pydantic and
  * zod schemas): type (one or a list), properties / required / additionalProperties (maps
- * too), items / minItems / maxItems, a string's format (date, time, date-time, uuid) or
- * minLength / maxLength, an integer's bounds, enum, const, anyOf / oneOf (alternatives that
+ * too), items / minItems / maxItems, a string's format (date, time, date-time, uuid),
+ * minLength / maxLength or pattern, an integer's bounds, enum, const, anyOf / oneOf (alternatives that
  * start differently), allOf of one schema, $ref into the same document ($defs,
  * definitions, "#"), and annotations (title, description, default, examples, ...), which
  * are ignored. A keyword that constrains values in a way the grammar cannot hold
- * (pattern, multipleOf, a number's bounds, ...) is refused with its path rather than
+ * (multipleOf, a number's bounds, ...) is refused with its path rather than
  * ignored: an output that does not match the schema is worse than a 400 that says why.
  */
 #include <math.h>
@@ -30,7 +30,7 @@ static const char *const object_words[] = {
     "properties", "required", "additionalProperties", "minProperties", "maxProperties", NULL,
 };
 static const char *const array_words[] = { "items", "minItems", "maxItems", NULL };
-static const char *const string_words[] = { "format", "minLength", "maxLength", NULL };
+static const char *const string_words[] = { "format", "minLength", "maxLength", "pattern", NULL };
 static const char *const range_words[] = {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL,
 };
@@ -54,7 +54,7 @@ static const char *typed_keyword(const json_t *sch) {
 
 /* Keywords whose constraint the grammar cannot enforce. */
 static const char *const unsupported[] = {
-    "pattern", "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
+    "multipleOf", "uniqueItems", "patternProperties", "propertyNames",
     "not", "if", "then", "else", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
     "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
@@ -403,11 +403,34 @@ static int compile_format(Compiler *c, int node, const json_t *sch) {
     return 0;
 }
 
-/* A string's format, or its minLength / maxLength (not both: a format fixes the shape). */
+/* A string's "pattern" (model/json_schema.h: ECMA-262's syntax as far as it is regular and
+ * model/regex_dfa.h reads it); 1 when the string has one. */
+static int compile_pattern(Compiler *c, int node, const json_t *sch) {
+    const json_t *v = json_object_get(sch, "pattern");
+    if (!v) return 0;
+    if (!json_is_string(v)) return fail(c, "%s", "'pattern' must be a string");
+    char err[200], msg[240];
+    if (json_schema_set_pattern(c->s, node, json_string_value(v), json_string_length(v), err,
+                                sizeof err) == 0)
+        return 1;
+    snprintf(msg, sizeof msg, "'pattern' %s: %s", json_string_value(v), err);
+    return unheld(c, "%s", msg);
+}
+
+/* A string's format, its minLength / maxLength or its pattern (one of them: each fixes the
+ * shape its own way). */
 static int compile_string(Compiler *c, int node, const json_t *sch) {
     int min, max;
     if (read_count(c, sch, "minLength", 0, &min) != 0 || read_count(c, sch, "maxLength", -1, &max) != 0)
         return -1;
+    if (json_object_get(sch, "pattern") && (min > 0 || max >= 0 || json_object_get(sch, "format"))) {
+        if (unheld(c, "%s", "'pattern' beside 'format', 'minLength' or 'maxLength' is not "
+                   "supported") != 0)
+            return -1;
+    } else {
+        int rc = compile_pattern(c, node, sch);
+        if (rc != 0) return rc < 0 ? -1 : 0;
+    }
     if ((min > 0 || max >= 0) && json_object_get(sch, "format")) {
         if (unheld(c, "%s", "'minLength' or 'maxLength' beside 'format' is not supported") != 0)
             return -1;

@@ -34,6 +34,8 @@ typedef struct {
     int32_t min_depth;   /* frames its shortest value takes, itself included (finish) */
     int32_t one_property; /* JS_OBJECT: exactly one of its properties (none required) */
     int64_t lo, hi;      /* JS_INTEGER: the range (INT64_MIN, INT64_MAX: none) */
+    int32_t regex;       /* JS_REGEX, JS_STRING of a pattern: its automaton dfas[regex]; else -1 */
+    int32_t unused;
 } Node;
 
 typedef struct {
@@ -50,7 +52,8 @@ struct JsonSchema {
     int32_t cap_nodes, cap_lits, cap_choices, cap_text;
     int32_t root;
     bool compact;   /* no whitespace between its tokens (json_schema_set_compact) */
-    RegexDfa *regex; /* a JS_REGEX root's automaton (json_schema_regex), else NULL */
+    RegexDfa **dfas; /* the automata of patterns and of a regex root (Node.regex) */
+    int32_t n_dfas;
 };
 
 typedef enum {
@@ -68,6 +71,9 @@ typedef enum {
     P_FORMAT,     /* inside a string of a format: index and cand are its JsonFormatPos */
     P_MAP_KEY,    /* a map's name, read by st->scalar; then P_OBJ_COLON and on as objects */
     P_REGEX,      /* text of the regex: index is its automaton's state */
+    P_PATTERN,    /* inside a string of a pattern: index is its automaton's state, pos where
+                   * in an escape (0: none; 1: after '\\'; 2..5: after "\\u" and pos - 2
+                   * hex digits, their value in cand) */
 } Phase;
 
 /* What a frame did with a byte: refused it, took it, or ended before it (or opened a
@@ -96,7 +102,8 @@ void json_schema_free(JsonSchema *s) {
     free(s->lits);
     free(s->choices);
     free(s->text);
-    regex_dfa_free(s->regex);
+    for (int i = 0; i < s->n_dfas; i++) regex_dfa_free(s->dfas[i]);
+    free(s->dfas);
     free(s);
 }
 
@@ -126,12 +133,15 @@ JsonSchema *json_schema_copy(const JsonSchema *s) {
     c->lits = dup_bytes(s->lits, (size_t)s->n_lits * sizeof *s->lits);
     c->choices = dup_bytes(s->choices, (size_t)s->n_choices * sizeof *s->choices);
     c->text = dup_bytes(s->text, (size_t)s->n_text);
-    c->regex = s->regex ? regex_dfa_copy(s->regex) : NULL;
+    c->dfas = calloc((size_t)s->n_dfas + 1, sizeof *c->dfas); /* NULLs: json_schema_free skips */
+    bool dfas_ok = c->dfas != NULL;
+    if (!dfas_ok) c->n_dfas = 0;
+    for (int i = 0; dfas_ok && i < s->n_dfas; i++) dfas_ok = (c->dfas[i] = regex_dfa_copy(s->dfas[i])) != NULL;
     c->cap_nodes = s->n_nodes;
     c->cap_lits = s->n_lits;
     c->cap_choices = s->n_choices;
     c->cap_text = s->n_text;
-    if (!c->nodes || !c->lits || !c->choices || !c->text || (s->regex && !c->regex)) {
+    if (!c->nodes || !c->lits || !c->choices || !c->text || !dfas_ok) {
         json_schema_free(c);
         return NULL;
     }
@@ -143,6 +153,12 @@ static bool same(const void *a, const void *b, size_t n) {
     return n == 0 || memcmp(a, b, n) == 0;
 }
 
+static bool dfas_equal(const JsonSchema *a, const JsonSchema *b) {
+    for (int i = 0; i < a->n_dfas; i++)
+        if (!regex_dfa_equal(a->dfas[i], b->dfas[i])) return false;
+    return true;
+}
+
 bool json_schema_equal(const JsonSchema *a, const JsonSchema *b) {
     if (a == b) return true;
     return a->root == b->root && a->compact == b->compact && a->n_nodes == b->n_nodes && a->n_lits == b->n_lits &&
@@ -151,7 +167,7 @@ bool json_schema_equal(const JsonSchema *a, const JsonSchema *b) {
            same(a->lits, b->lits, (size_t)a->n_lits * sizeof *a->lits) &&
            same(a->choices, b->choices, (size_t)a->n_choices * sizeof *a->choices) &&
            same(a->text, b->text, (size_t)a->n_text) &&
-           (a->regex == b->regex || (a->regex && b->regex && regex_dfa_equal(a->regex, b->regex)));
+           a->n_dfas == b->n_dfas && dfas_equal(a, b);
 }
 
 int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
@@ -166,6 +182,7 @@ int json_schema_add_node(JsonSchema *s, char *err, size_t err_len) {
     n->max_items = -1;
     n->lo = INT64_MIN;
     n->hi = INT64_MAX;
+    n->regex = -1;
     return s->n_nodes++;
 }
 
@@ -185,6 +202,25 @@ void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi) {
 void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length) {
     s->nodes[node].min_items = min_length;
     s->nodes[node].max_items = max_length;
+}
+
+/* d becomes node's automaton (owned by s from here, freed on failure). */
+static int attach_dfa(JsonSchema *s, int node, RegexDfa *d, char *err, size_t err_len) {
+    RegexDfa **grown = realloc(s->dfas, ((size_t)s->n_dfas + 1) * sizeof *grown);
+    if (!grown) {
+        regex_dfa_free(d);
+        return set_err(err, err_len, "out of memory");
+    }
+    s->dfas = grown;
+    s->dfas[s->n_dfas] = d;
+    s->nodes[node].regex = s->n_dfas++;
+    return 0;
+}
+
+int json_schema_set_pattern(JsonSchema *s, int node, const char *pattern, size_t len, char *err,
+                            size_t err_len) {
+    RegexDfa *d = regex_dfa_compile(pattern, len, true, err, err_len);
+    return d ? attach_dfa(s, node, d, err, err_len) : -1;
 }
 
 void json_schema_set_compact(JsonSchema *s) {
@@ -438,7 +474,12 @@ JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, in
 
 JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t err_len) {
     JsonSchema *s = json_schema_new();
-    RegexDfa *dfa = s ? regex_dfa_compile(pattern, len, err, err_len) : NULL;
+    RegexDfa *dfa = s ? regex_dfa_compile(pattern, len, false, err, err_len) : NULL;
+    if (dfa && regex_dfa_final(dfa, regex_dfa_start(dfa))) {
+        set_err(err, err_len, "the regex matches only the empty text");
+        regex_dfa_free(dfa);
+        dfa = NULL;
+    }
     int node = dfa ? json_schema_add_node(s, err, err_len) : -1, bad;
     if (!s) set_err(err, err_len, "out of memory");
     if (node < 0) {
@@ -446,7 +487,10 @@ JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t
         json_schema_free(s);
         return NULL;
     }
-    s->regex = dfa;
+    if (attach_dfa(s, node, dfa, err, err_len) != 0) {
+        json_schema_free(s);
+        return NULL;
+    }
     json_schema_set_kind(s, node, JS_REGEX);
     json_schema_set_compact(s); /* nothing around the text */
     if (finish(s, node, false, &bad, err, err_len) != 0) {
@@ -513,7 +557,7 @@ void json_schema_state_init(JsonSchemaState *st, const JsonSchema *s, int max_ws
         st->frames[0].cand = low_bits(root->count);
     } else if (root->kind == JS_REGEX) {
         st->frames[0].phase = P_REGEX;
-        st->frames[0].index = (int16_t)regex_dfa_start(s->regex);
+        st->frames[0].index = (int16_t)regex_dfa_start(s->dfas[root->regex]);
     }
 }
 
@@ -528,7 +572,8 @@ bool json_schema_complete(const JsonSchemaState *st) {
 bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s) {
     if (json_schema_complete(st)) return true;
     const JsonSchemaFrame *f = &st->frames[0];
-    if (!st->failed && st->depth == 1 && f->phase == P_REGEX) return regex_dfa_accepts(s->regex, f->index);
+    if (!st->failed && st->depth == 1 && f->phase == P_REGEX)
+        return regex_dfa_accepts(s->dfas[s->nodes[f->node].regex], f->index);
     if (st->failed || st->depth != 1 || f->phase != P_LITERAL) return false;
     const Lit *lits = s->lits + s->nodes[f->node].first_lit;
     for (uint64_t m = f->cand; m; m &= m - 1)
@@ -800,6 +845,13 @@ static ByteResult start_value(JsonSchemaState *st, const JsonSchema *s, JsonSche
             f->cand = 0;
             return B_TAKEN;
         }
+        if (n->regex >= 0) { /* '"' */
+            f->phase = P_PATTERN;
+            f->index = (int16_t)regex_dfa_start(s->dfas[n->regex]);
+            f->pos = 0;
+            f->cand = 0;
+            return B_TAKEN;
+        }
         /* fall through */
     default:
         if (n->kind == JS_ANY_OBJECT) json_prefix_init(&st->scalar, st->max_ws);
@@ -912,10 +964,97 @@ static ByteResult format_byte(JsonSchemaState *st, const JsonSchema *s, JsonSche
  * output is whole. */
 static ByteResult regex_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
                              unsigned char c) {
-    int next = regex_dfa_next(s->regex, f->index, c);
+    const RegexDfa *d = s->dfas[s->nodes[f->node].regex];
+    int next = regex_dfa_next(d, f->index, c);
     if (next < 0) return fail(st);
     f->index = (int16_t)next;
-    if (regex_dfa_final(s->regex, next)) pop(st, s);
+    if (regex_dfa_final(d, next)) pop(st, s);
+    return B_TAKEN;
+}
+
+/* Whether some byte in [lo, hi] moves d on from state. */
+static bool dfa_takes_any(const RegexDfa *d, int state, int lo, int hi) {
+    for (int b = lo; b <= hi; b++)
+        if (regex_dfa_next(d, state, (unsigned char)b) >= 0) return true;
+    return false;
+}
+
+/* The escapes a string of a pattern may hold, and the byte each stands for; \u only as
+ * \u0000..\u001F, for the control characters JSON must escape (other characters come as
+ * UTF-8, as property names are matched). -1: none. */
+static int simple_escape(unsigned char c) {
+    switch (c) {
+    case '"': return '"';
+    case '\\': return '\\';
+    case '/': return '/';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return -1;
+    }
+}
+
+/* Whether an escape at P_PATTERN's pos (1..5, hex digits so far worth `partial`) can still
+ * stand for a byte the automaton takes from state: else its first bytes would be a dead end. */
+static bool escape_viable(const RegexDfa *d, int state, int pos, int partial) {
+    if (pos == 1) {
+        for (const char *e = "\"\\/bfnrt"; *e; e++)
+            if (regex_dfa_next(d, state, (unsigned char)simple_escape((unsigned char)*e)) >= 0) return true;
+        return dfa_takes_any(d, state, 0, 0x1F);
+    }
+    int left = 4 - (pos - 2); /* hex digits still to come */
+    int lo = partial << (4 * left), hi = lo + (1 << (4 * left)) - 1;
+    return lo <= 0x1F && dfa_takes_any(d, state, lo, hi < 0x1F ? hi : 0x1F);
+}
+
+static int hex_digit(unsigned char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* A byte of a string of a pattern (JSON text: escapes read as the byte they stand for, which
+ * the automaton takes); its closing quote once the text holds a match. */
+static ByteResult pattern_byte(JsonSchemaState *st, const JsonSchema *s, JsonSchemaFrame *f,
+                               unsigned char c) {
+    const RegexDfa *d = s->dfas[s->nodes[f->node].regex];
+    int byte;
+    if (f->pos == 0) {
+        if (c == '"') {
+            if (!regex_dfa_accepts(d, f->index)) return fail(st);
+            pop(st, s);
+            return B_TAKEN;
+        }
+        if (c == '\\') {
+            if (!escape_viable(d, f->index, 1, 0)) return fail(st);
+            f->pos = 1;
+            return B_TAKEN;
+        }
+        if (c < 0x20) return fail(st); /* JSON escapes control characters */
+        byte = c;
+    } else if (f->pos == 1 && c == 'u') {
+        if (!escape_viable(d, f->index, 2, 0)) return fail(st);
+        f->pos = 2;
+        return B_TAKEN;
+    } else if (f->pos == 1) {
+        if ((byte = simple_escape(c)) < 0) return fail(st);
+    } else {
+        int v = hex_digit(c), partial = (int)f->cand * 16 + v;
+        if (v < 0) return fail(st);
+        if (f->pos < 5) {
+            if (!escape_viable(d, f->index, f->pos + 1, partial)) return fail(st);
+            f->pos++;
+            f->cand = (uint64_t)partial;
+            return B_TAKEN;
+        }
+        byte = partial;
+    }
+    int next = regex_dfa_next(d, f->index, (unsigned char)byte);
+    if (byte > 0xFF || next < 0) return fail(st);
+    f->index = (int16_t)next;
+    f->pos = 0;
+    f->cand = 0;
     return B_TAKEN;
 }
 
@@ -939,6 +1078,7 @@ static ByteResult frame_byte(JsonSchemaState *st, const JsonSchema *s, unsigned 
     case P_FORMAT: return format_byte(st, s, f, c);
     case P_MAP_KEY: return map_key_byte(st, f, c);
     case P_REGEX: return regex_byte(st, s, f, c);
+    case P_PATTERN: return pattern_byte(st, s, f, c);
     }
     return fail(st);
 }

@@ -4,7 +4,7 @@
  * A JsonSchema is a compiled grammar: a graph of nodes (objects with properties in a
  * fixed order, arrays, strings, numbers, integers, booleans, null, fixed values, any
  * value, and alternatives that differ in their first byte; strings may have a format:
- * json_format.h). api/ builds it from the
+ * json_format.h, or a pattern: regex_dfa.h). api/ builds it from the
  * request's JSON schema with the json_schema_add_* calls; this module knows no JSON
  * library. Properties come out in the schema's order, each required one present, optional
  * ones free to be skipped; no property outside the schema is written. Strings, numbers and
@@ -74,6 +74,13 @@ void json_schema_set_format(JsonSchema *s, int node, JsonFormat format);
 /* JS_STRING: minLength / maxLength in characters (code points; at most INT16_MAX; max < 0:
  * no bound). */
 void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_length);
+/* JS_STRING: only strings that contain a match of pattern (JSON Schema's pattern: a search,
+ * except where '^' / '$' anchor a top-level alternative; model/regex_dfa.h's syntax). Inside
+ * such a string an escape stands for the byte it names; \u only for control characters
+ * (others come as UTF-8). Not with a format or length bounds. -1 with a message in err when
+ * the pattern is refused or memory runs out. */
+int json_schema_set_pattern(JsonSchema *s, int node, const char *pattern, size_t len, char *err,
+                            size_t err_len);
 /* JS_INTEGER: only values in [lo, hi]. */
 void json_schema_set_range(JsonSchema *s, int node, int64_t lo, int64_t hi);
 /* JS_ARRAY: items and the count bounds (at most INT16_MAX; max < 0: no bound). JS_MAP:
@@ -120,7 +127,7 @@ typedef struct {
     int16_t node;   /* what this level reads */
     uint8_t phase;  /* where in it (json_schema.c's Phase) */
     uint8_t unused;
-    uint16_t pos;   /* bytes of the current key or literal matched */
+    uint16_t pos;   /* bytes of the current key or literal matched; a pattern's escape */
     int16_t index;  /* object: the next property that may come; array: items so far;
                      * string of a format: characters read; regex: its automaton's state */
     uint64_t cand;  /* key or literal: which of the node's choices still match; string

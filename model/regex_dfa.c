@@ -56,6 +56,8 @@ typedef struct {
     char *err;
     size_t err_len;
     bool failed;
+    bool search;     /* a match anywhere in the text (regex_dfa_compile's search) */
+    bool anchor_end; /* the top-level alternative being read ended in '$' */
 } Parser;
 
 #define F_ACCEPT 1
@@ -619,18 +621,19 @@ static Frag parse_group(Parser *P, int depth)
         size_t left = P->len - P->pos - 1;
         if (left >= 1 && rest[0] == ':') {
             P->pos += 2;
-        } else if (left >= 2 && rest[0] == 'P' && rest[1] == '<') {
-            size_t i = P->pos + 3;
+        } else if ((left >= 2 && rest[0] == 'P' && rest[1] == '<') ||
+                   (left >= 2 && rest[0] == '<' && rest[1] != '=' && rest[1] != '!')) {
+            size_t name = P->pos + (rest[0] == 'P' ? 3 : 2), i = name; /* (?P<n> or (?<n> */
             while (i < P->len && P->p[i] != '>')
                 i++;
-            if (i >= P->len || i == P->pos + 3) {
+            if (i >= P->len || i == name) {
                 perr(P, "a group name without its '>'");
                 return frag_empty(P);
             }
             P->pos = i + 1;
         } else {
             perr(P, "this '(?' is not supported (lookaround, inline flags, comments and "
-                    "conditionals are not; (?:...) and (?P<name>...) are)");
+                    "conditionals are not; (?:...), (?P<name>...) and (?<name>...) are)");
             return frag_empty(P);
         }
     }
@@ -664,15 +667,14 @@ static Frag parse_atom(Parser *P, int depth)
             return frag_empty(P);
         }
         break;
-    case '^':
-        if (P->pos != 0)
-            perr(P, "'^' is only supported at the start of the regex");
-        P->pos++;
+    case '^': /* the one at the start of a top-level alternative is read by parse_alt */
+        perr(P, "'^' is only supported at the start of the regex or of a top-level alternative");
         return frag_empty(P);
     case '$':
-        if (P->pos + 1 != P->len)
-            perr(P, "'$' is only supported at the end of the regex");
         P->pos++;
+        if (depth > 0 || (peek(P) >= 0 && peek(P) != '|'))
+            perr(P, "'$' is only supported at the end of the regex or of a top-level alternative");
+        P->anchor_end = true;
         return frag_empty(P);
     case '\\': {
         char cls;
@@ -768,11 +770,30 @@ static Frag parse_quantified(Parser *P, int depth)
     return f;
 }
 
+/* Any text: what a search may find before or after its match. */
+static Frag any_text(Parser *P)
+{
+    CpRange all = { 0, MAX_CODE_POINT };
+    return star(P, ranges_frag(P, &all, 1, false));
+}
+
+/* Alternatives separated by '|'. At the top level each may start with '^' and end with '$':
+ * a whole match implies them; a search without them takes any text before or after. */
 static Frag parse_alt(Parser *P, int depth)
 {
+    bool anchor_start = depth == 0 && peek(P) == '^';
+    if (anchor_start)
+        P->pos++;
+    P->anchor_end = false;
     Frag f = frag_empty(P);
     while (!P->failed && peek(P) >= 0 && peek(P) != '|' && peek(P) != ')')
         f = cat(P, f, parse_quantified(P, depth));
+    if (depth == 0 && P->search) {
+        if (!anchor_start)
+            f = cat(P, any_text(P), f);
+        if (!P->anchor_end)
+            f = cat(P, f, any_text(P));
+    }
     if (!P->failed && peek(P) == '|') {
         P->pos++;
         f = alt(P, f, parse_alt(P, depth));
@@ -1002,8 +1023,6 @@ static RegexDfa *build_dfa(const NfaState *st, int n_st, int start, int match, c
         fault = "out of memory";
     if (!fault)
         mark_final(d);
-    if (!fault && (d->flags[0] & F_FINAL))
-        fault = "the regex matches only the empty text";
 done:
     free(b.pool);
     free(b.first);
@@ -1022,13 +1041,15 @@ done:
 
 /* ---- the interface ------------------------------------------------------------------- */
 
-RegexDfa *regex_dfa_compile(const char *pattern, size_t len, char *err, size_t err_len)
+RegexDfa *regex_dfa_compile(const char *pattern, size_t len, bool search, char *err,
+                            size_t err_len)
 {
     if (len > REGEX_MAX_PATTERN) {
         set_err(err, err_len, "the regex is %zu bytes (at most %d)", len, REGEX_MAX_PATTERN);
         return NULL;
     }
-    Parser P = { .p = (const unsigned char *)pattern, .len = len, .err = err, .err_len = err_len };
+    Parser P = { .p = (const unsigned char *)pattern, .len = len, .err = err, .err_len = err_len,
+                 .search = search };
     P.cap = 256;
     P.st = malloc(((size_t)P.cap + 1) * sizeof *P.st);
     if (!P.st) {

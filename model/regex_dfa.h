@@ -6,12 +6,13 @@
  * (UTF-8 characters whole), `.` (any character but a line break), classes `[a-z_]` and
  * `[^...]` (Unicode ranges too), `\d \w \s` and their negations (ASCII digits, word
  * characters and whitespace), escapes (`\n \t \r \f \v \xHH \uHHHH \U0010FFFF`, `\.`
- * and any other punctuation), groups `(...)`, `(?:...)`, `(?P<name>...)`, alternation `|`,
- * quantifiers `* + ? {m} {m,} {,n} {m,n}` (a lazy `?` after one changes nothing in a
- * whole match), and `^` / `$` at the very ends (which a whole match implies). Anything
- * else -- backreferences, lookaround, `\b`, inline flags, possessive quantifiers -- is
- * refused with a message naming it. A `{` that does not start a quantifier is literal, as
- * in Python.
+ * and any other punctuation), groups `(...)`, `(?:...)`, `(?P<name>...)` (and
+ * ECMAScript's `(?<name>...)`), alternation `|`, quantifiers `* + ? {m} {m,} {,n} {m,n}`
+ * (a lazy `?` after one changes nothing in a whole match), and `^` / `$` at the start and
+ * end of the regex or of its top-level alternatives. Anything else -- backreferences,
+ * lookaround, `\b`, inline flags, possessive quantifiers -- is refused with a message
+ * naming it. A `{` that does not start a quantifier is literal, as in Python. The same
+ * syntax covers the patterns of JSON schemas (ECMA-262's) as far as they are regular.
  *
  * States are small integers; -1 is "no match can continue this way". From every state
  * returned an accepting one is reachable, so a walk never runs into a dead end.
@@ -28,11 +29,14 @@
 
 typedef struct RegexDfa RegexDfa;
 
-/* NULL with a message in err: a syntax error or unsupported construct (with its byte
- * offset), a pattern past the limits above (or too costly to compile), one that matches
- * only the empty text, or no memory. Compiling is bounded in time by the
- * limits. */
-RegexDfa *regex_dfa_compile(const char *pattern, size_t len, char *err, size_t err_len);
+/* search false: the whole text must match (re.fullmatch; '^' and '$' change nothing);
+ * true: a match anywhere in it will do (re.search, JSON Schema's pattern), except that a
+ * top-level alternative starting with '^' must match at the start and one ending in '$'
+ * at the end. NULL with a message in err: a syntax error or unsupported construct (with
+ * its byte offset), a pattern past the limits above (or too costly to compile), or no
+ * memory. Compiling is bounded in time by the limits. */
+RegexDfa *regex_dfa_compile(const char *pattern, size_t len, bool search, char *err,
+                            size_t err_len);
 void regex_dfa_free(RegexDfa *d);
 RegexDfa *regex_dfa_copy(const RegexDfa *d); /* NULL when out of memory */
 bool regex_dfa_equal(const RegexDfa *a, const RegexDfa *b);

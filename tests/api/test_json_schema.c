@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <regex.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -307,6 +308,8 @@ static void test_regex(void **state) {
     char err[160] = "";
     assert_null(json_schema_regex("(?<=a)b", 7, err, sizeof err));
     assert_non_null(strstr(err, "not supported"));
+    assert_null(json_schema_regex("^$", 2, err, sizeof err)); /* an output of nothing */
+    assert_non_null(strstr(err, "only the empty text"));
 }
 
 static void test_choices(void **state) {
@@ -651,6 +654,94 @@ static void test_walks_are_valid(void **state) {
         json_schema_free(s);
         json_decref(doc);
     }
+}
+
+/* {"type":"object","properties":{"p":{"type":"string","pattern":pattern}},"required":["p"]} */
+static JsonSchema *pattern_schema(const char *pattern) {
+    json_t *j = json_pack("{s:s, s:{s:{s:s, s:s}}, s:[s]}", "type", "object", "properties", "p",
+                          "type", "string", "pattern", pattern, "required", "p");
+    JsonSchema *s = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, pattern);
+    json_decref(j);
+    return s;
+}
+
+/* Whether ERE pattern finds a match in text (glibc regexec searches, as JSON Schema does). */
+static bool ere_finds(const char *pattern, const char *text) {
+    regex_t re;
+    assert_int_equal(regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB), 0);
+    bool found = regexec(&re, text, 0, NULL, 0) == 0;
+    regfree(&re);
+    return found;
+}
+
+/* A string's pattern (JSON Schema: a search unless anchored): its text must hold a match
+ * when the string closes; an escape stands for the byte it names, \u only for control
+ * characters, and none is begun that could not stand for a byte the pattern takes (no
+ * dead ends). Random walks of a schema with two patterns: every finished text parses and
+ * each string matches (glibc's regexec judges). Refused: a bad pattern, one beside
+ * minLength / maxLength / format, one that is not a string. */
+static void test_pattern(void **state) {
+    (void)state;
+    static const struct {
+        const char *pattern, *text;
+        int walk;
+    } cases[] = {
+        { "^\\d{3}-\\d{4}$", "{\"p\":\"555-1234\"}", 1 },
+        { "^\\d{3}-\\d{4}$", "{\"p\":\"555-12345", -1 },
+        { "^\\d{3}-\\d{4}$", "{\"p\":\"555-123\"", -1 }, /* closes before a match */
+        { "^\\d{3}-\\d{4}$", "{\"p\":\"555-123", 0 },
+        { "ab+", "{\"p\":\"xxabbby\"}", 1 },              /* a search */
+        { "ab+", "{\"p\":\"xyz\"", -1 },
+        { "^ab|yz$", "{\"p\":\"abq\"}", 1 },
+        { "^ab|yz$", "{\"p\":\"qyz\"}", 1 },
+        { "^ab|yz$", "{\"p\":\"qab\"", -1 },
+        { "^a\"b\\\\c\\n\\x01$", "{\"p\":\"a\\\"b\\\\c\\n\\u0001\"}", 1 },
+        { "^a\\n$", "{\"p\":\"a\n", -1 },                /* a raw line break: not JSON */
+        { "^A$", "{\"p\":\"\\u0041", -1 },                 /* \u only for control characters */
+        { "^x$", "{\"p\":\"\\", -1 },                      /* no escape stands for 'x' */
+        { "^\\n$", "{\"p\":\"\\u000", 0 },
+        { "^\\n$", "{\"p\":\"\\u001", -1 },                /* \u0010..1F: not a line break */
+        { "^\\n$", "{\"p\":\"\\u000a\"}", 1 },
+        { "^\\n$", "{\"p\":\"\\n\"}", 1 },
+        { "caf\xc3\xa9", "{\"p\":\"un caf\xc3\xa9\"}", 1 },
+        { "^[\\u0400-\\u04FF]+$", "{\"p\":\"\xd0\x9f\xd1\x80\xd0\xb8\"}", 1 },
+        { "^(?<year>\\d{4})$", "{\"p\":\"2024\"}", 1 },  /* ECMAScript's named group */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        JsonSchema *sch = pattern_schema(cases[i].pattern);
+        int got = walk(sch, cases[i].text);
+        if (got != cases[i].walk)
+            fail_msg("pattern %s on %s: %d, want %d", cases[i].pattern, cases[i].text, got, cases[i].walk);
+        json_schema_free(sch);
+    }
+    const char *two = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":"
+                      "\"^[a-c]+(-\\\\d{2})?$\"},\"b\":{\"pattern\":\"^(z|q)\"}},\"required\":[\"a\",\"b\"]}";
+    JsonSchema *sch = compile_ok(two);
+    int finished = 0;
+    for (int i = 0; i < 300; i++) {
+        char *text = random_walk(sch, 200);
+        if (!text) continue;
+        finished++;
+        json_error_t err;
+        json_t *v = json_loads(text, 0, &err);
+        if (!v) fail_msg("not JSON (%s): %s", err.text, text);
+        const char *a = json_string_value(json_object_get(v, "a")), *b = json_string_value(json_object_get(v, "b"));
+        if (!a || !b || !ere_finds("^[a-c]+(-[0-9]{2})?$", a) || !ere_finds("^(z|q)", b))
+            fail_msg("a string misses its pattern: %s", text);
+        json_decref(v);
+        free(text);
+    }
+    if (finished < 100) fail_msg("only %d of 300 walks finished", finished);
+    json_schema_free(sch);
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"(a\"}}}",
+                  ".properties.x': 'pattern' (a: a '(' without its ')'");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"pattern\":\"a(?=b)\"}}}", "not supported");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"a\","
+                  "\"maxLength\":3}}}", "'pattern' beside");
+    compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"pattern\":3}}}", "must be a string");
 }
 
 /* A random value valid against sch (properties in the schema's order). */
@@ -1056,6 +1147,7 @@ int main(void) {
         cmocka_unit_test(test_review_findings),
         cmocka_unit_test(test_ref_pointers),
         cmocka_unit_test(test_walks_are_valid),
+        cmocka_unit_test(test_pattern),
         cmocka_unit_test(test_instances_are_accepted),
         cmocka_unit_test(test_copy_and_canonical),
         cmocka_unit_test(test_formats),

@@ -1181,8 +1181,11 @@ static void test_chat_tools_errors(void **state) {
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":5}}]",
          "tools", "parameters"},
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"strict\":true,"
+         "\"parameters\":{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\","
+         "\"multipleOf\":2}}}}}]", "tools", "'tools[0].function.parameters.properties.p': 'multipleOf'"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"strict\":true,"
          "\"parameters\":{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\","
-         "\"pattern\":\"x\"}}}}}]", "tools", "'tools[0].function.parameters.properties.p': 'pattern'"},
+         "\"pattern\":\"(x\"}}}}}]", "tools", "'tools[0].function.parameters.properties.p': 'pattern' (x"},
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":"
          "{\"type\":\"object\",\"properties\":{\"p\":{\"anyOf\":[{\"type\":\"integer\"},"
          "{\"type\":\"number\"}]}}}}}]", "tools", "must differ"}, /* not strict: still refused */
@@ -1199,7 +1202,7 @@ static void test_chat_tools_errors(void **state) {
          "allowed_tools"},
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\","
          "\"function\":{\"name\":\"b\",\"strict\":true,\"parameters\":{\"type\":\"object\","
-         "\"properties\":{\"p\":{\"pattern\":\"x\"}}}}}],\"tool_choice\":{\"type\":\"function\","
+         "\"properties\":{\"p\":{\"multipleOf\":2}}}}}],\"tool_choice\":{\"type\":\"function\","
          "\"function\":{\"name\":\"b\"}}", "tools", "'tools[1].function.parameters"},
         {TOOLS ",\"response_format\":{\"type\":\"json_object\"}", "response_format", "tools"},
         {TOOLS ",\"logprobs\":true", "logprobs", "tools"},

@@ -129,7 +129,7 @@ static void fuzz_choices(const json_t *doc, const uint8_t *bytes, size_t n) {
 static void fuzz_regex(const json_t *doc, const uint8_t *bytes, size_t n) {
     char err[256] = "";
     JsonSchema *s = json_schema_regex(json_string_value(doc), json_string_length(doc), err, sizeof err);
-    RegexDfa *dfa = regex_dfa_compile(json_string_value(doc), json_string_length(doc), NULL, 0);
+    RegexDfa *dfa = regex_dfa_compile(json_string_value(doc), json_string_length(doc), false, NULL, 0);
     FZ_CHECK((s != NULL) == (dfa != NULL), "the grammar and the automaton disagree on the pattern");
     if (!s) {
         FZ_CHECK(err[0] != '\0', "a refused regex without a message");

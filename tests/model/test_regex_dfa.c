@@ -18,7 +18,7 @@
 static RegexDfa *compile(const char *pattern)
 {
     char err[256];
-    RegexDfa *d = regex_dfa_compile(pattern, strlen(pattern), err, sizeof err);
+    RegexDfa *d = regex_dfa_compile(pattern, strlen(pattern), false, err, sizeof err);
     if (!d)
         fail_msg("'%s' refused: %s", pattern, err);
     return d;
@@ -88,31 +88,86 @@ static void test_refusals(void **state)
         { "(?=a)", "not supported" }, { "(?i)a", "not supported" }, { "a^b", "'^'" },
         { "a$b", "'$'" }, { "[z-a]", "before its start" }, { "a{5,2}", "below m" },
         { "a{1001}", "over 1000" }, { "[[:alpha:]]", "POSIX" }, { "\\x4", "hex digits" },
-        { "\\ud800", "no Unicode character" }, { "", "only the empty text" },
-        { "(?:)", "only the empty text" }, { "a{0}", "only the empty text" },
+        { "\\ud800", "no Unicode character" }, { "(a$)", "'$'" }, { "(^a)", "'^'" },
+        { "a|b^", "'^'" }, { "(?<=a)b", "not supported" },
         { "[^\\x00-\\U0010FFFF]", "no character" }, { "\xc3", "not valid UTF-8" },
         { "(?:(?:a{1000}){1000})", "too large" }, { "a\\", "backslash at the end" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[256] = "";
-        RegexDfa *d = regex_dfa_compile(cases[i].pattern, strlen(cases[i].pattern), err, sizeof err);
+        RegexDfa *d = regex_dfa_compile(cases[i].pattern, strlen(cases[i].pattern), false, err, sizeof err);
         if (d || !strstr(err, cases[i].message))
             fail_msg("'%s': %s \"%s\", expected a refusal saying \"%s\"", cases[i].pattern,
                      d ? "compiled" : "refused with", err, cases[i].message);
     }
     char big[REGEX_MAX_PATTERN + 2], err[256] = "";
     memset(big, 'a', sizeof big);
-    assert_null(regex_dfa_compile(big, sizeof big, err, sizeof err));
+    assert_null(regex_dfa_compile(big, sizeof big, false, err, sizeof err));
     assert_non_null(strstr(err, "at most"));
 }
 
 /* An automaton whose subset construction blows up: [ab]*a[ab]{n} needs 2^(n+1) states. */
+/* Patterns of only the empty text compile; their start is final (the caller decides). */
+static void test_empty_text(void **state)
+{
+    (void)state;
+    static const char *const empty[] = { "", "(?:)", "a{0}", "^$" };
+    for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+        RegexDfa *d = compile(empty[i]);
+        assert_true(regex_dfa_final(d, regex_dfa_start(d)));
+        assert_true(regex_dfa_matches(d, "", 0));
+        assert_false(regex_dfa_matches(d, "a", 1));
+        regex_dfa_free(d);
+    }
+}
+
+static void check_no_dead_ends(const RegexDfa *d, const char *pattern);
+
+/* Search mode (JSON Schema's pattern): a match anywhere, '^' / '$' per top-level
+ * alternative; against glibc's regexec, which searches the same way, on random texts. */
+static void test_search_against_posix(void **state)
+{
+    (void)state;
+    static const char *const patterns[] = {
+        "ab", "^ab", "ab$", "^ab$", "^a|b$", "a(b|c)*d", "^(a|b)c*$|dd", "[^ab]{2}", "c{2,3}$",
+    };
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) {
+        regex_t re;
+        assert_int_equal(regcomp(&re, patterns[i], REG_EXTENDED | REG_NOSUB), 0);
+        char err[256];
+        RegexDfa *d = regex_dfa_compile(patterns[i], strlen(patterns[i]), true, err, sizeof err);
+        if (!d)
+            fail_msg("'%s' refused: %s", patterns[i], err);
+        check_no_dead_ends(d, patterns[i]);
+        int hits = 0;
+        for (int k = 0; k < 3000; k++) {
+            char text[16];
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int len = (int)((rng >> 33) % 10);
+            for (int j = 0; j < len; j++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                text[j] = "abcd"[(rng >> 40) % 4];
+            }
+            text[len] = '\0';
+            bool want = regexec(&re, text, 0, NULL, 0) == 0;
+            if (want != regex_dfa_matches(d, text, (size_t)len))
+                fail_msg("search '%s' on \"%s\": POSIX says %s", patterns[i], text,
+                         want ? "match" : "no match");
+            hits += want;
+        }
+        assert_true(hits > 0 && hits < 3000);
+        regfree(&re);
+        regex_dfa_free(d);
+    }
+}
+
 static void test_state_limit(void **state)
 {
     (void)state;
     char err[256] = "";
     const char *p = "[ab]*a[ab]{14}"; /* 32768 states */
-    assert_null(regex_dfa_compile(p, strlen(p), err, sizeof err));
+    assert_null(regex_dfa_compile(p, strlen(p), false, err, sizeof err));
     assert_non_null(strstr(err, "too complex"));
     RegexDfa *d = compile("[ab]*a[ab]{12}"); /* 8192 states: fine */
     assert_int_equal(regex_dfa_state_count(d), 8192);
@@ -241,6 +296,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whole_matches),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_empty_text),
+        cmocka_unit_test(test_search_against_posix),
         cmocka_unit_test(test_state_limit),
         cmocka_unit_test(test_against_posix),
         cmocka_unit_test(test_walk_properties),

@@ -555,11 +555,17 @@ await runCase("chat.completions.create: response_format json_schema", async () =
           (v.count === null || Number.isInteger(v.count)) && Object.keys(v).length === 3,
           "json_schema: the content parses into the schema's shape", c.message.content);
   }
-  const e = await thrown("json_schema pattern", () => client.chat.completions.create({
+  const p = await client.chat.completions.create({ ...CHAT, max_tokens: 60,
+    response_format: { type: "json_schema", json_schema: { name: "p", schema: {
+      type: "object", properties: { s: { type: "string", pattern: "^[a-c]{1,3}-\\d$" } },
+      required: ["s"] } } } });
+  const ps = JSON.parse(p.choices[0].message.content);
+  check(/^[a-c]{1,3}-\d$/.test(ps.s), "json_schema: the string holds its pattern", ps);
+  const e = await thrown("json_schema multipleOf", () => client.chat.completions.create({
     ...CHAT, response_format: { type: "json_schema", json_schema: { name: "p", schema: {
-      type: "object", properties: { s: { type: "string", pattern: "^a" } } } } } }));
+      type: "object", properties: { s: { type: "number", multipleOf: 2 } } } } } }));
   check(e instanceof BadRequestError && e.param === "response_format" &&
-        e.code === "invalid_json_schema", "json_schema: pattern is a 400",
+        e.code === "invalid_json_schema", "json_schema: multipleOf is a 400",
         `${e?.constructor?.name} ${e?.param} ${e?.code}: ${e?.message}`);
 });
 
@@ -659,7 +665,7 @@ await runCase("chat tools: calls, a result sent back, the stream helper, runTool
 await runCase("chat errors: bad tools and orphan tool results are BadRequestError 400", async () => {
   const e = await thrown("chat tools", () => client.chat.completions.create({
     ...CHAT, tools: [{ type: "function", function: { name: "f", strict: true, parameters: {
-      type: "object", properties: { s: { type: "string", pattern: "^a" } } } } }] }));
+      type: "object", properties: { s: { type: "number", multipleOf: 2 } } } } }] }));
   check(e instanceof BadRequestError && e.param === "tools", "chat tools: 400 naming tools",
         `${e?.constructor?.name} ${e?.param}: ${e?.message}`);
   const r = await thrown("chat tool role", () => client.chat.completions.create({

@@ -860,12 +860,41 @@ static void test_json_schema(void **state)
     check_schema_reply(SCHEMA_FREE, sr.text[0] ? sr.text[0] : "", sr.finish[0]);
     stream_result_free(&sr);
     json_t *err = chat(SCHEMA_FORMAT("{\"type\":\"object\",\"properties\":{\"e\":{\"type\":"
-                                     "\"string\",\"pattern\":\"@\"}}}"), &status);
+                                     "\"number\",\"multipleOf\":2}}}"), &status);
     assert_int_equal(status, 400);
     json_t *eo = json_object_get(err, "error");
     assert_string_equal(json_string_value(json_object_get(eo, "code")), "invalid_json_schema");
-    assert_non_null(strstr(json_string_value(json_object_get(eo, "message")), "'pattern'"));
+    assert_non_null(strstr(json_string_value(json_object_get(eo, "message")), "'multipleOf'"));
     json_decref(err);
+}
+
+static void check_regex_reply(const char *ere, const char *text, const char *finish,
+                              const char *want_finish);
+
+/* A string's pattern over HTTP: every sampled reply is an object whose "code" and "note"
+ * hold matches (anchored: the whole strings; glibc's regexec judges). */
+static void test_json_schema_pattern(void **state)
+{
+    (void)state;
+#define PATTERN_SCHEMA "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\"," \
+                       "\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"},\"note\":{\"pattern\":\"^(ok|fine)$\"}}," \
+                       "\"required\":[\"code\",\"note\"]}"
+    json_t *t = complete("Codes", "\"max_tokens\":120,\"n\":3,\"temperature\":1,\"seed\":11,"
+                                  SCHEMA_FORMAT(PATTERN_SCHEMA));
+    for (size_t i = 0; i < 3; i++) {
+        const char *text = choice_text(t, i);
+        json_error_t jerr;
+        json_t *v = json_loads(text, 0, &jerr);
+        const char *code = json_string_value(json_object_get(v, "code"));
+        const char *note = json_string_value(json_object_get(v, "note"));
+        if (!v || strcmp(choice_finish(t, i), "stop") != 0 || !code || !note)
+            fail_msg("not a whole object (%s): %s", choice_finish(t, i), text);
+        check_regex_reply("[A-Z]{2}-[0-9]{3}", code, "stop", "stop");
+        check_regex_reply("ok|fine", note, "stop", "stop");
+        json_decref(v);
+    }
+    json_decref(t);
+#undef PATTERN_SCHEMA
 }
 
 /* vLLM's structured outputs end to end: with a choice the reply is one of the strings
@@ -1169,6 +1198,7 @@ int main(void)
         cmocka_unit_test(test_json_schema),
         cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_structured_outputs_regex),
+        cmocka_unit_test(test_json_schema_pattern),
         cmocka_unit_test(test_usage_counts),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_client_drop_mid_stream),
