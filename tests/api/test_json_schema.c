@@ -61,14 +61,18 @@ static json_t *load(const char *text) {
     return j;
 }
 
-static JsonSchema *compile_ok(const char *schema_text) {
-    json_t *j = load(schema_text);
+/* The schema j compiled (j released); `what` names it when it is refused. */
+static JsonSchema *compile_doc(json_t *j, const char *what) {
     JsonSchema *s = NULL;
     ApiError e;
     memset(&e, 0, sizeof e);
-    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, schema_text);
+    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, what);
     json_decref(j);
     return s;
+}
+
+static JsonSchema *compile_ok(const char *schema_text) {
+    return compile_doc(load(schema_text), schema_text);
 }
 
 /* 1: the text is accepted and whole; 0: accepted, a prefix only; -1: refused. */
@@ -259,6 +263,24 @@ static void compile_error(const char *schema_text, const char *words) {
 /* A choices grammar (json_schema_choices): the output is one of the texts byte for byte,
  * leading spaces included, nothing after it; a text that a longer one begins may end the
  * output (json_schema_may_end) but is not complete until nothing else can follow. */
+/* A text fed to a grammar: walk() as below, and whether the output may end there. */
+typedef struct {
+    const char *text;
+    int walk;
+    bool may_end;
+} EndCase;
+
+static void check_ends(const JsonSchema *s, const EndCase *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        JsonSchemaState st;
+        json_schema_state_init(&st, s, 64);
+        bool fed = json_schema_feed(&st, s, cases[i].text, strlen(cases[i].text));
+        int got = !fed ? -1 : json_schema_complete(&st) ? 1 : 0;
+        if (got != cases[i].walk || json_schema_may_end(&st, s) != cases[i].may_end)
+            fail_msg("'%s': walk %d may_end %d", cases[i].text, got, json_schema_may_end(&st, s));
+    }
+}
+
 /* A regex grammar: whole matches complete once nothing longer could match, may end where
  * a match could still grow; equal patterns give equal grammars (the engine's mask cache
  * key), different ones do not; a copy walks the same; a refused pattern says why. */
@@ -267,11 +289,7 @@ static void test_regex(void **state) {
     const char *pattern = "(yes|no)!*|\\d{2}";
     JsonSchema *s = json_schema_regex(pattern, strlen(pattern), NULL, 0);
     assert_non_null(s);
-    static const struct {
-        const char *text;
-        int walk;     /* as walk() */
-        bool may_end;
-    } cases[] = {
+    static const EndCase cases[] = {
         { "", 0, false },   { "y", 0, false },   { "yes", 0, true },  { "yes!!", 0, true },
         { "yes?", -1, false }, { "1", 0, false }, { "12", 1, true },  { "123", -1, false },
         { " yes", -1, false }, { "yes ", -1, false }, { "no!", 0, true },
@@ -279,16 +297,8 @@ static void test_regex(void **state) {
     JsonSchema *copy = json_schema_copy(s);
     assert_non_null(copy);
     assert_true(json_schema_equal(s, copy));
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int k = 0; k < 2; k++) {
-            const JsonSchema *g = k ? copy : s;
-            JsonSchemaState st;
-            json_schema_state_init(&st, g, 64);
-            bool fed = json_schema_feed(&st, g, cases[i].text, strlen(cases[i].text));
-            int got = !fed ? -1 : json_schema_complete(&st) ? 1 : 0;
-            if (got != cases[i].walk || json_schema_may_end(&st, g) != cases[i].may_end)
-                fail_msg("'%s': walk %d may_end %d", cases[i].text, got, json_schema_may_end(&st, g));
-        }
+    check_ends(s, cases, sizeof cases / sizeof cases[0]);
+    check_ends(copy, cases, sizeof cases / sizeof cases[0]);
     JsonSchema *same = json_schema_regex(pattern, strlen(pattern), NULL, 0);
     const char *longer = "(yes|no)!*|\\d{3}";
     JsonSchema *other = json_schema_regex(longer, strlen(longer), NULL, 0);
@@ -319,25 +329,14 @@ static void test_choices(void **state) {
     for (int i = 0; i < 5; i++) lens[i] = strlen(texts[i]);
     JsonSchema *s = json_schema_choices(texts, lens, 5, NULL, 0);
     assert_non_null(s);
-    static const struct {
-        const char *text;
-        int walk;     /* as walk() */
-        bool may_end;
-    } cases[] = {
+    static const EndCase cases[] = {
         { "", 0, false },       { "y", 0, false },     { "yes", 0, true },
         { "yes ", 0, false },   { "yes sir", 1, true }, { "yes sir ", -1, false },
         { " no", 1, true },     { "no", -1, false },    { " no\n", -1, false },
         { "1", 0, true },       { "10", 1, true },      { "100", -1, false },
         { "2", -1, false },     { "yess", -1, false },  { "{}", -1, false },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        JsonSchemaState st;
-        json_schema_state_init(&st, s, 64);
-        bool fed = json_schema_feed(&st, s, cases[i].text, strlen(cases[i].text));
-        int got = !fed ? -1 : json_schema_complete(&st) ? 1 : 0;
-        if (got != cases[i].walk || json_schema_may_end(&st, s) != cases[i].may_end)
-            fail_msg("'%s': walk %d may_end %d", cases[i].text, got, json_schema_may_end(&st, s));
-    }
+    check_ends(s, cases, sizeof cases / sizeof cases[0]);
     json_schema_free(s);
     /* An object schema may end only when complete. */
     JsonSchema *o = compile_ok("{\"type\": \"object\"}");
@@ -658,14 +657,9 @@ static void test_walks_are_valid(void **state) {
 
 /* {"type":"object","properties":{"p":{"type":"string","pattern":pattern}},"required":["p"]} */
 static JsonSchema *pattern_schema(const char *pattern) {
-    json_t *j = json_pack("{s:s, s:{s:{s:s, s:s}}, s:[s]}", "type", "object", "properties", "p",
-                          "type", "string", "pattern", pattern, "required", "p");
-    JsonSchema *s = NULL;
-    ApiError e;
-    memset(&e, 0, sizeof e);
-    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, pattern);
-    json_decref(j);
-    return s;
+    return compile_doc(json_pack("{s:s, s:{s:{s:s, s:s}}, s:[s]}", "type", "object", "properties",
+                                 "p", "type", "string", "pattern", pattern, "required", "p"),
+                       pattern);
 }
 
 /* Whether ERE pattern finds a match in text (glibc regexec searches, as JSON Schema does). */

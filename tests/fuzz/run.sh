@@ -87,9 +87,9 @@ JANSSON=($(pkg-config --cflags --libs jansson))
 COMMON=(tests/fuzz/fuzz_util.c tools/mkmodel_vocab.c model/gguf.c model/gguf_blocks.c
         model/gguf_write.c model/tokenizer.c model/tokenizer_bpe.c model/unicode_class.c
         model/unicode_classes.c model/model_error.c compute/pool.c) # gguf.c decodes on the pool
-# Every api/*.c and the JSON grammars under them (model/json_*.c), globbed so that a new
+# Every api/*.c and the grammars under them (model/json_*.c, model/regex_*.c), globbed so that a new
 # one cannot be missed.
-API=($(cd "$ROOT" && echo api/*.c model/json_*.c) model/regex_dfa.c model/sampler.c)
+API=($(cd "$ROOT" && echo api/*.c model/json_*.c model/regex_*.c) model/sampler.c)
 # Loading weights packs them for the product kernels (every model/matmul*.c, globbed so
 # that a new kernel file cannot be missed; they run on the compute pool).
 WEIGHTS=(model/weights.c $(cd "$ROOT" && echo model/matmul*.c) compute/quant_i8.c)

@@ -1055,17 +1055,25 @@ static HChoice *run_choice(FakeModel *f, Harness *h, bool ignore_eos, Engine **e
     return &h_req(h, id)->ch[0];
 }
 
-static void test_choice_output(void **state)
+/* Pieces "1", "0", "2" (ids 10-12); after the prompt "<40>", which fits none of the texts
+ * below (the lowest id that fits is "1"); after "1" EOS, which may be drawn. */
+static FakeModel *digits_fake(void)
 {
-    (void)state;
     FakeModel *f = h_fake_new(FAKE_SUCC);
     f->noise = 0.0f;
     f->pieces[10] = "1";
     f->pieces[11] = "0";
     f->pieces[12] = "2";
-    f->succ[2] = 40;         /* "<40>": fits no choice; the lowest id that fits is "1" */
-    f->succ[10] = f->eos_id; /* after "1": EOS */
+    f->succ[2] = 40;
+    f->succ[10] = f->eos_id;
     f->allow_eos = true;
+    return f;
+}
+
+static void test_choice_output(void **state)
+{
+    (void)state;
+    FakeModel *f = digits_fake();
     static const struct {
         bool ignore_eos;
         int32_t after_one;
@@ -1094,14 +1102,7 @@ static void test_choice_output(void **state)
 static void test_regex_output(void **state)
 {
     (void)state;
-    FakeModel *f = h_fake_new(FAKE_SUCC);
-    f->noise = 0.0f;
-    f->pieces[10] = "1";
-    f->pieces[11] = "0";
-    f->pieces[12] = "2";
-    f->succ[2] = 40; /* "<40>": no match; the lowest id that fits is "1" */
-    f->succ[10] = f->eos_id;
-    f->allow_eos = true;
+    FakeModel *f = digits_fake();
     static const struct {
         const char *pattern;
         bool ignore_eos;
