@@ -5,13 +5,14 @@
  * The syntax is the part of Python's `re` that describes a regular language: literals
  * (UTF-8 characters whole), `.` (any character but a line break), classes `[a-z_]` and
  * `[^...]` (Unicode ranges too), `\d \w \s` and their negations (ASCII digits, word
- * characters and whitespace), escapes (`\n \t \r \f \v \xHH \uHHHH \U0010FFFF`, `\.`
- * and any other punctuation), groups `(...)`, `(?:...)`, `(?P<name>...)` (and
- * ECMAScript's `(?<name>...)`), alternation `|`, quantifiers `* + ? {m} {m,} {,n} {m,n}`
+ * characters and whitespace), escapes (`\n \t \r \f \v \0 \xHH \uHHHH \U0010FFFF`,
+ * `\.` and any other punctuation), groups `(...)`, `(?:...)`, `(?P<name>...)` (and
+ * ECMAScript's `(?<name>...)`; identifiers, each once), comments `(?#...)`, alternation `|`, quantifiers `* + ? {m} {m,} {,n} {m,n}`
  * (a lazy `?` after one changes nothing in a whole match), and `^` / `$` at the start and
  * end of the regex or of its top-level alternatives. Anything else -- backreferences,
  * lookaround, `\b`, inline flags, possessive quantifiers -- is refused with a message
- * naming it. A `{` that does not start a quantifier is literal, as in Python. The same
+ * naming it, and so is what Python refuses (`[\d-a]`, a quantifier on `^`). A `{` that
+ * does not start a quantifier is literal, as in Python. The same
  * syntax covers the patterns of JSON schemas (ECMA-262's) as far as they are regular.
  *
  * States are small integers; -1 is "no match can continue this way". From every state

@@ -30,8 +30,16 @@ typedef struct {
 } CpRange;
 
 typedef struct {
+    size_t at, len; /* in the pattern */
+} GroupName;
+
+#define MAX_GROUP_NAMES 64 /* checked for repeats; more are accepted unchecked */
+
+typedef struct {
     const unsigned char *p;
     size_t len, pos;
+    GroupName names[MAX_GROUP_NAMES];
+    int n_names;
     NfaState *st; /* cap + 1: st[cap] is scratch, taken by every state once parsing failed */
     int n_st, cap;
     char *err;
@@ -474,6 +482,10 @@ static int32_t read_escape(Parser *P, char *cls)
     case 'f': return '\f';
     case 'v': return '\v';
     case 'a': return '\a';
+    case '0':
+        if (peek(P) >= '0' && peek(P) <= '7')
+            break; /* an octal escape: refused below */
+        return 0;
     case 'x': return read_hex(P, 2);
     case 'u': return read_hex(P, 4);
     case 'U': return read_hex(P, 8);
@@ -527,11 +539,16 @@ static Frag parse_class(Parser *P)
         int32_t lo = read_class_atom(P, &cls), hi = lo;
         if (lo < 0)
             break;
+        bool range = peek(P) == '-' && P->pos + 1 < P->len && P->p[P->pos + 1] != ']';
+        if (cls && range) {
+            perr(P, "a range that starts at a class escape");
+            break;
+        }
         if (cls) {
             add_class_escape(P, cls, r, &n);
             continue;
         }
-        if (peek(P) == '-' && P->pos + 1 < P->len && P->p[P->pos + 1] != ']') {
+        if (range) {
             P->pos++;
             hi = read_class_atom(P, &cls_hi);
             if (hi < 0)
@@ -575,6 +592,36 @@ static bool read_braces(const Parser *P, long *min, long *max, size_t *end)
 
 static Frag parse_alt(Parser *P, int depth);
 
+static bool name_char(unsigned char c, bool first)
+{
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+}
+
+/* The name of a group from byte `at` to its '>' (an identifier, each name once: the
+ * copies of a repeat are the same group, read from the same place); P->pos after it. */
+static int read_group_name(Parser *P, size_t at)
+{
+    size_t i = at;
+    while (i < P->len && name_char(P->p[i], i == at))
+        i++;
+    P->pos = i;
+    if (i == at || i >= P->len || P->p[i] != '>') {
+        perr(P, "a group name must be an identifier closed by '>'");
+        return -1;
+    }
+    for (int k = 0; k < P->n_names; k++) {
+        const GroupName *g = &P->names[k];
+        if (g->at != at && g->len == i - at && memcmp(P->p + g->at, P->p + at, i - at) == 0) {
+            perr(P, "a group name used twice");
+            return -1;
+        }
+    }
+    if (P->n_names < MAX_GROUP_NAMES)
+        P->names[P->n_names++] = (GroupName){ at, i - at };
+    P->pos = i + 1;
+    return 0;
+}
+
 static Frag parse_group(Parser *P, int depth)
 {
     if (depth >= REGEX_MAX_GROUP_DEPTH) {
@@ -589,14 +636,16 @@ static Frag parse_group(Parser *P, int depth)
             P->pos += 2;
         } else if ((left >= 2 && rest[0] == 'P' && rest[1] == '<') ||
                    (left >= 2 && rest[0] == '<' && rest[1] != '=' && rest[1] != '!')) {
-            size_t name = P->pos + (rest[0] == 'P' ? 3 : 2), i = name; /* (?P<n> or (?<n> */
-            while (i < P->len && P->p[i] != '>')
-                i++;
-            if (i >= P->len || i == name) {
-                perr(P, "a group name without its '>'");
+            size_t name = P->pos + (rest[0] == 'P' ? 3 : 2); /* (?P<n> or (?<n> */
+            if (read_group_name(P, name) != 0)
                 return frag_empty(P);
-            }
-            P->pos = i + 1;
+        } else if (left >= 1 && rest[0] == '#') { /* a comment: nothing */
+            while (P->pos < P->len && P->p[P->pos] != ')')
+                P->pos++;
+            if (peek(P) != ')')
+                perr(P, "a '(?#' comment without its ')'");
+            P->pos++;
+            return frag_empty(P);
         } else {
             perr(P, "this '(?' is not supported (lookaround, inline flags, comments and "
                     "conditionals are not; (?:...), (?P<name>...) and (?<name>...) are)");

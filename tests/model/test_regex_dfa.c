@@ -59,6 +59,8 @@ static void test_whole_matches(void **state)
         { "\\u00e9", "\xc3\xa9", true }, { "\\xe9", "\xc3\xa9", true },
         { "\\U0001F600", "\xf0\x9f\x98\x80", true }, { "caf\xc3\xa9+", "caf\xc3\xa9\xc3\xa9", true },
         { "^yes|no$", "no", true }, { "(?P<word>[a-z]+) \\d", "hi 7", true },
+        { "(?P<w>x){3}", "xxx", true }, { "(?<w>x)y", "xy", true }, { "[\\w-]+", "a-b", true },
+        { "(?#a comment)ab", "ab", true },
         { "(a|b)*c", "ababc", true }, { "(a|b)*c", "abab", false },
         { "[\\u0400-\\u04FF]+", "\xd0\x9f\xd1\x80\xd0\xb8", true }, /* Cyrillic "При" */
         { "[\\u0800-\\U0010FFFF]", "\xf4\x8f\xbf\xbf", true },         /* U+10FFFF */
@@ -74,6 +76,9 @@ static void test_whole_matches(void **state)
                      got ? "match" : "no match", cases[i].match ? "match" : "no match");
         regex_dfa_free(d);
     }
+    RegexDfa *nul = compile("a\\0b"); /* \0 is NUL, as in Python */
+    assert_true(regex_dfa_matches(nul, "a\0b", 3));
+    regex_dfa_free(nul);
 }
 
 static void test_refusals(void **state)
@@ -90,6 +95,10 @@ static void test_refusals(void **state)
         { "a{1001}", "over 1000" }, { "[[:alpha:]]", "POSIX" }, { "\\x4", "hex digits" },
         { "\\ud800", "no Unicode character" }, { "(a$)", "'$'" }, { "(^a)", "'^'" },
         { "a|b^", "'^'" }, { "(?<=a)b", "not supported" },
+        /* what Python's re refuses too (an audit found these accepted) */
+        { "[\\d-a]", "class escape" }, { "[\\s-z]", "class escape" }, { "^*a", "nothing to repeat" },
+        { "(?P<1>a)", "identifier" }, { "(?P<a-b>x)", "identifier" },
+        { "(?P<a>x)(?P<a>y)", "used twice" }, { "\\01", "not supported" }, { "(?#c", "comment" },
         { "[^\\x00-\\U0010FFFF]", "no character" }, { "\xc3", "not valid UTF-8" },
         { "(?:(?:a{1000}){1000})", "too large" }, { "a\\", "backslash at the end" },
     };
