@@ -206,6 +206,15 @@ void json_schema_set_length(JsonSchema *s, int node, int min_length, int max_len
 
 /* d becomes node's automaton (owned by s from here, freed on failure). */
 static int attach_dfa(JsonSchema *s, int node, RegexDfa *d, char *err, size_t err_len) {
+    /* One schema's automata together as one regex may be: what a request costs to compile,
+     * to hold and to compare (the engine's mask cache) stays bounded. */
+    int states = regex_dfa_state_count(d);
+    for (int i = 0; i < s->n_dfas; i++) states += regex_dfa_state_count(s->dfas[i]);
+    if (s->n_dfas >= JSON_SCHEMA_MAX_PATTERNS || states > REGEX_MAX_DFA) {
+        regex_dfa_free(d);
+        return set_err(err, err_len, "more than %d patterns, or more than %d automaton states "
+                       "in all, in one schema", JSON_SCHEMA_MAX_PATTERNS, REGEX_MAX_DFA);
+    }
     RegexDfa **grown = realloc(s->dfas, ((size_t)s->n_dfas + 1) * sizeof *grown);
     if (!grown) {
         regex_dfa_free(d);

@@ -32,6 +32,9 @@
 /* Properties of one object, values of one enum, alternatives of one anyOf. */
 #define JSON_SCHEMA_MAX_CHOICES 64
 #define JSON_SCHEMA_MAX_NODES 4096
+/* String patterns of one schema (each compiled apart; their automata together at most
+ * REGEX_MAX_DFA states). */
+#define JSON_SCHEMA_MAX_PATTERNS 16
 /* Whitespace between two of the schema's tokens: at most one line break, and this many
  * other bytes before it and after it (indentation); a model that likes whitespace then
  * reaches the content sooner. "Any value" parts take json_prefix's wider limits (max_ws). */

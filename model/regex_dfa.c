@@ -231,7 +231,8 @@ static RegexDfa *build_dfa(const NfaState *st, int n_st, int start, int match, c
         b.hash[i] = -1;
     d->n_classes = byte_classes(st, n_st, d->cls, rep);
     closure(&b, &start, 1);
-    state_of(&b); /* state 0, never empty: the start reaches the match state */
+    if (state_of(&b) != 0) /* state 0, never empty: the start reaches the match state */
+        fault = "out of memory";
     int room = 0;
     for (int s = 0; s < b.n && !fault; s++) {
         if (s >= room) {

@@ -7,7 +7,7 @@
  * `[^...]` (Unicode ranges too), `\d \w \s` and their negations (ASCII digits, word
  * characters and whitespace), escapes (`\n \t \r \f \v \0 \xHH \uHHHH \U0010FFFF`,
  * `\.` and any other punctuation), groups `(...)`, `(?:...)`, `(?P<name>...)` (and
- * ECMAScript's `(?<name>...)`; identifiers, each once), comments `(?#...)`, alternation `|`, quantifiers `* + ? {m} {m,} {,n} {m,n}`
+ * ECMAScript's `(?<name>...)`; identifiers, each once), alternation `|`, quantifiers `* + ? {m} {m,} {,n} {m,n}`
  * (a lazy `?` after one changes nothing in a whole match), and `^` / `$` at the start and
  * end of the regex or of its top-level alternatives. Anything else -- backreferences,
  * lookaround, `\b`, inline flags, possessive quantifiers -- is refused with a message

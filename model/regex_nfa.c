@@ -639,13 +639,6 @@ static Frag parse_group(Parser *P, int depth)
             size_t name = P->pos + (rest[0] == 'P' ? 3 : 2); /* (?P<n> or (?<n> */
             if (read_group_name(P, name) != 0)
                 return frag_empty(P);
-        } else if (left >= 1 && rest[0] == '#') { /* a comment: nothing */
-            while (P->pos < P->len && P->p[P->pos] != ')')
-                P->pos++;
-            if (peek(P) != ')')
-                perr(P, "a '(?#' comment without its ')'");
-            P->pos++;
-            return frag_empty(P);
         } else {
             perr(P, "this '(?' is not supported (lookaround, inline flags, comments and "
                     "conditionals are not; (?:...), (?P<name>...) and (?<name>...) are)");

@@ -736,6 +736,14 @@ static void test_pattern(void **state) {
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"a\","
                   "\"maxLength\":3}}}", "'pattern' beside");
     compile_error("{\"type\":\"object\",\"properties\":{\"x\":{\"pattern\":3}}}", "must be a string");
+    /* at most JSON_SCHEMA_MAX_PATTERNS patterns a schema: compiling and comparing stay bounded */
+    char many[2048];
+    int at = snprintf(many, sizeof many, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i <= JSON_SCHEMA_MAX_PATTERNS; i++)
+        at += snprintf(many + at, sizeof many - (size_t)at, "%s\"p%d\":{\"pattern\":\"^x\"}",
+                       i ? "," : "", i);
+    snprintf(many + at, sizeof many - (size_t)at, "}}");
+    compile_error(many, "more than 16 patterns");
 }
 
 /* A random value valid against sch (properties in the schema's order). */
