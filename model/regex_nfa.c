@@ -785,28 +785,54 @@ static Frag any_text(Parser *P)
     return star(P, ranges_frag(P, &all, 1, false));
 }
 
-/* Alternatives separated by '|'. At the top level each may start with '^' and end with '$':
- * a whole match implies them; a search without them takes any text before or after. */
-static Frag parse_alt(Parser *P, int depth)
+/* One alternative: atoms up to '|', ')' or the end. At the top level it may start with '^'
+ * (*anchored = 1) and end with '$' (+2). */
+static Frag parse_seq(Parser *P, int depth, int *anchored)
 {
-    bool anchor_start = depth == 0 && peek(P) == '^';
-    if (anchor_start)
+    *anchored = 0;
+    if (depth == 0 && peek(P) == '^') {
         P->pos++;
+        *anchored = 1;
+    }
     P->anchor_end = false;
     Frag f = frag_empty(P);
     while (!P->failed && peek(P) >= 0 && peek(P) != '|' && peek(P) != ')')
         f = cat(P, f, parse_quantified(P, depth));
-    if (depth == 0 && P->search) {
-        if (!anchor_start)
-            f = cat(P, any_text(P), f);
-        if (!P->anchor_end)
-            f = cat(P, f, any_text(P));
-    }
-    if (!P->failed && peek(P) == '|') {
-        P->pos++;
-        f = alt(P, f, parse_alt(P, depth));
-    }
+    *anchored |= P->anchor_end ? 2 : 0;
     return f;
+}
+
+/* Alternatives separated by '|'. At the top level '^' and '$' anchor the alternative they
+ * begin or end: a whole match implies them; a search takes any text before and after the
+ * others. The alternatives of a search are grouped by their anchors and each group gets
+ * that text once, (any)(a|b|c)(any): any text around each one apart would keep the
+ * automaton tracking which of them have matched (2^n states). */
+static Frag parse_alt(Parser *P, int depth)
+{
+    Frag group[4];
+    bool have[4] = { false, false, false, false };
+    for (;;) {
+        int anchored;
+        Frag f = parse_seq(P, depth, &anchored);
+        int k = depth == 0 && P->search ? anchored : 3; /* 3: nothing to add */
+        group[k] = have[k] ? alt(P, group[k], f) : f;
+        have[k] = true;
+        if (P->failed || peek(P) != '|')
+            break;
+        P->pos++;
+    }
+    Frag out = { -1, -1 };
+    for (int k = 0; k < 4; k++) {
+        if (!have[k])
+            continue;
+        Frag g = group[k];
+        if (!(k & 1))
+            g = cat(P, any_text(P), g);
+        if (!(k & 2))
+            g = cat(P, g, any_text(P));
+        out = out.start < 0 ? g : alt(P, out, g);
+    }
+    return out;
 }
 
 /* ---- the interface ------------------------------------------------------------------- */

@@ -167,7 +167,17 @@ static void test_search_against_posix(void **state)
         assert_true(hits > 0 && hits < 3000);
         regfree(&re);
         regex_dfa_free(d);
-    }
+    }    /* Ten unanchored alternatives share one text around them: a few states per letter,
+     * not one per subset of alternatives matched so far (2^10). */
+    const char *many = "cat|dog|bird|fish|cow|pig|hen|ant|bee|owl";
+    char err[256];
+    RegexDfa *d = regex_dfa_compile(many, strlen(many), true, err, sizeof err);
+    if (!d)
+        fail_msg("'%s' refused: %s", many, err);
+    assert_true(regex_dfa_state_count(d) < 100);
+    assert_true(regex_dfa_matches(d, "a hen!", 6));
+    assert_false(regex_dfa_matches(d, "a he n", 6));
+    regex_dfa_free(d);
 }
 
 static void test_state_limit(void **state)
