@@ -167,4 +167,17 @@ bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s);
  * bounds no longer care): equal results accept the same bytes. */
 void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out);
 
+/* A vocabulary's token texts in byte order, for json_schema_mask (its walk state inside:
+ * one thread at a time). bytes/off/len: token t's text is bytes[off[t]], len[t] bytes; a
+ * token with len <= 0 is never allowed. bytes must outlive the vocabulary. NULL when out
+ * of memory. */
+typedef struct JsonSchemaVocab JsonSchemaVocab;
+JsonSchemaVocab *json_schema_vocab_new(const char *bytes, const int32_t *off, const int32_t *len,
+                                       int32_t n_vocab);
+void json_schema_vocab_free(JsonSchemaVocab *v);
+/* Set bit t of bits (n_vocab bits) for every token whose whole text st may read next,
+ * clear the others; returns how many are set. Each distinct prefix is tried once. */
+int32_t json_schema_mask(JsonSchemaVocab *v, const JsonSchemaState *st, const JsonSchema *s,
+                         uint64_t *bits);
+
 #endif

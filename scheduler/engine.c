@@ -94,6 +94,7 @@ static void engine_free_parts(Engine *e)
     free(e->scratch_logits);
     engine_json_table_free(e);
     free(e->eog_ids);
+    free(e->eog_bits);
     free(e->detok_buf);
     free(e->sched);
     free(e->batch);
@@ -106,12 +107,15 @@ static int engine_eog_list_build(Engine *e)
     for (int32_t id = 0; id < e->ops.n_vocab; id++)
         e->n_eog += engine_is_eog(e, id);
     e->eog_ids = malloc((size_t)(e->n_eog > 0 ? e->n_eog : 1) * sizeof *e->eog_ids);
-    if (!e->eog_ids)
+    e->eog_bits = calloc(((size_t)e->ops.n_vocab + 63) / 64, sizeof *e->eog_bits);
+    if (!e->eog_ids || !e->eog_bits)
         return -1;
     int32_t k = 0;
     for (int32_t id = 0; id < e->ops.n_vocab && k < e->n_eog; id++)
-        if (engine_is_eog(e, id))
+        if (engine_is_eog(e, id)) {
             e->eog_ids[k++] = id;
+            e->eog_bits[id / 64] |= 1ull << (id % 64);
+        }
     return 0;
 }
 

@@ -122,8 +122,10 @@ struct Engine {
     char *token_bytes;      /* ops.token_text of every token, back to back (json_object) */
     int32_t *token_off;     /* n_vocab offsets into token_bytes */
     int32_t *token_len;     /* n_vocab lengths; -1: the token adds no text */
+    JsonSchemaVocab *json_vocab;      /* the token texts in byte order, for masks */
     struct JsonMaskCache *json_masks; /* engine_json.c's, made at the first json_object draw */
     int32_t *eog_ids;       /* every end-of-generation token (min_tokens masks them) */
+    uint64_t *eog_bits;     /* n_vocab bits: the same as a mask (JSON masks add them) */
     int32_t n_eog;
     char *detok_buf;        /* detok_cap + ENGINE_DETOK_SLACK bytes */
     size_t detok_cap;       /* what one detok call may write, NUL included */

@@ -3,11 +3,11 @@
  * the texts the schema allows is masked out; after it, the drawn token's text moves the
  * sequence's JsonSchemaState on.
  *
- * The token texts come from ops.token_text once, at engine creation. Masking tries each
- * token's bytes on a copy of the state: vocabulary × token length byte steps (0.3-0.8 ms
- * for a 32000-token vocabulary). The masks of the last few states are kept: inside a
- * string, where most of a JSON reply's tokens fall, the state does not change from token
- * to token, so most draws reuse a mask instead of recomputing it.
+ * The token texts come from ops.token_text once, at engine creation, and are sorted there
+ * for json_schema_mask, which tries each distinct prefix of them once. The masks of the
+ * last few states are kept: inside a string, where most of a JSON reply's tokens fall,
+ * the state does not change from token to token, so most draws reuse a mask instead of
+ * recomputing it.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -89,7 +89,8 @@ int engine_json_table_build(Engine *e)
         memcpy(e->token_bytes + used, buf, (size_t)len);
         used += (size_t)len;
     }
-    return 0;
+    e->json_vocab = json_schema_vocab_new(e->token_bytes, e->token_off, e->token_len, n);
+    return e->json_vocab ? 0 : -1;
 }
 
 void engine_json_table_free(Engine *e)
@@ -100,6 +101,7 @@ void engine_json_table_free(Engine *e)
             json_schema_free(e->json_masks->slots[i].schema);
         }
     free(e->json_masks);
+    json_schema_vocab_free(e->json_vocab);
     free(e->token_bytes);
     free(e->token_off);
     free(e->token_len);
@@ -155,42 +157,58 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
         if (!(slot->schema = json_schema_copy(schema)))
             return NULL;
     }
-    memset(slot->bits, 0, c->words * sizeof(uint64_t));
-    slot->allowed = 0;
-    /* Most tokens fail on their first byte outside strings: try each byte value once. */
-    bool first_ok[256];
-    for (int b = 0; b < 256; b++) {
-        char byte = (char)b;
-        first_ok[b] = bytes_fit(s, &byte, 1);
-    }
-    for (int32_t t = 0; t < e->ops.n_vocab; t++) {
-        if (e->token_len[t] > 0 && !first_ok[(unsigned char)e->token_bytes[e->token_off[t]]])
-            continue;
-        if (token_fits(e, s, t)) {
-            slot->bits[t / 64] |= 1ull << (t % 64);
-            slot->allowed++;
-        }
-    }
+    slot->allowed = json_schema_mask(e->json_vocab, &s->json, schema, slot->bits);
     slot->key = key;
     slot->used = ++c->clock;
     return slot;
+}
+
+/* Sets logits[t] to -inf where bit t of neither bits nor extra (may be NULL) is set;
+ * returns how many logits it kept that were not -inf already. Without branches, in
+ * 32-bit integer lanes, so that it vectorises: a mask's bits follow no pattern a branch
+ * predictor could learn. */
+#define NEG_INF_BITS 0xff800000u /* -INFINITY as a float's bits */
+
+static int32_t mask_apply(const uint64_t *bits, const uint64_t *extra, float *logits, int32_t n)
+{
+    int32_t allowed = 0;
+    for (int32_t at = 0; at < n; at += 32) {
+        uint64_t word = bits[at / 64] | (extra ? extra[at / 64] : 0);
+        uint32_t half = (uint32_t)(word >> (at % 64));
+        int32_t end = n - at < 32 ? n - at : 32;
+        for (int32_t j = 0; j < end; j++) {
+            uint32_t v, keep = 0u - ((half >> j) & 1);
+            memcpy(&v, &logits[at + j], sizeof v);
+            v = (v & keep) | (NEG_INF_BITS & ~keep);
+            allowed += v != NEG_INF_BITS; /* -inf: masked already (min_tokens) */
+            memcpy(&logits[at + j], &v, sizeof v);
+        }
+    }
+    return allowed;
+}
+
+/* No memory for a mask: each token tried on its own. */
+static int32_t mask_each_token(const Engine *e, const Seq *s, bool may_end, float *logits)
+{
+    int32_t allowed = 0;
+    for (int32_t t = 0; t < e->ops.n_vocab; t++) {
+        bool fits = token_fits(e, s, t) || (may_end && engine_is_eog(e, t));
+        allowed += fits && logits[t] > -INFINITY;
+        if (!fits)
+            logits[t] = -INFINITY;
+    }
+    return allowed;
 }
 
 int32_t engine_json_mask(Engine *e, const Seq *s, float *logits)
 {
     const JsonMaskSlot *m = mask_for(e, s);
     /* A choice read whole that a longer one begins ("1" of "1" and "10"): the output may
-     * end here, by end-of-generation (whose token_len is -1) unless the request ignores it. */
+     * end here, by end-of-generation (no text, so in no mask) unless the request ignores it. */
     bool may_end = !s->req->ignore_eos && json_schema_may_end(&s->json, s->req->json_schema);
-    int32_t allowed = 0;
-    for (int32_t t = 0; t < e->ops.n_vocab; t++) {
-        bool fits = m ? (m->bits[t / 64] >> (t % 64)) & 1 : token_fits(e, s, t);
-        fits = fits || (may_end && e->token_len[t] < 0 && engine_is_eog(e, t));
-        allowed += fits && logits[t] > -INFINITY; /* -inf: masked already (min_tokens) */
-        if (!fits)
-            logits[t] = -INFINITY;
-    }
-    return allowed;
+    if (!m)
+        return mask_each_token(e, s, may_end, logits);
+    return mask_apply(m->bits, may_end ? e->eog_bits : NULL, logits, e->ops.n_vocab);
 }
 
 bool engine_json_advance(const Engine *e, Seq *s, int32_t token)

@@ -1,0 +1,189 @@
+/* json_schema_mask (model/json_schema_mask.c): the tokens a schema state may read next,
+ * found by walking the vocabulary in byte order, must be exactly those that feeding each
+ * token's bytes to a copy of the state accepts. Random vocabularies full of shared
+ * prefixes, duplicates, empty tokens and tokens longer than the walk keeps states for;
+ * states reached by drawing random allowed tokens through several schemas. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/api.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(uint32_t n) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+/* Bytes tokens are made of: JSON's, letters, digits, a UTF-8 lead and continuation byte,
+ * and a byte never valid in UTF-8. */
+static const char alphabet[] = "{}[]\",:-+.0123456789eE \n\\/tufnlsabcdxyzAZ_\xc3\xa9\xff";
+
+typedef struct {
+    char *bytes;
+    int32_t *off, *len;
+    int32_t n;
+} Vocab;
+
+static void put(Vocab *v, size_t *used, int32_t t, const char *text, int32_t len) {
+    v->off[t] = (int32_t)*used;
+    v->len[t] = len;
+    if (len > 0) memcpy(v->bytes + *used, text, (size_t)len);
+    *used += len > 0 ? (size_t)len : 0;
+}
+
+/* n tokens: most extend a prefix of an earlier one by 1-6 random bytes; some repeat one;
+ * a few have no text; three are longer than 256 bytes. */
+static Vocab vocab_make(int32_t n) {
+    Vocab v = { malloc((size_t)n * 16 + 4096), malloc((size_t)n * sizeof(int32_t)),
+                malloc((size_t)n * sizeof(int32_t)), n };
+    size_t used = 0;
+    char buf[16], big[400];
+    for (int32_t t = 0; t < n; t++) {
+        int32_t len = 0;
+        if (t >= 8 && rnd(100) < 70) { /* an earlier token's prefix */
+            int32_t from = (int32_t)rnd((uint32_t)t);
+            int32_t keep = v.len[from] > 0 && v.len[from] < 10 ? (int32_t)rnd((uint32_t)v.len[from] + 1) : 0;
+            memcpy(buf, v.bytes + v.off[from], (size_t)keep);
+            len = keep;
+            if (rnd(100) < 5 && keep == v.len[from]) {
+                put(&v, &used, t, buf, len); /* the same text twice */
+                continue;
+            }
+        }
+        for (int32_t k = 1 + (int32_t)rnd(6); k > 0 && len < 15; k--)
+            buf[len++] = alphabet[rnd(sizeof alphabet - 1)];
+        put(&v, &used, t, buf, rnd(100) < 2 ? -(int32_t)rnd(2) : len);
+    }
+    memset(big, 'a', sizeof big);
+    put(&v, &used, n - 1, big, 300);
+    memset(big, ' ', 257);
+    put(&v, &used, n - 2, big, 257);
+    big[299] = '"';
+    put(&v, &used, n - 3, big + 1, 299); /* 298 spaces and a quote */
+    return v;
+}
+
+static void vocab_free(Vocab *v) {
+    free(v->bytes);
+    free(v->off);
+    free(v->len);
+}
+
+static bool token_fits(const Vocab *v, const JsonSchemaState *st, const JsonSchema *s, int32_t t) {
+    if (v->len[t] <= 0) return false;
+    JsonSchemaState trial;
+    json_schema_state_trial(&trial, st);
+    return json_schema_feed(&trial, s, v->bytes + v->off[t], (size_t)v->len[t]);
+}
+
+/* Walks of random allowed tokens through s; at every state the mask must match each
+ * token tried alone. Returns how many masks were compared. */
+static int check_walks(JsonSchemaVocab *jv, const Vocab *v, const JsonSchema *s, int walks) {
+    uint64_t *bits = malloc(((size_t)v->n + 63) / 64 * sizeof *bits);
+    int32_t *ok = malloc((size_t)v->n * sizeof *ok);
+    int compared = 0;
+    for (int w = 0; w < walks; w++) {
+        JsonSchemaState st;
+        json_schema_state_init(&st, s, 8);
+        for (int step = 0; step < 60 && !json_schema_complete(&st); step++) {
+            int32_t allowed = json_schema_mask(jv, &st, s, bits), n_ok = 0;
+            for (int32_t t = 0; t < v->n; t++) {
+                bool bit = (bits[t / 64] >> (t % 64)) & 1;
+                bool fits = token_fits(v, &st, s, t);
+                if (bit != fits)
+                    fail_msg("walk %d step %d token %d (%.*s): mask %d, alone %d", w, step, t,
+                             v->len[t] > 0 ? v->len[t] : 0, v->bytes + v->off[t], bit, fits);
+                if (fits) ok[n_ok++] = t;
+            }
+            assert_int_equal(allowed, n_ok);
+            compared++;
+            if (n_ok == 0) break;
+            int32_t t = ok[rnd((uint32_t)n_ok)];
+            assert_true(json_schema_feed(&st, s, v->bytes + v->off[t], (size_t)v->len[t]));
+        }
+    }
+    free(ok);
+    free(bits);
+    return compared;
+}
+
+static JsonSchema *compile(const char *text) {
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    if (!j) fail_msg("bad test JSON: %s", text);
+    JsonSchema *s = NULL;
+    ApiError e;
+    memset(&e, 0, sizeof e);
+    if (api_json_schema_compile(j, &s, &e) != 0) fail_msg("refused (%s): %s", e.message, text);
+    json_decref(j);
+    return s;
+}
+
+static void test_mask_matches_tokens(void **state) {
+    (void)state;
+    Vocab v = vocab_make(3000);
+    JsonSchemaVocab *jv = json_schema_vocab_new(v.bytes, v.off, v.len, v.n);
+    assert_non_null(jv);
+    const char *regex = "[a-z ]{0,400}x|\\d+(\\.\\d+)?|\"[^\"]*\"";
+    JsonSchema *schemas[] = {
+        json_schema_any_object(),
+        json_schema_regex(regex, strlen(regex), NULL, 0),
+        compile("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":300},"
+                "\"n\":{\"type\":\"number\"},\"e\":{\"enum\":[\"a\",\"ab\",1,12]},"
+                "\"l\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}},"
+                "\"p\":{\"type\":\"string\",\"pattern\":\"^[a-d]+x?$\"}},"
+                "\"required\":[\"s\",\"n\",\"e\",\"l\",\"p\"]}"),
+        compile("{\"$ref\":\"#/$defs/N\",\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{"
+                "\"v\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"},{\"type\":\"null\"}]},"
+                "\"c\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/N\"}},\"any\":{}}}}}"),
+    };
+    int compared = 0;
+    for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
+        assert_non_null(schemas[k]);
+        compared += check_walks(jv, &v, schemas[k], 12);
+        json_schema_free(schemas[k]);
+    }
+    assert_true(compared > 200);
+    json_schema_vocab_free(jv);
+    vocab_free(&v);
+}
+
+/* A vocabulary of no text allows nothing; one token allows exactly itself or nothing. */
+static void test_small_vocabularies(void **state) {
+    (void)state;
+    int32_t off[2] = { 0, 0 }, len[2] = { 0, -1 };
+    JsonSchemaVocab *none = json_schema_vocab_new("", off, len, 2);
+    assert_non_null(none);
+    JsonSchema *s = json_schema_any_object();
+    JsonSchemaState st;
+    json_schema_state_init(&st, s, 8);
+    uint64_t bits = ~0ull;
+    assert_int_equal(json_schema_mask(none, &st, s, &bits), 0);
+    assert_true(bits == 0);
+    len[0] = 1;
+    JsonSchemaVocab *brace = json_schema_vocab_new("{", off, len, 2);
+    assert_int_equal(json_schema_mask(brace, &st, s, &bits), 1);
+    assert_true(bits == 1);
+    assert_true(json_schema_feed(&st, s, "{", 1));
+    assert_int_equal(json_schema_mask(brace, &st, s, &bits), 0);
+    json_schema_vocab_free(brace);
+    json_schema_vocab_free(none);
+    json_schema_free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mask_matches_tokens),
+        cmocka_unit_test(test_small_vocabularies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
