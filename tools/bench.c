@@ -9,6 +9,7 @@ int bench_attention_main(int argc, char **argv);
 int bench_membw_main(int argc, char **argv);
 int bench_serve_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
+int bench_grammar_main(int argc, char **argv);
 int bench_matmul_main(int argc, char **argv);
 int bench_targets_main(int argc, char **argv);
 
@@ -23,6 +24,7 @@ static const BenchCommand commands[] = {
     {"membw", bench_membw_main, "memory bandwidth (read, memcpy), to compare the K/V GB/s with"},
     {"matmul", bench_matmul_main, "weight products of the forward pass: own kernel vs sgemm, GFLOP/s and GB/s"},
     {"engine", bench_engine_main, "the batching engine without HTTP: decode tok/s by sequences, prefix-cache savings"},
+    {"grammar", bench_grammar_main, "structured outputs: a token mask's cost on a model's vocabulary"},
     {"serve", bench_serve_main, "closed-loop load on an OpenAI-compatible server: TTFT, ITL, tok/s, KV peaks"},
     {"targets", bench_targets_main, "issue 7's targets, met or not, from a make bench run's JSON files"},
 };
