@@ -168,9 +168,8 @@ bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s);
 void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out);
 
 /* A vocabulary's token texts in byte order, for json_schema_mask (its walk state inside:
- * one thread at a time). bytes/off/len: token t's text is bytes[off[t]], len[t] bytes; a
- * token with len <= 0 is never allowed. bytes must outlive the vocabulary. NULL when out
- * of memory. */
+ * one thread at a time). bytes/off/len: token t's text is bytes[off[t]], len[t] bytes (copied);
+ * a token with len <= 0 is never allowed. NULL when out of memory. */
 typedef struct JsonSchemaVocab JsonSchemaVocab;
 JsonSchemaVocab *json_schema_vocab_new(const char *bytes, const int32_t *off, const int32_t *len,
                                        int32_t n_vocab);

@@ -157,6 +157,49 @@ static void test_mask_matches_tokens(void **state) {
     vocab_free(&v);
 }
 
+/* A walk that meets more states than the mask's table holds (2048) starts over copying
+ * states: after "[ab]*" the 12th byte from the end being an "a" takes 4096 automaton
+ * states, and every a/b text of 12 bytes reaches them all from the start. The vocabulary:
+ * every a/b text of 3, 7 and 12 bytes (so a token walks several bytes past the one before
+ * it), and of 2, 6 and 11 bytes with a "c" after it, twice each (a refused token's twin is
+ * refused too): whether one fits depends on the exact state. And two of 301 bytes, past
+ * the walk's depth: one fits, the other does not. */
+static void test_many_states(void **state) {
+    (void)state;
+    static const int32_t lens[] = { 2, 3, 6, 7, 11, 12 };
+    int32_t n = 2, t = 0;
+    for (size_t i = 0; i < 6; i++) n += (lens[i] % 4 == 3 || lens[i] == 12 ? 1 : 2) << lens[i];
+    Vocab v = { malloc((size_t)n * 13 + 602), malloc((size_t)n * sizeof(int32_t)),
+                malloc((size_t)n * sizeof(int32_t)), n };
+    size_t used = 0;
+    for (size_t i = 0; i < 6; i++) {
+        int32_t len = lens[i];
+        bool ab = len % 4 == 3 || len == 12;
+        for (int32_t bits = 0; bits < (1 << len); bits++) {
+            char text[13];
+            for (int32_t k = 0; k < len; k++) text[k] = (bits >> k) & 1 ? 'a' : 'b';
+            text[len] = 'c';
+            for (int twice = 0; twice < (ab ? 1 : 2); twice++) put(&v, &used, t++, text, ab ? len : len + 1);
+        }
+    }
+    char long_text[301];
+    memset(long_text, 'b', 300);
+    long_text[300] = 'c';
+    put(&v, &used, t++, long_text, 301);
+    long_text[288] = 'a';
+    put(&v, &used, t++, long_text, 301);
+    assert_int_equal(t, n);
+    JsonSchemaVocab *jv = json_schema_vocab_new(v.bytes, v.off, v.len, v.n);
+    const char *regex = "([ab]*a[ab]{11}c)*";
+    JsonSchema *s = json_schema_regex(regex, strlen(regex), NULL, 0);
+    assert_non_null(jv);
+    assert_non_null(s);
+    assert_true(check_walks(jv, &v, s, 2) > 4);
+    json_schema_free(s);
+    json_schema_vocab_free(jv);
+    vocab_free(&v);
+}
+
 /* A vocabulary of no text allows nothing; one token allows exactly itself or nothing. */
 static void test_small_vocabularies(void **state) {
     (void)state;
@@ -183,6 +226,7 @@ static void test_small_vocabularies(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mask_matches_tokens),
+        cmocka_unit_test(test_many_states),
         cmocka_unit_test(test_small_vocabularies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
