@@ -665,6 +665,10 @@ static Frag parse_atom(Parser *P, int depth)
     case '.':
         P->pos++;
         add_range(P, r, &n, '\n', '\n');
+        if (P->search) { /* JSON Schema's pattern is ECMA-262's: no line terminator at all */
+            add_range(P, r, &n, '\r', '\r');
+            add_range(P, r, &n, 0x2028, 0x2029);
+        }
         return ranges_frag(P, r, n, true);
     case '*': case '+': case '?':
         perr(P, "nothing to repeat");

@@ -114,7 +114,6 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err, "at most"));
 }
 
-/* An automaton whose subset construction blows up: [ab]*a[ab]{n} needs 2^(n+1) states. */
 /* Patterns of only the empty text compile; their start is final (the caller decides). */
 static void test_empty_text(void **state)
 {
@@ -130,6 +129,26 @@ static void test_empty_text(void **state)
 }
 
 static void check_no_dead_ends(const RegexDfa *d, const char *pattern);
+
+/* '.' takes any character but a line break, as Python's has it; in search mode (JSON
+ * Schema's pattern, ECMA-262's syntax) no line terminator: \n, \r, U+2028, U+2029. */
+static void test_dot_line_terminators(void **state)
+{
+    (void)state;
+    static const char *const texts[] = { "a\nb", "a\rb", "a\xe2\x80\xa8" "b", "a\xe2\x80\xa9" "b",
+                                         "a\xe2\x80\xaa" "b", "a\tb" };
+    static const bool python[] = { false, true, true, true, true, true };
+    static const bool ecma[] = { false, false, false, false, true, true };
+    for (int search = 0; search < 2; search++) {
+        char err[256];
+        RegexDfa *d = regex_dfa_compile("a.b", 3, search, err, sizeof err);
+        assert_non_null(d);
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+            if (regex_dfa_matches(d, texts[i], strlen(texts[i])) != (search ? ecma : python)[i])
+                fail_msg("'a.b' %s text %zu", search ? "search" : "fullmatch", i);
+        regex_dfa_free(d);
+    }
+}
 
 /* Search mode (JSON Schema's pattern): a match anywhere, '^' / '$' per top-level
  * alternative; against glibc's regexec, which searches the same way, on random texts. */
@@ -167,7 +186,8 @@ static void test_search_against_posix(void **state)
         assert_true(hits > 0 && hits < 3000);
         regfree(&re);
         regex_dfa_free(d);
-    }    /* Ten unanchored alternatives share one text around them: a few states per letter,
+    }
+    /* Ten unanchored alternatives share one text around them: a few states per letter,
      * not one per subset of alternatives matched so far (2^10). */
     const char *many = "cat|dog|bird|fish|cow|pig|hen|ant|bee|owl";
     char err[256];
@@ -180,6 +200,7 @@ static void test_search_against_posix(void **state)
     regex_dfa_free(d);
 }
 
+/* An automaton whose subset construction blows up: [ab]*a[ab]{n} needs 2^(n+1) states. */
 static void test_state_limit(void **state)
 {
     (void)state;
@@ -316,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_empty_text),
         cmocka_unit_test(test_search_against_posix),
+        cmocka_unit_test(test_dot_line_terminators),
         cmocka_unit_test(test_state_limit),
         cmocka_unit_test(test_against_posix),
         cmocka_unit_test(test_walk_properties),
