@@ -491,6 +491,7 @@ const char *api_finish_reason_str(FinishReason f);
 /* ---- helpers shared by the api sources (not meant for the server)---------------------------- */
 
 struct json_t;
+struct json_error_t;
 /* A JSON string of n bytes; invalid UTF-8 becomes U+FFFD instead of failing. */
 struct json_t *api_json_string(const char *s, size_t n);
 /* A JSON number for a log-probability: -inf and NaN become -9999.0 (as vLLM does). */
@@ -518,6 +519,13 @@ int api_chat_message_content(const struct json_t *m, size_t i, const char *role,
 /* Whether message m (any JSON) has the string role `role`. */
 bool api_chat_message_has_role(const struct json_t *m, const char *role);
 
+/* A request body as JSON (any value): NULL and e set when it is over lim's size (413),
+ * not JSON (400 invalid_json) or memory ran out (500). */
+struct json_t *api_json_body(const char *body, size_t len, const ApiLimits *lim, ApiError *e);
+/* json_loadb that tells running out of memory apart (*oom: NULL then, whatever jansson
+ * made of the text, which it may read on with bytes dropped). */
+struct json_t *api_json_load(const char *text, size_t len, size_t flags, struct json_error_t *jerr,
+                             bool *oom);
 /* Compact dump (reals to 8 significant digits); takes the reference to j. NULL on OOM. */
 char *api_json_dump(struct json_t *j, size_t *len);
 /* prefix + 32 random hex digits into out (a response's or a tool call's id). */

@@ -79,19 +79,9 @@ char *api_model_body(const char *model_id, int64_t created, int32_t max_model_le
 /* Parse a JSON object body and refuse fields outside `known`. NULL with e set on failure. */
 static json_t *load_object(const char *body, size_t len, const ApiLimits *lim,
                            const char *const *known, ApiError *e) {
-    if (len > lim->max_body_bytes) {
-        api_error_set(e, 413, NULL, "request_too_large",
-                      "Request body is %zu bytes; the limit is %zu bytes", len,
-                      lim->max_body_bytes);
+    json_t *root = api_json_body(body, len, lim, e);
+    if (!root)
         return NULL;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
-    if (!root) {
-        api_error_set(e, 400, NULL, "invalid_json", "Invalid JSON body (line %d, column %d): %s",
-                      jerr.line, jerr.column, jerr.text);
-        return NULL;
-    }
     if (!json_is_object(root)) {
         api_error_set(e, 400, NULL, "invalid_json", "Request body must be a JSON object");
         json_decref(root);

@@ -90,8 +90,15 @@ static int unheld(Compiler *c, const char *fmt, const char *what) {
     return c->lenient ? 0 : fail(c, fmt, what);
 }
 
+/* Memory ran out: not the schema's fault. */
+static int fail_oom(Compiler *c) {
+    api_error_set(c->e, 500, NULL, NULL, "out of memory");
+    return -1;
+}
+
+/* A model/json_schema.h call refused: err says why (the schema's fault, or memory). */
 static int fail_build(Compiler *c, const char *err) {
-    return fail(c, "%s", err);
+    return strcmp(err, "out of memory") ? fail(c, "%s", err) : fail_oom(c);
 }
 
 /* path += suffix while compiling a child; returns the old length to restore. */
@@ -107,7 +114,7 @@ static int remember(Compiler *c, const json_t *sch, int node) {
     if (c->n_seen == c->cap_seen) {
         int cap = c->cap_seen ? 2 * c->cap_seen : 16;
         void *seen = realloc(c->seen, (size_t)cap * sizeof *c->seen);
-        if (!seen) return fail(c, "%s", "out of memory");
+        if (!seen) return fail_oom(c);
         c->seen = seen;
         c->cap_seen = cap;
     }
@@ -182,12 +189,12 @@ static int add_node(Compiler *c) {
     if (node >= c->cap_paths) {
         int cap = c->cap_paths ? 2 * c->cap_paths : 64;
         char **p = realloc(c->node_path, (size_t)cap * sizeof *p);
-        if (!p) return fail(c, "%s", "out of memory");
+        if (!p) return fail_oom(c);
         memset(p + c->cap_paths, 0, (size_t)(cap - c->cap_paths) * sizeof *p);
         c->node_path = p;
         c->cap_paths = cap;
     }
-    if (!(c->node_path[node] = strdup(c->path))) return fail(c, "%s", "out of memory");
+    if (!(c->node_path[node] = strdup(c->path))) return fail_oom(c);
     return node;
 }
 
@@ -349,7 +356,7 @@ static int compile_object(Compiler *c, int node, const json_t *sch) {
     json_object_foreach((json_t *)props, name, v) {
         char *text, err[160];
         json_t *str = json_string(name);
-        int rc = str ? dump(c, str, &text) : fail(c, "%s", "out of memory");
+        int rc = str ? dump(c, str, &text) : fail_oom(c);
         json_decref(str);
         if (rc != 0) return -1;
         rc = json_schema_add_property(c->s, node, text, strlen(text), kids[i++],
@@ -413,6 +420,8 @@ static int compile_pattern(Compiler *c, int node, const json_t *sch) {
     if (json_schema_set_pattern(c->s, node, json_string_value(v), json_string_length(v), err,
                                 sizeof err) == 0)
         return 1;
+    if (strcmp(err, "out of memory") == 0)
+        return fail_oom(c);
     snprintf(msg, sizeof msg, "'pattern' %s: %s", json_string_value(v), err);
     return unheld(c, "%s", msg);
 }
@@ -530,7 +539,7 @@ static int compile_body(Compiler *c, int node, const json_t *sch) {
         return fail(c, "%s", "'enum' beside 'const' is not supported");
     if ((v = json_object_get(sch, "const"))) {
         json_t *one = json_pack("[O]", v);
-        int rc = one ? compile_literals(c, node, sch, one) : fail(c, "%s", "out of memory");
+        int rc = one ? compile_literals(c, node, sch, one) : fail_oom(c);
         json_decref(one);
         return rc;
     }

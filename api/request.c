@@ -1044,19 +1044,9 @@ typedef struct {
 static int parse(const char *body, size_t len, const ApiLimits *lim, const char *served_model,
                  Kind kind, ApiRequest **out, ApiError *e) {
     *out = NULL;
-    if (len > lim->max_body_bytes) {
-        api_error_set(e, 413, NULL, "request_too_large",
-                      "Request body is %zu bytes; the limit is %zu bytes", len,
-                      lim->max_body_bytes);
+    json_t *root = api_json_body(body, len, lim, e);
+    if (!root)
         return -1;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
-    if (!root) {
-        api_error_set(e, 400, NULL, "invalid_json", "Invalid JSON body (line %d, column %d): %s",
-                      jerr.line, jerr.column, jerr.text);
-        return -1;
-    }
     if (!json_is_object(root)) {
         api_error_set(e, 400, NULL, "invalid_json", "Request body must be a JSON object, got %s",
                       json_kind(root));

@@ -79,7 +79,12 @@ static int read_json(const json_t *v, const char *param, bool compact, ApiReques
     json_t *parsed = NULL;
     if (json_is_string(v)) {
         json_error_t jerr;
-        v = parsed = json_loads(json_string_value(v), 0, &jerr);
+        bool oom;
+        v = parsed = api_json_load(json_string_value(v), json_string_length(v), 0, &jerr, &oom);
+        if (oom) {
+            api_error_set(e, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
     }
     if (!json_is_object(v)) {
         json_decref(parsed);

@@ -194,8 +194,9 @@ static int build_grammar(const json_t *fns[], const size_t idx[], size_t n, ApiT
         rc = json_schema_add_property(s, root, "\"tool_calls\"", 12, list, mode != API_TOOLS_AUTO,
                                       err, sizeof err);
     if (rc == 0) rc = json_schema_finish(s, root, &bad, err, sizeof err);
-    if (rc != 0) { /* a limit: too deep, too many parts */
+    if (rc != 0) { /* a limit (too deep, too many parts), or memory */
         json_schema_free(s);
+        if (strcmp(err, "out of memory") == 0) return oom(e);
         api_error_set(e, 400, "tools", "invalid_json_schema", "tools: %s", err);
         return -1;
     }

@@ -67,6 +67,15 @@ static void perr(Parser *P, const char *what)
     regex_set_err(P->err, P->err_len, "%s (at byte %zu of the regex)", what, P->pos);
 }
 
+/* Memory ran out: the plain message callers tell apart from the pattern's faults. */
+static void perr_oom(Parser *P)
+{
+    if (P->failed)
+        return;
+    P->failed = true;
+    regex_set_err(P->err, P->err_len, "out of memory");
+}
+
 /* ---- fragments ---------------------------------------------------------------------- */
 
 static int add_state(Parser *P, int kind, int out, int out1)
@@ -78,8 +87,10 @@ static int add_state(Parser *P, int kind, int out, int out1)
             P->st = grown;
             P->cap = cap;
         } else {
-            perr(P, cap > REGEX_MAX_NFA ? "the regex is too large (each copy of a {m,n} repeat "
-                                          "counts)" : "out of memory");
+            if (cap > REGEX_MAX_NFA)
+                perr(P, "the regex is too large (each copy of a {m,n} repeat counts)");
+            else
+                perr_oom(P);
         }
     }
     int i = P->failed ? P->cap : P->n_st++;
@@ -184,7 +195,7 @@ static void seqs_add(Parser *P, ByteSeqs *out, const ByteSeq *q)
         int cap = out->cap ? 2 * out->cap : 16;
         ByteSeq *grown = realloc(out->seq, (size_t)cap * sizeof *grown);
         if (!grown) {
-            perr(P, "out of memory");
+            perr_oom(P);
             return;
         }
         out->seq = grown;
@@ -318,7 +329,7 @@ static Frag seqs_frag(Parser *P, const ByteSet *ascii, bool any_ascii, const Byt
     if (!memo || !leads) {
         free(memo);
         free(leads);
-        perr(P, "out of memory");
+        perr_oom(P);
         return (Frag){ exit, exit };
     }
     if (any_ascii) {
@@ -717,7 +728,7 @@ static Frag repeat(Parser *P, Frag a, size_t at, int depth, long min, long max)
     long copies = max < 0 ? (min > 0 ? min : 1) : max;
     Frag *c = malloc((size_t)(copies > 0 ? copies : 1) * sizeof *c);
     if (!c) {
-        perr(P, "out of memory");
+        perr_oom(P);
         return a;
     }
     for (long i = 0; i < copies && !P->failed; i++) {
