@@ -2,10 +2,7 @@
  * failed in turn (SQLite's way), and each time the request must end in a 500 "out of
  * memory" (never a 400 blaming the client, never a crash) or, where a failed allocation
  * has a fallback, parse as usual; and whatever it allocated must be freed again.
- *
- * malloc, calloc, realloc and free are replaced for this program by wrappers over glibc's
- * own (__libc_*), which count live blocks and fail the one an armed countdown reaches.
- * AddressSanitizer replaces them itself, so under it the test says it is skipped. */
+ * The allocations fail through tests/support/alloc_fail.h (skipped under AddressSanitizer). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,61 +16,7 @@
 
 #include "api/api.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define OOM_WRAPPERS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define OOM_WRAPPERS 0
-#endif
-#endif
-#ifndef OOM_WRAPPERS
-#define OOM_WRAPPERS 1
-#endif
-
-static long countdown = -1; /* allocations left before one fails; < 0: none fails */
-static long live;           /* blocks allocated and not freed */
-
-#if OOM_WRAPPERS
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t size);
-extern void *__libc_realloc(void *p, size_t n);
-extern void __libc_free(void *p);
-
-/* Whether this allocation is the one to fail. */
-static int fail_now(void)
-{
-    if (countdown < 0)
-        return 0;
-    return countdown-- == 0;
-}
-
-void *malloc(size_t n)
-{
-    void *p = fail_now() ? NULL : __libc_malloc(n);
-    live += p != NULL;
-    return p;
-}
-
-void *calloc(size_t n, size_t size)
-{
-    void *p = fail_now() ? NULL : __libc_calloc(n, size);
-    live += p != NULL;
-    return p;
-}
-
-void *realloc(void *old, size_t n)
-{
-    if (!old)
-        return malloc(n);
-    return fail_now() ? NULL : __libc_realloc(old, n);
-}
-
-void free(void *p)
-{
-    live -= p != NULL;
-    __libc_free(p);
-}
-#endif
+#include "tests/support/alloc_fail.h"
 
 /* Parses body (a chat's when chat) with the k-th allocation failing; 1 once k is past
  * the allocations made. */
@@ -85,26 +28,26 @@ static int parse_failing(const char *body, bool chat, long k)
     ApiRequest *r = NULL;
     ApiError e;
     memset(&e, 0, sizeof e);
-    long before = live;
-    countdown = k;
+    long before = alloc_live;
+    alloc_countdown = k;
     int rc = chat ? api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_CHATML, &tok, &r, &e)
                   : api_request_parse(body, strlen(body), &l, "m", &r, &e);
-    int past = countdown >= 0 || k < 0;
-    countdown = -1;
+    int past = alloc_countdown >= 0 || k < 0;
+    alloc_countdown = -1;
     if (rc == 0)
         api_request_free(r);
     else if (e.status != 500 || !strstr(e.message, "out of memory"))
         fail_msg("allocation %ld failed: %d %s (param %s) for %s", k, e.status, e.message,
                  e.param, body);
-    if (live != before)
-        fail_msg("allocation %ld failed: %ld blocks left allocated for %s", k, live - before, body);
+    if (alloc_live != before)
+        fail_msg("allocation %ld failed: %ld blocks left allocated for %s", k, alloc_live - before, body);
     return past;
 }
 
 static void test_every_allocation_fails_once(void **state)
 {
     (void)state;
-    if (!OOM_WRAPPERS) {
+    if (!ALLOC_FAIL_WORKS) {
         printf("skipped: AddressSanitizer owns malloc in this build\n");
         return;
     }
