@@ -94,8 +94,11 @@ static uint64_t list_hash(const int *v, int n)
     return h;
 }
 
-/* The DFA state of b->list, added if new: its index, -1 when the list is empty, -2 past
- * REGEX_MAX_DFA or out of memory. */
+#define STATE_TOO_MANY (-2) /* past REGEX_MAX_DFA */
+#define STATE_NO_MEMORY (-3)
+
+/* The DFA state of b->list, added if new: its index, -1 when the list is empty,
+ * STATE_TOO_MANY or STATE_NO_MEMORY. */
 static int state_of(Builder *b)
 {
     int n = b->n_list;
@@ -111,12 +114,12 @@ static int state_of(Builder *b)
             continue;
         }
         if (b->n >= REGEX_MAX_DFA)
-            return -2;
+            return STATE_TOO_MANY;
         if (b->n + 1 >= b->cap) {
             int cap = b->cap ? 2 * b->cap : 64;
             size_t *grown = realloc(b->first, ((size_t)cap + 1) * sizeof *grown);
             if (!grown)
-                return -2;
+                return STATE_NO_MEMORY;
             b->first = grown;
             b->cap = cap;
         }
@@ -126,7 +129,7 @@ static int state_of(Builder *b)
                 cap *= 2;
             int *grown = realloc(b->pool, cap * sizeof *grown);
             if (!grown)
-                return -2;
+                return STATE_NO_MEMORY;
             b->pool = grown;
             b->pool_cap = cap;
         }
@@ -203,9 +206,11 @@ static const char *dfa_edges(Builder *b, RegexDfa *d, int s, const uint8_t *rep,
         }
         closure(b, seeds, n_seeds);
         int t = state_of(b);
-        if (t == -2 || b->work > REGEX_MAX_WORK ||
+        if (t == STATE_NO_MEMORY)
+            return "out of memory";
+        if (t == STATE_TOO_MANY || b->work > REGEX_MAX_WORK ||
             (int64_t)b->n * d->n_classes > REGEX_MAX_EDGES)
-            return "the regex is too complex (its automaton would have too many states)";
+            return "the regex is too complex (its automaton would take too many states or steps to build)";
         d->next[(size_t)s * d->n_classes + c] = (int16_t)t;
     }
     return NULL;

@@ -59,6 +59,7 @@ static void test_every_allocation_fails_once(void **state)
         "\"e\":{\"enum\":[\"x\",1,null]},\"l\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/D\"}}},"
         "\"required\":[\"p\",\"e\"],\"$defs\":{\"D\":{\"type\":\"string\",\"format\":\"date\"}}}}}}",
         "{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}}",
+        "{\"model\":\"m\",\"prompt\":\"x\",\"guided_regex\":\"(\\\\w+ ){0,40}[a-c]{2,90}\"}", /* 130+ states */
         "{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}",
         "{\"model\":\"m\",\"prompt\":\"x\",\"guided_json\":\"{\\\"type\\\":\\\"object\\\",\\\"properties\\\":"
         "{\\\"a\\\":{\\\"type\\\":\\\"integer\\\",\\\"minimum\\\":3}}}\",\"n\":2,\"logprobs\":2,\"echo\":true,"
