@@ -96,10 +96,86 @@ static void test_every_allocation_fails_once(void **state)
     }
 }
 
+/* A request's answer built from engine events with the k-th allocation failing: when a
+ * feed runs out of memory the request is failed (as the server does); nothing may crash,
+ * and everything is freed. Returns 1 once k is past the allocations made. */
+static int answer_failing(const char *body, long k)
+{
+    ApiLimits l;
+    api_limits_default(&l);
+    ApiRequest *r = NULL;
+    ApiError e;
+    ApiVocab v = fake_vocab();
+    if (api_request_parse(body, strlen(body), &l, "m", &r, &e) != 0 ||
+        api_request_tokenize(r, &v, 4096, &l, &e) != 0)
+        fail_msg("%s: %s", body, e.message);
+    long before = alloc_live;
+    alloc_countdown = k;
+    ApiBuf out;
+    api_buf_init(&out);
+    ApiCompletion *c = api_completion_new(r, &v, "m", 0.0, NULL);
+    static const char *const texts[] = { "a", "\xc3", "\xa9", "b\"", "" };
+    for (int i = 0; c && i < 10 && !api_completion_done(c); i++) {
+        EngineEvent ev;
+        memset(&ev, 0, sizeof ev);
+        ev.choice = i % 2;
+        ev.kind = i >= 8 ? EVENT_FINISH : EVENT_TOKEN;
+        ev.finish = FINISH_LENGTH;
+        ev.stop_string = ev.stop_token = -1;
+        ev.token = 3 + 'a' + i;
+        ev.text = (char *)texts[i / 2 % 5];
+        ev.logprob = -0.5f;
+        ev.n_top = 2;
+        ev.top_ids[0] = 3 + 'a';
+        ev.top_ids[1] = 3 + 'b';
+        ev.top_logprobs[0] = -0.5f;
+        ev.top_logprobs[1] = -1.5f;
+        ev.prompt_tokens = 2;
+        ev.completion_tokens = 4;
+        if (api_completion_feed(c, 0, &ev, 0.1 * i, &out) != 0) {
+            api_completion_fail(c, 500, "out of memory", &out);
+            break;
+        }
+    }
+    int past = alloc_countdown >= 0 || k < 0;
+    alloc_countdown = -1;
+    if (k < 0 && (!c || !api_completion_done(c) || api_completion_status(c) != 200))
+        fail_msg("nothing failing, the answer did not finish: %s", body);
+    api_completion_free(c);
+    api_buf_free(&out);
+    if (alloc_live != before)
+        fail_msg("allocation %ld failed: %ld blocks left allocated for %s", k, alloc_live - before, body);
+    api_request_free(r);
+    return past;
+}
+
+static void test_answers_fail_cleanly(void **state)
+{
+    (void)state;
+    if (!ALLOC_FAIL_WORKS) {
+        printf("skipped: AddressSanitizer owns malloc in this build\n");
+        return;
+    }
+    static const char *const bodies[] = {
+        "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"echo\":true,\"max_tokens\":4}",
+        "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"stream\":true,\"max_tokens\":4,"
+        "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        answer_failing(bodies[i], -1);
+        long k = 0;
+        while (!answer_failing(bodies[i], k))
+            k++;
+        if (k < 5)
+            fail_msg("only %ld allocations for %s", k, bodies[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_allocation_fails_once),
+        cmocka_unit_test(test_answers_fail_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,8 @@ static char *fake_decode(void *arg, const int32_t *ids, int32_t n, bool skip_spe
     (void)arg;
     (void)skip_special;
     char *s = malloc((size_t)n + 1);
+    if (!s)
+        return NULL; /* as a real vocabulary does when memory runs out (api_oom) */
     size_t o = 0;
     for (int32_t i = 0; i < n; i++)
         if (ids[i] >= 3) s[o++] = (char)(ids[i] - 3);
