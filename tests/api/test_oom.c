@@ -96,51 +96,68 @@ static void test_every_allocation_fails_once(void **state)
     }
 }
 
-/* A request's answer built from engine events with the k-th allocation failing: when a
- * feed runs out of memory the request is failed (as the server does); nothing may crash,
- * and everything is freed. Returns 1 once k is past the allocations made. */
-static int answer_failing(const char *body, long k)
+/* One choice's events: its tokens' texts, then the finish. */
+typedef struct {
+    const char *const *texts;
+    int n;
+    FinishReason finish;
+    const char *want; /* in the answer when nothing fails */
+} Script;
+
+static EngineEvent script_event(const Script *sc, int choice, int i) {
+    EngineEvent ev;
+    memset(&ev, 0, sizeof ev);
+    ev.choice = choice;
+    ev.kind = i < sc->n ? EVENT_TOKEN : EVENT_FINISH;
+    ev.finish = sc->finish;
+    ev.stop_string = ev.stop_token = -1;
+    ev.token = 3 + 'a' + i;
+    ev.text = (char *)(i < sc->n ? sc->texts[i] : "");
+    ev.logprob = -0.5f;
+    ev.n_top = 2;
+    ev.top_ids[0] = 3 + 'a';
+    ev.top_ids[1] = 3 + 'b';
+    ev.top_logprobs[0] = -0.5f;
+    ev.top_logprobs[1] = -1.5f;
+    ev.prompt_tokens = 2;
+    ev.completion_tokens = i + 1;
+    return ev;
+}
+
+/* A request's answer built from engine events (every choice runs sc, their events
+ * interleaved) with the k-th allocation failing: when a feed runs out of memory the request
+ * is failed (as the server does); nothing may crash, and everything is freed. Returns 1
+ * once k is past the allocations made. */
+static int answer_failing(const char *body, bool chat, const Script *sc, long k)
 {
+    static const ApiChatTokens tok = { "<s>", "</s>" };
     ApiLimits l;
     api_limits_default(&l);
     ApiRequest *r = NULL;
     ApiError e;
     ApiVocab v = fake_vocab();
-    if (api_request_parse(body, strlen(body), &l, "m", &r, &e) != 0 ||
-        api_request_tokenize(r, &v, 4096, &l, &e) != 0)
+    int rc = chat ? api_chat_request_parse(body, strlen(body), &l, "m", API_CHAT_CHATML, &tok, &r, &e)
+                  : api_request_parse(body, strlen(body), &l, "m", &r, &e);
+    if (rc != 0 || api_request_tokenize(r, &v, 4096, &l, &e) != 0)
         fail_msg("%s: %s", body, e.message);
     long before = alloc_live;
     alloc_countdown = k;
     ApiBuf out;
     api_buf_init(&out);
     ApiCompletion *c = api_completion_new(r, &v, "m", 0.0, NULL);
-    static const char *const texts[] = { "a", "\xc3", "\xa9", "b\"", "" };
-    for (int i = 0; c && i < 10 && !api_completion_done(c); i++) {
-        EngineEvent ev;
-        memset(&ev, 0, sizeof ev);
-        ev.choice = i % 2;
-        ev.kind = i >= 8 ? EVENT_FINISH : EVENT_TOKEN;
-        ev.finish = FINISH_LENGTH;
-        ev.stop_string = ev.stop_token = -1;
-        ev.token = 3 + 'a' + i;
-        ev.text = (char *)texts[i / 2 % 5];
-        ev.logprob = -0.5f;
-        ev.n_top = 2;
-        ev.top_ids[0] = 3 + 'a';
-        ev.top_ids[1] = 3 + 'b';
-        ev.top_logprobs[0] = -0.5f;
-        ev.top_logprobs[1] = -1.5f;
-        ev.prompt_tokens = 2;
-        ev.completion_tokens = 4;
-        if (api_completion_feed(c, 0, &ev, 0.1 * i, &out) != 0) {
-            api_completion_fail(c, 500, "out of memory", &out);
-            break;
+    for (int i = 0; c && i <= sc->n && !api_completion_done(c); i++)
+        for (int choice = 0; choice < r->n; choice++) {
+            EngineEvent ev = script_event(sc, choice, i);
+            if (api_completion_feed(c, 0, &ev, 0.1 * i, &out) != 0) {
+                api_completion_fail(c, 500, "out of memory", &out);
+                break;
+            }
         }
-    }
     int past = alloc_countdown >= 0 || k < 0;
     alloc_countdown = -1;
-    if (k < 0 && (!c || !api_completion_done(c) || api_completion_status(c) != 200))
-        fail_msg("nothing failing, the answer did not finish: %s", body);
+    if (k < 0 && (!c || !api_completion_done(c) || api_completion_status(c) != 200 ||
+                  !memmem(out.data, out.len, sc->want, strlen(sc->want))))
+        fail_msg("nothing failing, the answer did not finish with %s: %s", sc->want, body);
     api_completion_free(c);
     api_buf_free(&out);
     if (alloc_live != before)
@@ -156,18 +173,34 @@ static void test_answers_fail_cleanly(void **state)
         printf("skipped: AddressSanitizer owns malloc in this build\n");
         return;
     }
-    static const char *const bodies[] = {
-        "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"echo\":true,\"max_tokens\":4}",
-        "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"stream\":true,\"max_tokens\":4,"
-        "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}",
+    static const char *const text[] = { "a", "\xc3", "\xa9", "b\"", "c" };
+    static const char *const call[] = { "{\"tool_calls\":[{\"f\":", "{\"city\":\"Os", "lo\"}}]}" };
+    static const Script plain = { text, 5, FINISH_LENGTH, "\"logprobs\"" },
+                        tool = { call, 3, FINISH_STOP, "\"tool_calls\"" };
+    static const struct {
+        const char *body;
+        bool chat;
+        const Script *sc;
+    } cases[] = {
+        { "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"echo\":true,\"max_tokens\":5}", false, &plain },
+        { "{\"model\":\"m\",\"prompt\":\"hi\",\"n\":2,\"logprobs\":2,\"stream\":true,\"max_tokens\":5,"
+          "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}", false, &plain },
+        { "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,"
+          "\"top_logprobs\":2,\"max_tokens\":5}", true, &plain },
+        { "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+          "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+          "{\"city\":{\"type\":\"string\"}}}}}]}", true, &tool },
+        { "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+          "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],"
+          "\"stream\":true}", true, &tool },
     };
-    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
-        answer_failing(bodies[i], -1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        answer_failing(cases[i].body, cases[i].chat, cases[i].sc, -1);
         long k = 0;
-        while (!answer_failing(bodies[i], k))
+        while (!answer_failing(cases[i].body, cases[i].chat, cases[i].sc, k))
             k++;
         if (k < 5)
-            fail_msg("only %ld allocations for %s", k, bodies[i]);
+            fail_msg("only %ld allocations for %s", k, cases[i].body);
     }
 }
 
