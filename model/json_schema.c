@@ -481,22 +481,32 @@ JsonSchema *json_schema_choices(const char *const *texts, const size_t *lens, in
     return s;
 }
 
-JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t err_len) {
-    JsonSchema *s = json_schema_new();
-    RegexDfa *dfa = s ? regex_dfa_compile(pattern, len, false, err, err_len) : NULL;
+/* The automaton a regex root holds: NULL with err when refused (matching only the empty
+ * text too: an output of nothing is no output). */
+static RegexDfa *root_dfa(const char *pattern, size_t len, char *err, size_t err_len) {
+    RegexDfa *dfa = regex_dfa_compile(pattern, len, false, err, err_len);
     if (dfa && regex_dfa_final(dfa, regex_dfa_start(dfa))) {
         set_err(err, err_len, "the regex matches only the empty text");
         regex_dfa_free(dfa);
-        dfa = NULL;
+        return NULL;
     }
+    return dfa;
+}
+
+JsonSchema *json_schema_regex(const char *pattern, size_t len, char *err, size_t err_len) {
+    JsonSchema *s = json_schema_new();
+    if (!s) {
+        set_err(err, err_len, "out of memory");
+        return NULL;
+    }
+    RegexDfa *dfa = root_dfa(pattern, len, err, err_len);
     int node = dfa ? json_schema_add_node(s, err, err_len) : -1, bad;
-    if (!s) set_err(err, err_len, "out of memory");
     if (node < 0) {
         regex_dfa_free(dfa);
         json_schema_free(s);
         return NULL;
     }
-    if (attach_dfa(s, node, dfa, err, err_len) != 0) {
+    if (attach_dfa(s, node, dfa, err, err_len) != 0) { /* it takes dfa, also failing */
         json_schema_free(s);
         return NULL;
     }
