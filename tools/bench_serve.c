@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "model/model.h"
 #include "tools/bench_serve_run.h"
 
@@ -71,6 +73,8 @@ static void usage(FILE *f)
             "  --api completions|chat POST /v1/completions, or /v1/chat/completions with the\n"
             "                         prompt as one user message (completions)\n"
             "  --seed N               prompt text generator seed (1)\n"
+            "  --body-json OBJ        fields every request body takes, over the bench's own:\n"
+            "                         '{\"response_format\":{\"type\":\"json_object\"}}', '{\"top_p\":0.9}'\n"
             "  --first-alone / --no-first-alone\n"
             "                         run request 0 of a level alone before the others\n"
             "                         (workload's: on for prefix)\n"
@@ -226,6 +230,11 @@ static int parse_args(int argc, char **argv, BsConfig *cfg, Extra *x)
             cfg->chat = !bad && strcmp(v, "chat") == 0;
         } else if (!strcmp(f, "--temperature")) {
             bad = parse_double(v, 0, 100, &cfg->temperature);
+        } else if (!strcmp(f, "--body-json")) {
+            json_t *o = v ? json_loads(v, 0, NULL) : NULL;
+            bad = !json_is_object(o);
+            json_decref(o);
+            cfg->body_json = v;
         } else if (!strcmp(f, "--seed")) {
             bad = parse_int(v, 0, 0x7fffffffL, &seed);
         } else if (!strcmp(f, "--first-alone") || !strcmp(f, "--no-first-alone")) {

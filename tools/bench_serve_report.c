@@ -205,6 +205,8 @@ void bs_report_header(const BsConfig *cfg)
     printf("%d random words; %d new tokens (ignore_eos); temperature %g; seed %llu%s\n",
            cfg->prompt_words, cfg->max_tokens, cfg->temperature, (unsigned long long)cfg->seed,
            cfg->first_alone ? "; request 0 runs alone first" : "");
+    if (cfg->body_json)
+        printf("  every body also: %s\n", cfg->body_json);
     if (cfg->label)
         printf("  label: %s\n", cfg->label);
     printf("\n%4s %5s %5s %4s %8s %7s %9s %10s %20s %18s %17s %6s %5s %7s %11s\n", "c", "n", "ok",
@@ -459,6 +461,9 @@ int bs_report_json(const BsConfig *cfg, const char *path, char *err, size_t err_
                   (json_int_t)cfg->seed, "first_alone", cfg->first_alone, "timeout_s",
                   cfg->timeout_s, "max_seconds", cfg->max_seconds, "kv_cache_mb",
                   cfg->kv_cache_mb, "gflops", cfg->gflops, "gbps", cfg->gbps));
+    if (cfg->body_json)
+        json_object_set_new(json_object_get(doc, "params"), "body_json",
+                            json_loads(cfg->body_json, 0, NULL));
     if (cfg->model.known) {
         const BsModelInfo *m = &cfg->model;
         json_object_set_new(
@@ -516,8 +521,9 @@ int bs_report_markdown(const BsConfig *cfg, const char *path, char *err, size_t 
     fprintf(f, "Prompts: ");
     if (cfg->prefix_words > 0)
         fprintf(f, "%d shared + ", cfg->prefix_words);
-    fprintf(f, "%d random words, %d new tokens, temperature %g, seed %llu.\n\n",
-            cfg->prompt_words, cfg->max_tokens, cfg->temperature, (unsigned long long)cfg->seed);
+    fprintf(f, "%d random words, %d new tokens, temperature %g, seed %llu%s%s.\n\n",
+            cfg->prompt_words, cfg->max_tokens, cfg->temperature, (unsigned long long)cfg->seed,
+            cfg->body_json ? "; every body also " : "", cfg->body_json ? cfg->body_json : "");
     fprintf(f, "| c | n | ok | fail | prompt tok | out tok/s | req/s | TTFT ms p50 / p99 "
                "| ITL ms p50 / p99 | E2E s p50 / p99 | peak KV | peak running | preemptions "
                "| prefix-cache hit tokens | compute used | ITL memory bound ms |\n");

@@ -491,6 +491,10 @@ static char *build_request(Bench *b, int req, size_t *len)
     json_t *body = json_pack("{s:s, s:i, s:f, s:b, s:b, s:{s:b}}", "model", cfg->model_name,
                              "max_tokens", cfg->max_tokens, "temperature", cfg->temperature,
                              "ignore_eos", 1, "stream", 1, "stream_options", "include_usage", 1);
+    json_t *extra = cfg->body_json ? json_loads(cfg->body_json, 0, NULL) : NULL;
+    if (body && extra) /* checked to be an object when the flag was read */
+        json_object_update(body, extra);
+    json_decref(extra);
     if (body && cfg->chat)
         json_object_set_new(body, "messages",
                             json_pack("[{s:s, s:s}]", "role", "user", "content", prompt));

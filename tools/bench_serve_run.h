@@ -113,6 +113,8 @@ typedef struct {
     double temperature;
     bool chat;             /* --api chat: POST /v1/chat/completions, the prompt as one user
                             * message (the server's chat format adds its tokens) */
+    const char *body_json; /* --body-json: a JSON object whose fields every request body
+                            * takes (over the bench's own), e.g. a response_format; NULL */
     uint64_t seed;
     bool first_alone;      /* request 0 of each level runs alone before the others start */
     /* bounds */

@@ -777,6 +777,29 @@ static void test_real_server_chat_api(void **state)
     json_decref(doc);
 }
 
+/* --body-json's fields go into every body over the bench's own: max_tokens 3 wins over
+ * --max-tokens 12; a value that is not an object is a usage error. */
+static void test_real_server_body_json(void **state)
+{
+    (void)state;
+    char port[16];
+    snprintf(port, sizeof port, "%d", server.port);
+    const char *args[] = {"--port", port, "-c", "2", "-n", "4", "--max-tokens", "12",
+                          "--prompt-words", "8", "--body-json", "{\"max_tokens\":3,\"top_k\":5}",
+                          "--timeout-s", "30", "--max-seconds", "50", NULL};
+    json_t *doc;
+    assert_int_equal(run_bench(args, &doc), 0);
+    assert_non_null(doc);
+    json_t *lv = level0(doc);
+    assert_int_equal(jint(lv, "successes"), 4);
+    assert_int_equal(jint(lv, "output_tokens"), 4 * 3);
+    assert_int_equal(jint(doc, "params.body_json.top_k"), 5);
+    json_decref(doc);
+    const char *bad[] = {"--port", port, "--body-json", "[1]", NULL};
+    assert_int_equal(run_bench(bad, &doc), 2);
+    json_decref(doc);
+}
+
 static void test_real_server_prefix(void **state)
 {
     (void)state;
@@ -850,6 +873,7 @@ int main(void)
     };
     const struct CMUnitTest real[] = {
         cmocka_unit_test(test_real_server_closed_loop),
+        cmocka_unit_test(test_real_server_body_json),
         cmocka_unit_test(test_real_server_prefix),
         cmocka_unit_test(test_real_server_chat_api),
         cmocka_unit_test(test_real_server_bad_model_and_usage),
