@@ -10,6 +10,8 @@
  *   - a compiled schema's copy is equal to it;
  *   - each byte fed to a trial copy (json_schema_state_trial) gives the same answer and
  *     the same canonical state as feeding the state itself;
+ *   - the canonical state (json_schema_canonical) takes the same bytes as the state, each
+ *     to the same canonical state (what json_schema_mask's interned states rely on);
  *   - a walk never reaches a state that accepts no byte at all while not complete (not even
  *     at the nesting limit: what would not fit is not started);
  *   - once the walk is complete, the text is a JSON object jansson parses (or refuses only
@@ -74,11 +76,23 @@ static void walk(const JsonSchema *s, const json_t *choices_doc, const RegexDfa 
     for (size_t i = 0; i < n && len < MAX_WALK && !json_schema_complete(&st); i++) {
         uint8_t ok[256];
         int n_ok = 0;
+        JsonSchemaState canon, fed, x, y;
+        json_schema_canonical(&st, s, &canon);
         for (int b = 0; b < 256; b++) {
             JsonSchemaState t;
             json_schema_state_trial(&t, &st);
+            json_schema_state_trial(&fed, &canon);
             char c = (char)b;
-            if (json_schema_feed(&t, s, &c, 1)) ok[n_ok++] = (uint8_t)b;
+            bool took = json_schema_feed(&t, s, &c, 1);
+            FZ_CHECK(took == json_schema_feed(&fed, s, &c, 1),
+                     "the canonical state answers byte %d otherwise after %.*s", b, (int)len, text);
+            if (took) {
+                json_schema_canonical(&t, s, &x);
+                json_schema_canonical(&fed, s, &y);
+                FZ_CHECK(memcmp(&x, &y, sizeof x) == 0,
+                         "byte %d from the canonical state leads elsewhere after %.*s", b, (int)len, text);
+                ok[n_ok++] = (uint8_t)b;
+            }
         }
         FZ_CHECK(n_ok > 0, "a dead end at depth %d after %.*s", st.depth, (int)len, text);
         char c = (char)ok[choices[i] % n_ok];
