@@ -520,7 +520,7 @@ int api_chat_message_content(const struct json_t *m, size_t i, const char *role,
 bool api_chat_message_has_role(const struct json_t *m, const char *role);
 
 /* A request body as JSON (any value): NULL and e set when it is over lim's size (413),
- * not JSON (400 invalid_json) or memory ran out (500). */
+ * not JSON (400 invalid_json) or memory ran out (503, as the server answers it). */
 struct json_t *api_json_body(const char *body, size_t len, const ApiLimits *lim, ApiError *e);
 /* json_loadb that tells running out of memory apart (*oom: NULL then, whatever jansson
  * made of the text, which it may read on with bytes dropped). */

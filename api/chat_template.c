@@ -408,6 +408,6 @@ char *api_chat_render(ApiChatFormat f, const ApiChatMessage *m, int n, ApiChatEn
     size_t len;
     char *s = t.failed ? NULL : api_buf_take(&t.out, &len);
     api_buf_free(&t.out);
-    if (!s) api_error_set(e, 500, NULL, NULL, "out of memory");
+    if (!s) api_error_set(e, 503, NULL, NULL, "out of memory");
     return s;
 }

@@ -131,7 +131,7 @@ static int read_flag(const json_t *root, const char *field, bool *out, ApiError 
 static int dump_into(json_t *root, char **out, size_t *out_len, ApiError *e) {
     *out = api_json_dump(root, out_len);
     if (!*out) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     return 0;
@@ -300,7 +300,7 @@ int api_detokenize_handle(const char *body, size_t len, const ApiLimits *lim,
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!ids) {
         json_decref(root);
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {

@@ -92,7 +92,7 @@ static int unheld(Compiler *c, const char *fmt, const char *what) {
 
 /* Memory ran out: not the schema's fault. */
 static int fail_oom(Compiler *c) {
-    api_error_set(c->e, 500, NULL, NULL, "out of memory");
+    api_error_set(c->e, 503, NULL, NULL, "out of memory");
     return -1;
 }
 
@@ -649,7 +649,7 @@ int api_json_schema_compile_at(const json_t *schema, const char *param, const ch
     JsonSchema *s = json_schema_new();
     *out = NULL;
     if (!s) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     if (api_json_schema_add(s, schema, param, where, false, e) < 0) {

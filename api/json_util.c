@@ -143,7 +143,7 @@ json_t *api_json_body(const char *body, size_t len, const ApiLimits *lim, ApiErr
     bool oom;
     json_t *root = api_json_load(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr, &oom);
     if (oom)
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
     else if (!root)
         api_error_set(e, 400, NULL, "invalid_json", "Invalid JSON body (line %d, column %d): %s",
                       jerr.line, jerr.column, jerr.text);

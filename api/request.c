@@ -148,7 +148,7 @@ static int read_string(const json_t *obj, const char *field, bool non_empty, cha
     }
     *out = strdup(json_string_value(v));
     if (!*out) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     return 0;
@@ -265,7 +265,7 @@ static int copy_token_ids(const json_t *arr, ApiPrompt *p, ApiError *e) {
     if (n > INT32_MAX) return prompt_error(e, "has too many token ids");
     p->tokens = malloc(n * sizeof *p->tokens);
     if (!p->tokens) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -293,7 +293,7 @@ static int copy_text(const json_t *s, ApiPrompt *p, ApiError *e) {
     if (json_string_length(s) == 0) return prompt_error(e, "must not be empty");
     p->text = strdup(json_string_value(s));
     if (!p->text) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     return 0;
@@ -308,7 +308,7 @@ static int alloc_prompts(ApiRequest *r, size_t n, const ApiLimits *lim, ApiError
     }
     r->prompts = calloc(n, sizeof *r->prompts);
     if (!r->prompts) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     return 0;
@@ -378,7 +378,7 @@ static int add_stop(ApiRequest *r, const json_t *s, size_t index, const ApiLimit
     /* A stop string with a NUL could never match C text: jansson refuses \u0000 anyway. */
     r->stop[r->n_stop] = strdup(json_string_value(s));
     if (!r->stop[r->n_stop]) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     r->n_stop++;
@@ -400,7 +400,7 @@ static int read_stop(const json_t *root, const ApiLimits *lim, ApiRequest *r, Ap
     if (n == 0) return 0;
     r->stop = calloc(n, sizeof *r->stop);
     if (!r->stop) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     if (json_is_string(v)) return add_stop(r, v, 0, lim, e);
@@ -426,7 +426,7 @@ static int read_stop_token_ids(const json_t *root, ApiRequest *r, ApiError *e) {
     }
     r->stop_token_ids = malloc((n > 0 ? n : 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -568,7 +568,7 @@ static int read_logit_bias(const json_t *root, ApiRequest *r, ApiError *e) {
     if (n == 0) return 0;
     LogitBias *list = calloc(n, sizeof *list);
     if (!list) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     r->sampling.logit_bias = list; /* freed with r, also when a later entry is refused */
@@ -726,7 +726,7 @@ int api_chat_message_text(const json_t *c, size_t i, const char **text, char **o
         if ((k > 0 && api_buf_append_str(&b, "\n") != 0) ||
             api_buf_append(&b, json_string_value(t), json_string_length(t)) != 0) {
             api_buf_free(&b);
-            api_error_set(e, 500, NULL, NULL, "out of memory");
+            api_error_set(e, 503, NULL, NULL, "out of memory");
             return -1;
         }
     }
@@ -760,7 +760,7 @@ static int assistant_text(const json_t *m, size_t i, bool tool_replies, ApiChatM
     json_decref(reply);
     out->content = *owned;
     if (*owned) return 0;
-    api_error_set(e, 500, NULL, NULL, "out of memory");
+    api_error_set(e, 503, NULL, NULL, "out of memory");
     return -1;
 }
 
@@ -829,7 +829,7 @@ static char *join3(const char *a, const char *sep, const char *b, ApiError *e) {
     size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
     char *out = malloc(la + ls + lb + 1);
     if (!out) {
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return NULL;
     }
     memcpy(out, a, la);
@@ -923,7 +923,7 @@ char *api_chat_prompt_from_json(const json_t *v, ApiChatFormat fmt, ApiChatEnd e
     ApiChatMessage *msgs = calloc(n + 1, sizeof *msgs);
     char **owned = calloc(n + 1, sizeof *owned);
     int rc = msgs && owned ? 0 : -1, used = 0;
-    if (rc != 0) api_error_set(e, 500, NULL, NULL, "out of memory");
+    if (rc != 0) api_error_set(e, 503, NULL, NULL, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; used++) {
         size_t to = i;
         while (to < n && api_chat_message_has_role(json_array_get(v, to), "tool")) to++;
@@ -1056,7 +1056,7 @@ static int parse(const char *body, size_t len, const ApiLimits *lim, const char 
     ApiRequest *r = calloc(1, sizeof *r);
     if (!r) {
         json_decref(root);
-        api_error_set(e, 500, NULL, NULL, "out of memory");
+        api_error_set(e, 503, NULL, NULL, "out of memory");
         return -1;
     }
     request_defaults(r);

@@ -82,7 +82,7 @@ static int make_fim_prompts(ApiRequest *r, const ApiVocab *v, ApiError *e) {
         char *text = rc == 0 ? api_buf_take(&b, &len) : NULL;
         api_buf_free(&b);
         if (!text) {
-            api_error_set(e, 500, NULL, NULL, "out of memory");
+            api_error_set(e, 503, NULL, NULL, "out of memory");
             return -1;
         }
         free(r->prompts[i].text);

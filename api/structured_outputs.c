@@ -47,7 +47,7 @@ static int read_choice(const json_t *v, const char *param, ApiRequest *r, ApiErr
     }
     char err[160];
     if (!(r->json_schema = json_schema_choices(texts, lens, (int)n, err, sizeof err))) {
-        api_error_set(e, 500, NULL, NULL, "%s", err); /* the limits were checked: memory */
+        api_error_set(e, 503, NULL, NULL, "%s", err); /* the limits were checked: memory */
         return -1;
     }
     r->json_object = true;
@@ -64,7 +64,7 @@ static int read_regex(const json_t *v, const char *param, ApiRequest *r, ApiErro
     if (!(r->json_schema = json_schema_regex(json_string_value(v), json_string_length(v), err,
                                              sizeof err))) {
         if (strcmp(err, "out of memory") == 0)
-            api_error_set(e, 500, NULL, NULL, "%s", err);
+            api_error_set(e, 503, NULL, NULL, "%s", err);
         else
             api_error_set(e, 400, param, "invalid_value", "'%s': %s", param, err);
         return -1;
@@ -82,7 +82,7 @@ static int read_json(const json_t *v, const char *param, bool compact, ApiReques
         bool oom;
         v = parsed = api_json_load(json_string_value(v), json_string_length(v), 0, &jerr, &oom);
         if (oom) {
-            api_error_set(e, 500, NULL, NULL, "out of memory");
+            api_error_set(e, 503, NULL, NULL, "out of memory");
             return -1;
         }
     }

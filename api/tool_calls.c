@@ -31,7 +31,7 @@ static int fail(ApiError *e, const char *param, const char *msg) {
 }
 
 static int oom(ApiError *e) {
-    api_error_set(e, 500, NULL, NULL, "out of memory");
+    api_error_set(e, 503, NULL, NULL, "out of memory");
     return -1;
 }
 

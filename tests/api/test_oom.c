@@ -1,6 +1,6 @@
 /* Out of memory while a request is read: every allocation api_request_parse (or the chat's)
  * and api_request_tokenize make is failed in turn (SQLite's way), and each time the
- * request must end in a 500 (never a 400 blaming the client, never a crash) or, where a
+ * request must end in a 503 or 500 (never a 400 blaming the client, never a crash) or, where a
  * failed allocation has a fallback, go through as usual; and whatever it allocated must be
  * freed again.
  * The allocations fail through tests/support/alloc_fail.h (skipped under AddressSanitizer). */
@@ -41,7 +41,8 @@ static int parse_failing(const char *body, bool chat, long k)
     alloc_countdown = -1;
     if (rc == 0)
         api_request_free(r);
-    else if (e.status != 500)
+    else if ((e.status != 503 && e.status != 500) ||
+             (strstr(e.message, "out of memory") && e.status != 503)) /* as the server answers it */
         fail_msg("allocation %ld failed: %d %s (param %s) for %s", k, e.status, e.message,
                  e.param, body);
     if (alloc_live != before)
@@ -149,7 +150,7 @@ static int answer_failing(const char *body, bool chat, const Script *sc, long k)
         for (int choice = 0; choice < r->n; choice++) {
             EngineEvent ev = script_event(sc, choice, i);
             if (api_completion_feed(c, 0, &ev, 0.1 * i, &out) != 0) {
-                api_completion_fail(c, 500, "out of memory", &out);
+                api_completion_fail(c, 503, "out of memory", &out);
                 break;
             }
         }
