@@ -191,11 +191,11 @@ static int32_t state_intern(StateTable *t, const JsonSchemaState *st, const Json
 {
     JsonSchemaState key;
     json_schema_canonical(st, s, &key);
-    uint32_t mask = 2 * MASK_MAX_STATES - 1;
-    for (uint32_t i = state_hash(&key) & mask;; i = (i + 1) & mask) {
+    uint32_t mask = 2 * MASK_MAX_STATES - 1, i = state_hash(&key) & mask;
+    for (;; i = (i + 1) & mask) {
         int32_t id = t->slots[i] - 1;
         if (id < 0)
-            break;
+            break; /* i: the empty slot a new state takes */
         if (t->states[id].depth == key.depth && !memcmp(&t->states[id], &key, state_bytes(&key)))
             return id;
     }
@@ -205,9 +205,6 @@ static int32_t state_intern(StateTable *t, const JsonSchemaState *st, const Json
     t->states[id] = key;
     for (int b = 0; b < 256; b++)
         t->next[(size_t)id * 256 + b] = NEXT_UNKNOWN;
-    uint32_t i = state_hash(&key) & mask;
-    while (t->slots[i])
-        i = (i + 1) & mask;
     t->slots[i] = id + 1;
     return id;
 }

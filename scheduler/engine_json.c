@@ -163,12 +163,12 @@ static JsonMaskSlot *mask_for(Engine *e, const Seq *s)
     return slot;
 }
 
-/* Sets logits[t] to -inf where bit t of neither bits nor extra (may be NULL) is set;
- * returns how many logits it kept that were not -inf already. Without branches, in
- * 32-bit integer lanes, so that it vectorises: a mask's bits follow no pattern a branch
- * predictor could learn. */
 #define NEG_INF_BITS 0xff800000u /* -INFINITY as a float's bits */
 
+/* Sets logits[t] to -inf where bit t of neither bits nor extra (may be NULL) is set;
+ * returns how many logits it kept that were above -inf (not masked already by min_tokens,
+ * nor NaN). Without branches, in 32-bit integer lanes, so that it vectorises: a mask's
+ * bits follow no pattern a branch predictor could learn. */
 static int32_t mask_apply(const uint64_t *bits, const uint64_t *extra, float *logits, int32_t n)
 {
     int32_t allowed = 0;
@@ -180,8 +180,8 @@ static int32_t mask_apply(const uint64_t *bits, const uint64_t *extra, float *lo
             uint32_t v, keep = 0u - ((half >> j) & 1);
             memcpy(&v, &logits[at + j], sizeof v);
             v = (v & keep) | (NEG_INF_BITS & ~keep);
-            allowed += v != NEG_INF_BITS; /* -inf: masked already (min_tokens) */
             memcpy(&logits[at + j], &v, sizeof v);
+            allowed += logits[at + j] > -INFINITY;
         }
     }
     return allowed;

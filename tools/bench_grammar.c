@@ -126,6 +126,13 @@ static int grammar_run(const GrammarCase *g, const TokenTexts *t, JsonSchemaVoca
     }
     size_t words = ((size_t)t->n + 63) / 64, n_states = strlen(g->sample);
     uint64_t *a = malloc(words * sizeof *a), *b = malloc(words * sizeof *b);
+    if (!a || !b) {
+        fprintf(stderr, "bench grammar: out of memory\n");
+        free(a);
+        free(b);
+        json_schema_free(s);
+        return 1;
+    }
     double walk_s = 0, each_s = 0;
     long long allowed = 0;
     int rc = 0;
