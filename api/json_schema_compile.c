@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "api/api.h"
+#include "model/hex_digit.h"
 
 #define MAX_NESTING 64
 /* Integer bounds are held within +-2^62 (a model writes no more digits than that). */
@@ -121,13 +122,6 @@ static int remember(Compiler *c, const json_t *sch, int node) {
     c->seen[c->n_seen].sch = sch;
     c->seen[c->n_seen++].node = node;
     return 0;
-}
-
-static int hex_digit(char ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
 }
 
 /* The fragment of a "#..." $ref with its %XX escapes decoded (a URI's, RFC 3986) into out,

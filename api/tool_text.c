@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "model/hex_digit.h"
 
 #define CONTENT_OPEN "{\"content\":\""
 #define CONTENT_OPEN_LEN (sizeof CONTENT_OPEN - 1)
@@ -20,9 +21,7 @@ _Static_assert(CONTENT_OPEN_LEN <= sizeof ((ApiToolText *)0)->held &&
 static int hex4(const char *s) {
     int v = 0;
     for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = hex_digit((unsigned char)s[i]);
         if (d < 0) return -1;
         v = v * 16 + d;
     }

@@ -8,6 +8,7 @@
  * extend it; that byte is then offered to the frame below.
  */
 #include "model/json_schema.h"
+#include "model/hex_digit.h"
 #include "model/regex_dfa.h"
 
 #include <stdarg.h>
@@ -1026,11 +1027,6 @@ static bool escape_viable(const RegexDfa *d, int state, int pos, int partial) {
     int left = 4 - (pos - 2); /* hex digits still to come */
     int lo = partial << (4 * left), hi = lo + (1 << (4 * left)) - 1;
     return lo <= 0x1F && dfa_takes_any(d, state, lo, hi < 0x1F ? hi : 0x1F);
-}
-
-static int hex_digit(unsigned char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
 /* A byte of a string of a pattern (JSON text: escapes read as the byte they stand for, which

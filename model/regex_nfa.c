@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/hex_digit.h"
 #include "model/regex_dfa.h"
 
 #define REGEX_MAX_GROUP_DEPTH 64
@@ -454,9 +455,7 @@ static int32_t read_hex(Parser *P, int digits)
 {
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
-        int c = peek(P);
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = hex_digit(peek(P));
         if (d < 0) {
             perr(P, "an escape \\x, \\u or \\U without its hex digits (2, 4 or 8)");
             return -1;

@@ -25,6 +25,7 @@
  */
 #include "model/tokenizer.h"
 #include "model/model_error.h"
+#include "model/hex_digit.h"
 #include "model/tokenizer_bpe.h"
 
 #include <ctype.h>
@@ -485,14 +486,6 @@ static int load_flag(const GgufFile *f, const char *key, bool *value, char *err,
         return -1;
     }
     return 0;
-}
-
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
 }
 
 /* Byte tokens: decode value of each BYTE piece, and the encode fallback per byte value. */
