@@ -9,7 +9,10 @@
  * The states met on the way are interned (json_schema_canonical: equal ones accept the
  * same bytes) with a row of where each byte leads, filled as bytes are tried: inside a
  * string most bytes lead back to one state, so after the first tokens the walk is table
- * lookups. A walk that meets more states than the table holds starts over copying states.
+ * lookups. What a byte does to a canonical state depends on the schema alone, so the
+ * table is kept from one mask to the next while the schema stays equal: a reply's later
+ * masks find most of their states and rows already there. A walk that meets more states
+ * than the table holds starts over on an empty table, then copying states.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +23,7 @@
  * deepest kept state (their tails are rarely shared). */
 #define MASK_MAX_DEPTH 256
 
-/* States one walk may intern (the table is emptied at the start of each), a row of next
+/* States the table may intern (emptied for another schema, or when full), a row of next
  * states each (1 KiB): 2.7 MiB in all. */
 #define MASK_MAX_STATES 2048
 #define NEXT_UNKNOWN (-2)  /* not tried yet */
@@ -48,6 +51,7 @@ struct JsonSchemaVocab {
     char *bytes;          /* the sorted texts back to back: the walk reads them in order */
     JsonSchemaState *at;  /* MASK_MAX_DEPTH + 1: the state after each byte of the walk */
     StateTable table;
+    JsonSchema *table_schema; /* a copy of the schema the table's states are of; NULL: none */
 };
 
 typedef struct {
@@ -85,6 +89,7 @@ void json_schema_vocab_free(JsonSchemaVocab *v)
     free(v->table.states);
     free(v->table.next);
     free(v->table.slots);
+    json_schema_free(v->table_schema);
     free(v);
 }
 
@@ -242,15 +247,34 @@ static int32_t table_walk(StateTable *t, const JsonSchema *s, int32_t *at, const
     return 0;
 }
 
+static void table_clear(StateTable *t)
+{
+    t->n = 0;
+    memset(t->slots, 0, 2 * MASK_MAX_STATES * sizeof *t->slots);
+}
+
+/* Whether the table holds states of earlier masks of a schema equal to s; if not, it is
+ * emptied for s (and kept for the next mask only if s could be copied). */
+static bool table_kept_for(JsonSchemaVocab *v, const JsonSchema *s)
+{
+    if (v->table_schema && v->table.n > 0 && json_schema_equal(v->table_schema, s))
+        return true;
+    table_clear(&v->table);
+    if (!v->table_schema || !json_schema_equal(v->table_schema, s)) {
+        json_schema_free(v->table_schema);
+        v->table_schema = json_schema_copy(s);
+    }
+    return false;
+}
+
 /* The walk through the state table; -1 when it ran out of room (bits then unfinished). */
 static int32_t mask_by_table(JsonSchemaVocab *v, const JsonSchemaState *st, const JsonSchema *s,
                              uint64_t *bits)
 {
     StateTable *t = &v->table;
-    t->n = 0;
-    memset(t->slots, 0, 2 * MASK_MAX_STATES * sizeof *t->slots);
     int32_t at[MASK_MAX_DEPTH + 1];
-    at[0] = state_intern(t, st, s);
+    if ((at[0] = state_intern(t, st, s)) == NEXT_FULL)
+        return -1;
     int32_t allowed = 0, failed = 0; /* the walk's prefix of this length was refused */
     for (int32_t i = 0; i < v->n_sorted; i++) {
         const SortedToken *tok = &v->tokens[i];
@@ -274,10 +298,18 @@ static int32_t mask_by_table(JsonSchemaVocab *v, const JsonSchemaState *st, cons
 int32_t json_schema_mask(JsonSchemaVocab *v, const JsonSchemaState *st, const JsonSchema *s,
                          uint64_t *bits)
 {
-    memset(bits, 0, ((size_t)v->n_vocab + 63) / 64 * sizeof *bits);
+    size_t bytes = ((size_t)v->n_vocab + 63) / 64 * sizeof *bits;
+    memset(bits, 0, bytes);
+    bool kept = table_kept_for(v, s);
     int32_t allowed = mask_by_table(v, st, s, bits);
+    if (allowed < 0 && kept) { /* full of earlier masks' states: once more on an empty table */
+        table_clear(&v->table);
+        memset(bits, 0, bytes);
+        allowed = mask_by_table(v, st, s, bits);
+    }
     if (allowed >= 0)
         return allowed;
-    memset(bits, 0, ((size_t)v->n_vocab + 63) / 64 * sizeof *bits);
+    table_clear(&v->table); /* so that the next mask walks the table once, not twice */
+    memset(bits, 0, bytes);
     return mask_copying(v, st, s, bits);
 }

@@ -85,8 +85,28 @@ static bool token_fits(const Vocab *v, const JsonSchemaState *st, const JsonSche
     return json_schema_feed(&trial, s, v->bytes + v->off[t], (size_t)v->len[t]);
 }
 
-/* Walks of random allowed tokens through s; at every state the mask must match each
- * token tried alone. Returns how many masks were compared. */
+/* At st the mask must match each token tried alone; then a random allowed token moves st
+ * on. False when st allowed none (st unchanged). bits and ok hold v->n entries. */
+static bool check_mask(JsonSchemaVocab *jv, const Vocab *v, const JsonSchema *s, JsonSchemaState *st,
+                       uint64_t *bits, int32_t *ok) {
+    int32_t allowed = json_schema_mask(jv, st, s, bits), n_ok = 0;
+    for (int32_t t = 0; t < v->n; t++) {
+        bool bit = (bits[t / 64] >> (t % 64)) & 1;
+        bool fits = token_fits(v, st, s, t);
+        if (bit != fits)
+            fail_msg("token %d (%.*s): mask %d, alone %d", t, v->len[t] > 0 ? v->len[t] : 0,
+                     v->bytes + v->off[t], bit, fits);
+        if (fits) ok[n_ok++] = t;
+    }
+    assert_int_equal(allowed, n_ok);
+    if (n_ok == 0) return false;
+    int32_t t = ok[rnd((uint32_t)n_ok)];
+    assert_true(json_schema_feed(st, s, v->bytes + v->off[t], (size_t)v->len[t]));
+    return true;
+}
+
+/* Walks of random allowed tokens through s, a mask checked at every state. Returns how
+ * many masks were compared. */
 static int check_walks(JsonSchemaVocab *jv, const Vocab *v, const JsonSchema *s, int walks) {
     uint64_t *bits = malloc(((size_t)v->n + 63) / 64 * sizeof *bits);
     int32_t *ok = malloc((size_t)v->n * sizeof *ok);
@@ -95,20 +115,8 @@ static int check_walks(JsonSchemaVocab *jv, const Vocab *v, const JsonSchema *s,
         JsonSchemaState st;
         json_schema_state_init(&st, s, 8);
         for (int step = 0; step < 60 && !json_schema_complete(&st); step++) {
-            int32_t allowed = json_schema_mask(jv, &st, s, bits), n_ok = 0;
-            for (int32_t t = 0; t < v->n; t++) {
-                bool bit = (bits[t / 64] >> (t % 64)) & 1;
-                bool fits = token_fits(v, &st, s, t);
-                if (bit != fits)
-                    fail_msg("walk %d step %d token %d (%.*s): mask %d, alone %d", w, step, t,
-                             v->len[t] > 0 ? v->len[t] : 0, v->bytes + v->off[t], bit, fits);
-                if (fits) ok[n_ok++] = t;
-            }
-            assert_int_equal(allowed, n_ok);
             compared++;
-            if (n_ok == 0) break;
-            int32_t t = ok[rnd((uint32_t)n_ok)];
-            assert_true(json_schema_feed(&st, s, v->bytes + v->off[t], (size_t)v->len[t]));
+            if (!check_mask(jv, v, s, &st, bits, ok)) break;
         }
     }
     free(ok);
@@ -200,6 +208,50 @@ static void test_many_states(void **state) {
     vocab_free(&v);
 }
 
+/* The table of states is kept from one mask to the next while the schema stays equal:
+ * masks of two schemas in turn, whose states look alike (a regex's automaton state) but
+ * lead elsewhere, so each must empty the table for the other; then of one schema whose
+ * masks meet few states each but thousands over a walk (after "[ab]*", the last 12 bytes'
+ * a/b pattern is the state), so that a kept table fills and the mask starts over. */
+static void test_table_kept_across_masks(void **state) {
+    (void)state;
+    static const char *extra[] = { "c", "ac", "bc", "{", "}", "\"", ":", " " };
+    int32_t n = 2 * (2 + 4 + 8) + 8, t = 0;
+    Vocab v = { malloc((size_t)n * 8), malloc((size_t)n * sizeof(int32_t)),
+                malloc((size_t)n * sizeof(int32_t)), n };
+    size_t used = 0;
+    for (int32_t len = 1; len <= 3; len++)
+        for (int32_t bits = 0; bits < (1 << len); bits++) {
+            char text[4];
+            for (int32_t k = 0; k < len; k++) text[k] = (bits >> k) & 1 ? 'a' : 'b';
+            text[len] = 'c';
+            put(&v, &used, t++, text, len);
+            put(&v, &used, t++, text, len + 1);
+        }
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        put(&v, &used, t++, extra[i], (int32_t)strlen(extra[i]));
+    assert_int_equal(t, n);
+    JsonSchemaVocab *jv = json_schema_vocab_new(v.bytes, v.off, v.len, v.n);
+    const char *regex = "([ab]*a[ab]{11}c)*", *twin = "([ab]*b[ab]{11}c)*";
+    JsonSchema *schemas[2] = { json_schema_regex(regex, strlen(regex), NULL, 0),
+                               json_schema_regex(twin, strlen(twin), NULL, 0) };
+    assert_non_null(jv);
+    assert_non_null(schemas[0]);
+    assert_non_null(schemas[1]);
+    uint64_t bits[1];
+    int32_t ok[64];
+    JsonSchemaState st[2];
+    for (int k = 0; k < 2; k++) json_schema_state_init(&st[k], schemas[k], 8);
+    for (int step = 0; step < 3000; step++) {
+        int k = step < 600 ? step % 2 : 0; /* in turn, then the regex alone */
+        if (json_schema_complete(&st[k]) || !check_mask(jv, &v, schemas[k], &st[k], bits, ok))
+            json_schema_state_init(&st[k], schemas[k], 8);
+    }
+    for (int k = 0; k < 2; k++) json_schema_free(schemas[k]);
+    json_schema_vocab_free(jv);
+    vocab_free(&v);
+}
+
 /* A vocabulary of no text allows nothing; one token allows exactly itself or nothing. */
 static void test_small_vocabularies(void **state) {
     (void)state;
@@ -227,6 +279,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mask_matches_tokens),
         cmocka_unit_test(test_many_states),
+        cmocka_unit_test(test_table_kept_across_masks),
         cmocka_unit_test(test_small_vocabularies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,10 @@
  *     the same canonical state as feeding the state itself;
  *   - the canonical state (json_schema_canonical) takes the same bytes as the state, each
  *     to the same canonical state (what json_schema_mask's interned states rely on);
+ *   - json_schema_mask over a small vocabulary (every single byte, then pieces of JSON and
+ *     text) sets exactly the tokens a trial copy takes whole, at every state of the walk;
+ *     the vocabulary lives for the whole run, so its table of states is kept from input
+ *     to input and must be emptied whenever the schema is another;
  *   - a walk never reaches a state that accepts no byte at all while not complete (not even
  *     at the nesting limit: what would not fit is not started);
  *   - once the walk is complete, the text is a JSON object jansson parses (or refuses only
@@ -34,6 +38,59 @@
 #include "model/regex_dfa.h"
 
 #define MAX_WALK 400
+
+/* The mask's vocabulary: tokens 0-255 are the single bytes, then these. */
+static const char *const pieces[] = {
+    "{\"", "\":", "\",\"", "\"}", "]}", "[{", "true", "false", "null", "tr", "nul", "0", "12",
+    "-1", "1.5", "e+3", "E-", ".0", " ", "  ", "\n", "\n  ", ": ", ", ", "a", "ab", "abc", "xyz",
+    "Ab", "_1", "\\", "\\n", "\\u00", "\\u0041", "\\\"", "\xc3\xa9", "\xe2\x82\xac", "\xc3",
+    "\xa9x", "\xff", "-0", "00", "1e", "\"\"", "[]", "{}", "[1,", "-", "T", "ta", "b\"",
+};
+#define N_TOKENS (256 + (int)(sizeof pieces / sizeof pieces[0]))
+
+typedef struct {
+    char bytes[256 + 8 * (N_TOKENS - 256)];
+    int32_t off[N_TOKENS], len[N_TOKENS];
+    JsonSchemaVocab *v;
+} FuzzVocab;
+
+static FuzzVocab *fuzz_vocab(void) {
+    static FuzzVocab fv;
+    if (fv.v) return &fv;
+    int32_t at = 0;
+    for (int t = 0; t < N_TOKENS; t++) {
+        const char *text = t < 256 ? NULL : pieces[t - 256];
+        int32_t len = t < 256 ? 1 : (int32_t)strlen(text);
+        if (t < 256) fv.bytes[at] = (char)t;
+        else memcpy(fv.bytes + at, text, (size_t)len);
+        fv.off[t] = at;
+        fv.len[t] = len;
+        at += len;
+    }
+    fv.v = json_schema_vocab_new(fv.bytes, fv.off, fv.len, N_TOKENS);
+    FZ_CHECK(fv.v != NULL, "json_schema_vocab_new");
+    return &fv;
+}
+
+/* json_schema_mask at st: the single bytes must be those in takes (the walk tried each),
+ * every other token set exactly when a trial copy takes it whole. */
+static void check_mask(const JsonSchemaState *st, const JsonSchema *s, const bool *takes) {
+    FuzzVocab *fv = fuzz_vocab();
+    uint64_t bits[(N_TOKENS + 63) / 64];
+    int32_t allowed = json_schema_mask(fv->v, st, s, bits), count = 0;
+    for (int t = 0; t < N_TOKENS; t++) {
+        bool fits = t < 256 ? takes[t] : false;
+        if (t >= 256) {
+            JsonSchemaState trial;
+            json_schema_state_trial(&trial, st);
+            fits = json_schema_feed(&trial, s, fv->bytes + fv->off[t], (size_t)fv->len[t]);
+        }
+        FZ_CHECK(fits == ((bits[t / 64] >> (t % 64)) & 1), "the mask %s token %d",
+                 fits ? "refuses" : "allows", t);
+        count += fits;
+    }
+    FZ_CHECK(allowed == count, "the mask counts %d tokens, not %d", allowed, count);
+}
 
 static void check_refusal(const ApiError *e) {
     FZ_CHECK(e->status == 400 && strcmp(e->code, "invalid_json_schema") == 0 && e->message[0],
@@ -75,6 +132,7 @@ static void walk(const JsonSchema *s, const json_t *choices_doc, const RegexDfa 
     size_t len = 0;
     for (size_t i = 0; i < n && len < MAX_WALK && !json_schema_complete(&st); i++) {
         uint8_t ok[256];
+        bool takes[256] = { false };
         int n_ok = 0;
         JsonSchemaState canon, fed, x, y;
         json_schema_canonical(&st, s, &canon);
@@ -92,8 +150,10 @@ static void walk(const JsonSchema *s, const json_t *choices_doc, const RegexDfa 
                 FZ_CHECK(memcmp(&x, &y, sizeof x) == 0,
                          "byte %d from the canonical state leads elsewhere after %.*s", b, (int)len, text);
                 ok[n_ok++] = (uint8_t)b;
+                takes[b] = true;
             }
         }
+        check_mask(&st, s, takes);
         FZ_CHECK(n_ok > 0, "a dead end at depth %d after %.*s", st.depth, (int)len, text);
         char c = (char)ok[choices[i] % n_ok];
         FZ_CHECK(feed_both(&st, s, c), "a byte the trial accepted was refused");
