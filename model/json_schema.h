@@ -64,7 +64,8 @@ JsonSchema *json_schema_new(void); /* NULL when out of memory */
 void json_schema_free(JsonSchema *s);
 /* A deep copy (NULL when out of memory). */
 JsonSchema *json_schema_copy(const JsonSchema *s);
-/* The same grammar (what the engine's mask cache compares). */
+/* The same grammar (what the engine's mask cache and json_schema_mask's table of states
+ * compare). */
 bool json_schema_equal(const JsonSchema *a, const JsonSchema *b);
 
 /* Building. Each returns -1 with a message in err when a limit above is passed or memory
@@ -167,8 +168,9 @@ bool json_schema_may_end(const JsonSchemaState *st, const JsonSchema *s);
  * bounds no longer care): equal results accept the same bytes. */
 void json_schema_canonical(const JsonSchemaState *st, const JsonSchema *s, JsonSchemaState *out);
 
-/* A vocabulary's token texts in byte order, for json_schema_mask (its walk state inside:
- * one thread at a time). bytes/off/len: token t's text is bytes[off[t]], len[t] bytes (copied);
+/* A vocabulary's token texts in byte order, for json_schema_mask (its walk state inside,
+ * and the states its masks met with a copy of their schema, kept for the next mask: one
+ * thread at a time). bytes/off/len: token t's text is bytes[off[t]], len[t] bytes (copied);
  * a token with len <= 0 is never allowed. NULL when out of memory. */
 typedef struct JsonSchemaVocab JsonSchemaVocab;
 JsonSchemaVocab *json_schema_vocab_new(const char *bytes, const int32_t *off, const int32_t *len,

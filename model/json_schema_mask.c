@@ -12,7 +12,8 @@
  * lookups. What a byte does to a canonical state depends on the schema alone, so the
  * table is kept from one mask to the next while the schema stays equal: a reply's later
  * masks find most of their states and rows already there. A walk that meets more states
- * than the table holds starts over on an empty table, then copying states.
+ * than the table holds starts over: on an empty table if the table was kept, else (or if
+ * that fills too) copying states.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -257,10 +258,11 @@ static void table_clear(StateTable *t)
  * emptied for s (and kept for the next mask only if s could be copied). */
 static bool table_kept_for(JsonSchemaVocab *v, const JsonSchema *s)
 {
-    if (v->table_schema && v->table.n > 0 && json_schema_equal(v->table_schema, s))
+    bool same = v->table_schema && json_schema_equal(v->table_schema, s);
+    if (same && v->table.n > 0)
         return true;
     table_clear(&v->table);
-    if (!v->table_schema || !json_schema_equal(v->table_schema, s)) {
+    if (!same) {
         json_schema_free(v->table_schema);
         v->table_schema = json_schema_copy(s);
     }
