@@ -215,8 +215,7 @@ static void test_many_states(void **state) {
  * a/b pattern is the state), so that a kept table fills and the mask starts over. */
 static void test_table_kept_across_masks(void **state) {
     (void)state;
-    static const char *extra[] = { "c", "ac", "bc", "{", "}", "\"", ":", " " };
-    int32_t n = 2 * (2 + 4 + 8) + 8, t = 0;
+    int32_t n = 2 * (2 + 4 + 8) + 1, t = 0; /* every a/b text of 1-3 bytes, with a "c" or not; "c" */
     Vocab v = { malloc((size_t)n * 8), malloc((size_t)n * sizeof(int32_t)),
                 malloc((size_t)n * sizeof(int32_t)), n };
     size_t used = 0;
@@ -228,8 +227,7 @@ static void test_table_kept_across_masks(void **state) {
             put(&v, &used, t++, text, len);
             put(&v, &used, t++, text, len + 1);
         }
-    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
-        put(&v, &used, t++, extra[i], (int32_t)strlen(extra[i]));
+    put(&v, &used, t++, "c", 1);
     assert_int_equal(t, n);
     JsonSchemaVocab *jv = json_schema_vocab_new(v.bytes, v.off, v.len, v.n);
     const char *regex = "([ab]*a[ab]{11}c)*", *twin = "([ab]*b[ab]{11}c)*";

@@ -72,6 +72,13 @@ static FuzzVocab *fuzz_vocab(void) {
     return &fv;
 }
 
+/* Whether a trial copy of st takes token t's text whole. */
+static bool piece_fits(const FuzzVocab *fv, const JsonSchemaState *st, const JsonSchema *s, int t) {
+    JsonSchemaState trial;
+    json_schema_state_trial(&trial, st);
+    return json_schema_feed(&trial, s, fv->bytes + fv->off[t], (size_t)fv->len[t]);
+}
+
 /* json_schema_mask at st: the single bytes must be those in takes (the walk tried each),
  * every other token set exactly when a trial copy takes it whole. */
 static void check_mask(const JsonSchemaState *st, const JsonSchema *s, const bool *takes) {
@@ -79,12 +86,7 @@ static void check_mask(const JsonSchemaState *st, const JsonSchema *s, const boo
     uint64_t bits[(N_TOKENS + 63) / 64];
     int32_t allowed = json_schema_mask(fv->v, st, s, bits), count = 0;
     for (int t = 0; t < N_TOKENS; t++) {
-        bool fits = t < 256 ? takes[t] : false;
-        if (t >= 256) {
-            JsonSchemaState trial;
-            json_schema_state_trial(&trial, st);
-            fits = json_schema_feed(&trial, s, fv->bytes + fv->off[t], (size_t)fv->len[t]);
-        }
+        bool fits = t < 256 ? takes[t] : piece_fits(fv, st, s, t);
         FZ_CHECK(fits == ((bits[t / 64] >> (t % 64)) & 1), "the mask %s token %d",
                  fits ? "refuses" : "allows", t);
         count += fits;
